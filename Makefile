@@ -1,0 +1,37 @@
+# k3rl: every target bootstraps what it needs (idempotent, cached; see scripts/bootstrap.sh).
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+ARGS   ?=
+
+.PHONY: bootstrap test test-fast train bench bench-sandbox bench-model bench-kernels bench-train image lint
+
+bootstrap:
+	@bash scripts/bootstrap.sh
+
+## The whole test suite (real dockerd, CRIU, Ray; Triton interpreter on CPU).
+test: bootstrap
+	$(VENV)/bin/pytest tests
+
+## The main job: the tiny K3 policy learns the default task (override with ARGS="key=value ...").
+train: bootstrap
+	$(PY) -m rl.train $(ARGS)
+
+image: bootstrap
+	$(VENV)/bin/agentenv images build
+
+bench: bench-model bench-kernels bench-sandbox bench-train
+
+bench-model: bootstrap
+	$(PY) bench/model.py $(ARGS)
+
+bench-kernels: bootstrap
+	$(PY) bench/kernels.py $(ARGS)
+
+bench-sandbox: bootstrap
+	$(PY) bench/sandbox.py $(ARGS)
+
+bench-train: bootstrap
+	$(PY) bench/train.py $(ARGS)
+
+lint: bootstrap
+	$(VENV)/bin/ruff check .

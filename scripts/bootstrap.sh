@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One idempotent, cached set-up for a fresh Debian/Ubuntu machine (run as root): Debian packages,
+# a working CRIU, a Docker daemon with checkpoint support, the project's virtualenv and the sandbox
+# base image. Every step checks first and returns at once when its work is already done, so a
+# second `make bootstrap` on a ready machine takes seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export K3RL_LOG_DIR=${K3RL_LOG_DIR:-/var/log/k3rl}
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH
+mkdir -p "$K3RL_LOG_DIR"
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+TORCH_PIN=torch==2.13.0
+
+step() { printf '[bootstrap] %s\n' "$*"; }
+
+if [ "$(id -u)" != 0 ]; then
+  echo "bootstrap needs root (it installs Debian packages, CRIU and starts dockerd); run it as root" >&2
+  exit 1
+fi
+
+# 1. Debian packages.
+missing=()
+command -v dockerd >/dev/null || missing+=(docker.io)
+command -v debootstrap >/dev/null || missing+=(debootstrap)
+command -v pgrep >/dev/null || missing+=(procps)
+command -v git >/dev/null || missing+=(git)
+"$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+if [ ${#missing[@]} -gt 0 ]; then
+  step "installing Debian packages: ${missing[*]}"
+  apt-get update -qq >>"$K3RL_LOG_DIR/apt.log" 2>&1
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >>"$K3RL_LOG_DIR/apt.log" 2>&1
+fi
+"$PYTHON" - <<'PY' || { echo "k3rl needs Python >= 3.11 as '$PYTHON' (set PYTHON=...)" >&2; exit 1; }
+import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)
+PY
+
+# 2. CRIU, 3. Docker daemon.
+bash scripts/install_criu.sh
+bash scripts/ensure_dockerd.sh
+
+# 4. The virtualenv, reinstalled only when the dependency list changes.
+stamp="$VENV/.k3rl-deps"
+want=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  step "creating the virtualenv $VENV (log: $K3RL_LOG_DIR/pip.log)"
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip >>"$K3RL_LOG_DIR/pip.log" 2>&1
+  # torch first, pinned, so that a CPU machine takes the local CPU wheel; pyproject asks only a range.
+  if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+    "$VENV/bin/pip" install -q "$TORCH_PIN" >>"$K3RL_LOG_DIR/pip.log" 2>&1
+  fi
+  "$VENV/bin/pip" install -q -e '.[dev,oracle]' >>"$K3RL_LOG_DIR/pip.log" 2>&1 || {
+    echo "pip install failed; last lines of $K3RL_LOG_DIR/pip.log:" >&2; tail -20 "$K3RL_LOG_DIR/pip.log" >&2; exit 1; }
+  echo "$want" >"$stamp"
+fi
+
+# 5. The sandbox base image (content-hashed: rebuilt only when its recipe changes).
+"$VENV/bin/agentenv" images build base --quiet
+step "ready"
