@@ -1,1 +1,36 @@
-"""k3rl: agentenv package."""
+"""AgentENV: Docker sandboxes that CRIU pauses to zero memory, resumes and forks.
+
+    from agentenv import Sandbox
+    sb = Sandbox.create(image="base")
+    sb.exec("echo hi").stdout      # 'hi\\n'
+    sb.pause(); sb.resume(); forks = sb.fork(4)
+
+See docs/agentenv.md for the API, the CLI, the security defaults and the limits of pause/fork.
+"""
+
+from agentenv.config import SandboxConfig
+from agentenv.errors import (
+    AgentEnvError,
+    BackendUnavailable,
+    CheckpointError,
+    ExecTimeout,
+    PathOutsideWorkspace,
+    SandboxNotFound,
+    SandboxStateError,
+)
+from agentenv.results import ExecResult, SandboxStats
+from agentenv.sandbox import Sandbox
+
+__all__ = [
+    "AgentEnvError",
+    "BackendUnavailable",
+    "CheckpointError",
+    "ExecResult",
+    "ExecTimeout",
+    "PathOutsideWorkspace",
+    "Sandbox",
+    "SandboxConfig",
+    "SandboxNotFound",
+    "SandboxStateError",
+    "SandboxStats",
+]

@@ -1,0 +1,154 @@
+"""The backend seam: everything that touches containers and CRIU goes through `SandboxBackend`.
+
+`agentenv.sandbox.Sandbox` owns states, locks and the registry; a backend owns containers. Today's
+backend drives Docker's experimental checkpoint API (`docker_criu.DockerCriuBackend`); a later one may
+drive runc/CRIU directly for speed, keeping this interface.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from agentenv.config import SandboxConfig
+from agentenv.results import ExecResult
+
+# In-container directory (a root-owned tmpfs that every sandbox gets) where the backend keeps
+# its restore marker and the sandbox's identity: `sandbox-id` and `seed`, rewritten after every
+# create/resume/fork so that forked programs can reseed their PRNGs (forks share all memory).
+RUNTIME_DIR = "/run/agentenv"
+
+UIDS = {"agent": "1000:1000", "root": "0:0"}
+# Every container and volume carries the registry it belongs to, so `gc` of one $AGENTENV_HOME never
+# touches another's (tests use private homes on the same daemon).
+LABEL_HOME = "org.k3rl.agentenv.home"
+LABEL_SANDBOX = "org.k3rl.agentenv.sandbox"
+
+
+@dataclass(frozen=True)
+class RawExec:
+    """An exec's outcome with undecoded outputs (file transfer needs the bytes)."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    duration_s: float
+    timed_out: bool
+    truncated: bool
+
+    def decoded(self, oom_killed: bool = False) -> ExecResult:
+        return ExecResult(self.exit_code, self.stdout.decode("utf-8", "replace"),
+                          self.stderr.decode("utf-8", "replace"), self.duration_s, self.timed_out,
+                          self.truncated, oom_killed)
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """What a sandbox's container is made of."""
+
+    sandbox_id: str
+    image: str          # a local Docker tag
+    user: str           # 'agent' or 'root' (already resolved from 'auto')
+    config: SandboxConfig
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class ContainerRef:
+    """Handle of a sandbox's container and the volume holding its work dir."""
+
+    container: str
+    volume: str
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A CRIU image of a stopped container, and the marker that proves a restore used it."""
+
+    id: str
+    path: str
+    bytes: int
+    marker: str
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    running: bool
+    exit_code: int | None
+    oom_killed: bool
+    error: str
+
+
+@dataclass(frozen=True)
+class HostProbe:
+    """What this host's CRIU can do (probed once and cached; see `SandboxBackend.probe`)."""
+
+    can_checkpoint_other_uids: bool
+    detail: str
+
+    @property
+    def auto_user(self) -> str:
+        return "agent" if self.can_checkpoint_other_uids else "root"
+
+
+class SandboxBackend(abc.ABC):
+    """Containers with checkpoint/restore. Methods are safe to call from several threads at once
+    for different containers; callers serialise state changes of one container."""
+
+    name: str = "abstract"
+
+    @abc.abstractmethod
+    def probe(self, image: str, refresh: bool = False) -> HostProbe:
+        """Can CRIU here checkpoint a process of a non-root uid? (cached per boot and runtime version)"""
+
+    @abc.abstractmethod
+    def resolve_image(self, image: str) -> str:
+        """An `agentenv images` name or Docker tag -> a Docker tag that exists locally."""
+
+    @abc.abstractmethod
+    def create(self, spec: ContainerSpec) -> ContainerRef:
+        """Create and start a fresh container (with its own work-dir volume)."""
+
+    @abc.abstractmethod
+    def exec(self, ref: ContainerRef, argv: Sequence[str], *, user: str, timeout_s: float,
+             output_limit: int, stdin: bytes | None = None, env: Mapping[str, str] | None = None,
+             workdir: str | None = None) -> RawExec:
+        """Run argv inside; the timeout kills its whole process group; outputs are capped."""
+
+    @abc.abstractmethod
+    def checkpoint(self, ref: ContainerRef, checkpoint_id: str, *, user: str) -> Checkpoint:
+        """Dump every process of the container to local disk and stop it (no process, no memory)."""
+
+    @abc.abstractmethod
+    def restore(self, ref: ContainerRef, checkpoint: Checkpoint, *, sandbox_id: str) -> None:
+        """Restore the container from its checkpoint and verify it really restored (CheckpointError if not)."""
+
+    @abc.abstractmethod
+    def fork(self, source: ContainerRef, checkpoint: Checkpoint, spec: ContainerSpec) -> ContainerRef:
+        """A new container holding a copy of source's files, restored from `checkpoint` and verified."""
+
+    @abc.abstractmethod
+    def discard_checkpoint(self, ref: ContainerRef, checkpoint: Checkpoint) -> None:
+        """Delete a checkpoint's images from disk."""
+
+    @abc.abstractmethod
+    def remove(self, ref: ContainerRef) -> None:
+        """Kill and delete the container and its volume (idempotent)."""
+
+    @abc.abstractmethod
+    def state(self, ref: ContainerRef) -> ContainerState | None:
+        """The container's runtime state, or None when it no longer exists."""
+
+    @abc.abstractmethod
+    def usage(self, ref: ContainerRef) -> tuple[int, float, int, int]:
+        """(rss_bytes, cpu_seconds since last start, pids, oom_kills since last start); zeros when stopped."""
+
+    @abc.abstractmethod
+    def list_owned(self, home: str) -> dict[str, list[str]]:
+        """{'containers': [...], 'volumes': [...]} labelled as belonging to the registry at `home`."""
+
+
+class ContainerNotRunning(Exception):
+    """Internal: the container is gone or stopped (the Sandbox layer decides what state that means)."""

@@ -1,0 +1,306 @@
+"""The `agentenv` command line: images, sandboxes, pause/resume/fork, files, stats, gc.
+
+Human tables by default, `--json` for scripts. Every error is one line on stderr (`agentenv: error: ...`)
+and a non-zero exit: 1 for refused or failed operations, 2 for bad usage; `exec` exits with the
+command's own exit code (124 when it timed out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import docker
+
+from agentenv import images
+from agentenv.config import SandboxConfig
+from agentenv.errors import AgentEnvError, ConfigError
+from agentenv.sandbox import Sandbox, runtime
+
+PROG = "agentenv"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _emit(args: argparse.Namespace, data: Any, human: Callable[[], None]) -> None:
+    if args.json:
+        print(json.dumps(data, indent=None, default=str))
+    else:
+        human()
+
+
+def _table(rows: list[list[str]], header: list[str]) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    for row in [header, *rows]:
+        print("  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=False)).rstrip())
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _kv_pairs(items: Sequence[str] | None, what: str) -> dict[str, str]:
+    out = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{what} expects KEY=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
+# ---- commands -------------------------------------------------------------------------------------
+def cmd_info(args: argparse.Namespace) -> int:
+    rt = runtime()
+    api = rt.backend.api  # type: ignore[attr-defined]
+    version = api.version()
+    base = images.info("base") if "base" in images.recipe_names() else None
+    probe = rt.backend.probe(base.tag) if base and base.built else None
+    data = {
+        "home": str(rt.home),
+        "backend": rt.backend.name,
+        "docker": version.get("Version"),
+        "experimental": bool(version.get("Experimental")),
+        "sandbox_user": probe.auto_user if probe else None,
+        "can_checkpoint_other_uids": probe.can_checkpoint_other_uids if probe else None,
+        "probe": probe.detail if probe else "not probed: build the base image first (`agentenv images build`)",
+    }
+
+    def human() -> None:
+        for k, v in data.items():
+            print(f"{k:26} {v}")
+
+    _emit(args, data, human)
+    return 0
+
+
+def cmd_images_build(args: argparse.Namespace) -> int:
+    names = [args.name] if args.name else images.recipe_names()
+    built = [images.build(n, force=args.force, quiet=args.quiet or args.json).to_dict() for n in names]
+    _emit(args, built, lambda: [print(b["tag"]) for b in built])
+    return 0
+
+
+def cmd_images_ls(args: argparse.Namespace) -> int:
+    rows = [i.to_dict() for i in images.list_images()]
+    _emit(args, rows, lambda: _table(
+        [[r["name"], r["tag"], "yes" if r["built"] else "no", _mib(r["size_bytes"]) if r["built"] else "-",
+          r["parent"] or "-"] for r in rows], ["NAME", "TAG", "BUILT", "SIZE", "PARENT"]))
+    return 0
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    cfg = SandboxConfig.load().with_assignments(args.set or [])
+    sb = Sandbox.create(image=args.image, memory=args.memory, cpus=args.cpus, config=cfg,
+                        labels=_kv_pairs(args.label, "--label"))
+    data = sb.describe()
+
+    def human() -> None:
+        print(sb.id)
+        if sb.user == "root":
+            print(f"{PROG}: sandbox {sb.id} runs as root without capabilities (this host's CRIU cannot "
+                  "checkpoint other uids; see `agentenv info`)", file=sys.stderr)
+
+    _emit(args, data, human)
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    rows = [s.describe() for s in Sandbox.list(include_closed=args.all)]
+    _emit(args, rows, lambda: _table(
+        [[r["id"], r["state"], r["image"], r["user"], r["parent"] or "-"] for r in rows],
+        ["ID", "STATE", "IMAGE", "USER", "PARENT"]))
+    return 0
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    cmd = args.cmd
+    if not cmd:
+        raise ConfigError("exec needs a command after the id, e.g. `agentenv exec ID -- ls -l`")
+    stdin = sys.stdin.buffer.read() if args.stdin else None
+    r = Sandbox.get(args.id).exec(cmd, timeout=args.timeout, stdin=stdin,
+                                  env=_kv_pairs(args.env, "--env") or None, workdir=args.workdir)
+    if args.json:
+        print(json.dumps(r.to_dict()))
+    else:
+        sys.stdout.write(r.stdout)
+        sys.stderr.write(r.stderr)
+        if r.truncated:
+            print(f"{PROG}: output truncated to the sandbox's output_limit_bytes", file=sys.stderr)
+        if r.timed_out:
+            print(f"{PROG}: command timed out; its process group was killed", file=sys.stderr)
+        if r.oom_killed:
+            print(f"{PROG}: the OOM killer fired; the sandbox is now broken", file=sys.stderr)
+    return 124 if r.timed_out else (r.exit_code if 0 <= r.exit_code < 256 else 1)
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    data = sys.stdin.buffer.read() if args.src == "-" else _read_local(args.src)
+    Sandbox.get(args.id).write_file(args.dest, data, mode=int(args.mode, 8))
+    _emit(args, {"id": args.id, "path": args.dest, "bytes": len(data)}, lambda: None)
+    return 0
+
+
+def _read_local(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise AgentEnvError(f"cannot read local file {path}: {e.strerror}") from None
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    data = Sandbox.get(args.id).read_file(args.src)
+    if args.dest in (None, "-"):
+        sys.stdout.buffer.write(data)
+    else:
+        try:
+            Path(args.dest).write_bytes(data)
+        except OSError as e:
+            raise AgentEnvError(f"cannot write local file {args.dest}: {e.strerror}") from None
+    return 0
+
+
+def _each(args: argparse.Namespace, action: Callable[[Sandbox], Any]) -> int:
+    """Apply `action` to every id; report each failure on its own line and go on with the others."""
+    results, failed = [], 0
+    for sid in args.ids:
+        try:
+            sb = Sandbox.get(sid)
+            action(sb)
+            results.append({"id": sb.id, "state": sb.status})
+        except AgentEnvError as e:
+            failed += 1
+            results.append({"id": sid, "error": str(e)})
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+    _emit(args, results, lambda: [print(f"{r['id']} {r['state']}") for r in results if "state" in r])
+    return 1 if failed else 0
+
+
+def cmd_fork(args: argparse.Namespace) -> int:
+    forks = Sandbox.get(args.id).fork(args.n)
+    data = [f.describe() for f in forks]
+    _emit(args, data, lambda: [print(f.id) for f in forks])
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    stats = [Sandbox.get(sid).stats().to_dict() for sid in args.ids]
+    _emit(args, stats[0] if len(stats) == 1 else stats, lambda: _table(
+        [[s["id"], s["state"], _mib(s["rss_bytes"]), f"{s['cpu_seconds']:.2f}", _mib(s["checkpoint_bytes"]),
+          str(s["pids"])] for s in stats], ["ID", "STATE", "RSS", "CPU_S", "CHECKPOINT", "PIDS"]))
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from agentenv.gc import collect_garbage
+
+    report = collect_garbage(dry_run=args.dry_run).to_dict()
+    _emit(args, report, lambda: [print(f"{k}: {', '.join(v) if v else '-'}") for k, v in report.items()])
+    return 0
+
+
+# ---- parser ---------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="machine-readable output")
+    p = _Parser(prog=PROG, description="AgentENV sandboxes: create, exec, pause, resume, fork.",
+                parents=[common])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def add(name: str, fn: Callable, help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help, parents=[common])
+        sp.set_defaults(fn=fn)
+        return sp
+
+    add("info", cmd_info, "show the backend, the Docker daemon and which user sandboxes run as")
+    img = sub.add_parser("images", help="build or list sandbox images", parents=[common])
+    img_sub = img.add_subparsers(dest="images_command", required=True, parser_class=_Parser)
+    b = img_sub.add_parser("build", help="build an image (all when no NAME) unless its content hash is built",
+                           parents=[common])
+    b.add_argument("name", nargs="?")
+    b.add_argument("--force", action="store_true", help="rebuild even when the tag exists")
+    b.add_argument("--quiet", "-q", action="store_true", help="no build output")
+    b.set_defaults(fn=cmd_images_build)
+    img_sub.add_parser("ls", help="list image recipes and their tags", parents=[common]).set_defaults(
+        fn=cmd_images_ls)
+
+    c = add("create", cmd_create, "create a running sandbox; prints its id")
+    c.add_argument("--image", help="image name or Docker tag (default: config `image`)")
+    c.add_argument("--memory", help="memory limit, e.g. 512m")
+    c.add_argument("--cpus", type=float, help="CPU quota in cores")
+    c.add_argument("--label", action="append", metavar="KEY=VALUE")
+    c.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override any config key (conf/sandbox/default.yaml), e.g. --set read_only=false")
+    a = add("ls", cmd_ls, "list sandboxes")
+    a.add_argument("--all", action="store_true", help="include closed sandboxes")
+
+    e = add("exec", cmd_exec, "run a command in a sandbox; exits with its exit code")
+    e.add_argument("id")
+    e.add_argument("--timeout", type=float, help="seconds (default: config exec_timeout_s)")
+    e.add_argument("--workdir", "-w")
+    e.add_argument("--env", "-e", action="append", metavar="KEY=VALUE")
+    e.add_argument("--stdin", "-i", action="store_true", help="pass this process's stdin to the command")
+    e.add_argument("cmd", nargs="*", help="-- COMMAND [ARG...] (everything after `--` is the command)")
+
+    pu = add("put", cmd_put, "copy a local file (or - for stdin) into the sandbox work dir")
+    pu.add_argument("id")
+    pu.add_argument("src")
+    pu.add_argument("dest")
+    pu.add_argument("--mode", default="644", help="octal permissions (default 644)")
+    g = add("get", cmd_get, "copy a file out of the sandbox work dir (to stdout by default)")
+    g.add_argument("id")
+    g.add_argument("src")
+    g.add_argument("dest", nargs="?")
+
+    for name, method, help in (("pause", Sandbox.pause, "checkpoint sandboxes to disk (no memory, no CPU)"),
+                               ("resume", Sandbox.resume, "restore paused sandboxes"),
+                               ("rm", Sandbox.close, "remove sandboxes (container, files, checkpoints)")):
+        sp = add(name, lambda args, m=method: _each(args, m), help)
+        sp.add_argument("ids", nargs="+", metavar="ID")
+    f = add("fork", cmd_fork, "restore a sandbox's checkpoint into N new sandboxes")
+    f.add_argument("id")
+    f.add_argument("-n", type=int, required=True, help="number of forks")
+    s = add("stats", cmd_stats, "memory, CPU and checkpoint size")
+    s.add_argument("ids", nargs="+", metavar="ID")
+    gc = add("gc", cmd_gc, "reconcile the registry with Docker (remove orphans, close lost sandboxes)")
+    gc.add_argument("--dry-run", action="store_true")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `exec ID [options] -- CMD...`: everything after the first `--` is the command, never options.
+    command: list[str] | None = None
+    if "exec" in argv and "--" in argv[argv.index("exec"):]:
+        cut = argv.index("--", argv.index("exec"))
+        argv, command = argv[:cut], argv[cut + 1:]
+    args = parser.parse_args(argv)
+    if command is not None:
+        args.cmd = [*args.cmd, *command]
+    args.json = getattr(args, "json", False)
+    try:
+        return int(args.fn(args) or 0)
+    except AgentEnvError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except docker.errors.DockerException as e:
+        print(f"{PROG}: error: Docker: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

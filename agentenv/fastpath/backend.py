@@ -1,0 +1,110 @@
+"""`FastPathBackend`: the docker-criu backend with pause / resume / fork through the fast path.
+
+Everything but checkpoint and restore is inherited (containers, exec, volumes, probe, usage), so a
+sandbox is the same Docker container either way; only the way its processes go to disk and come back
+changes (see agentenv/fastpath/engine.py). The restore marker of the docker-criu backend is kept: it is
+written before every dump and must be found after every restore, on top of the fast path's own check
+of CRIU's restore log and process tree. Checkpoints made by Docker's path (e.g. before the backend was
+switched) are still restored by Docker's path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from pathlib import Path
+
+import docker
+
+from agentenv.backend import docker_client
+from agentenv.backend.base import RUNTIME_DIR, Checkpoint, ContainerNotRunning, ContainerRef, ContainerSpec
+from agentenv.backend.docker_criu import DockerCriuBackend, _copy_tree
+from agentenv.errors import CheckpointError
+from agentenv.fastpath.engine import FastPath
+from agentenv.fastpath.settings import FastPathSettings
+
+
+class FastPathBackend(DockerCriuBackend):
+    name = "fastpath"
+
+    def __init__(self, home: Path, settings: FastPathSettings | None = None) -> None:
+        super().__init__(home)
+        self._settings = settings
+        self._fastpath: FastPath | None = None
+
+    @property
+    def fastpath(self) -> FastPath:
+        if self._fastpath is None:
+            # share the process-wide connection pool of the docker-criu backend
+            self._fastpath = FastPath(self._settings or FastPathSettings.load(), docker_client.api())
+        return self._fastpath
+
+    # ---- checkpoint ------------------------------------------------------------------------------
+    def checkpoint(self, ref: ContainerRef, checkpoint_id: str, *, user: str) -> Checkpoint:
+        marker = secrets.token_hex(16)
+        r = self._root_exec(ref, f'printf %s "$1" > {RUNTIME_DIR}/marker', marker)
+        if r.exit_code != 0:
+            raise CheckpointError(f"could not write the restore marker: {r.stderr.decode(errors='replace')}")
+        t0 = time.perf_counter()
+        record = self.fastpath.pause(ref.container)
+        return Checkpoint(
+            id=record.name,
+            path=str(record.path),
+            bytes=record.image_bytes,
+            marker=marker,
+            duration_s=time.perf_counter() - t0,
+        )
+
+    # ---- restore and fork ------------------------------------------------------------------------
+    def _check_marker(self, ref: ContainerRef, checkpoint: Checkpoint, sandbox_id: str) -> None:
+        try:
+            found, detail = self._write_identity(ref, sandbox_id), ""
+        except ContainerNotRunning as e:
+            found, detail = "", str(e)
+        if found != checkpoint.marker:
+            with contextlib.suppress(docker.errors.APIError):
+                self.api.kill(ref.container)
+            raise CheckpointError(
+                f"the container did not come back from checkpoint {checkpoint.id} (restore marker missing"
+                f"{': ' + detail if detail else ''}); the checkpoint is kept at {checkpoint.path}"
+            )
+
+    def restore(self, ref: ContainerRef, checkpoint: Checkpoint, *, sandbox_id: str) -> None:
+        record = self.fastpath.record_at(checkpoint.path)
+        if record is None:
+            return super().restore(ref, checkpoint, sandbox_id=sandbox_id)
+        self.fastpath.restore_into(ref.container, record)
+        self._check_marker(ref, checkpoint, sandbox_id)
+
+    def fork(self, source: ContainerRef, checkpoint: Checkpoint, spec: ContainerSpec) -> ContainerRef:
+        record = self.fastpath.record_at(checkpoint.path)
+        if record is None:
+            return super().fork(source, checkpoint, spec)
+        ref = self._new_container(spec)
+        try:
+            src_vol = Path(self.api.inspect_volume(source.volume)["Mountpoint"])
+            dst_vol = Path(self.api.inspect_volume(ref.volume)["Mountpoint"])
+            _copy_tree(src_vol, dst_vol)
+            if not spec.config.read_only:
+                src_upper = self.api.inspect_container(source.container)["GraphDriver"]["Data"]["UpperDir"]
+                dst_upper = self.api.inspect_container(ref.container)["GraphDriver"]["Data"]["UpperDir"]
+                _copy_tree(Path(src_upper), Path(dst_upper))
+            self.fastpath.restore_into(ref.container, record)
+            self._check_marker(ref, checkpoint, spec.sandbox_id)
+        except BaseException:
+            self.remove(ref)
+            raise
+        return ref
+
+    # ---- disk hygiene ----------------------------------------------------------------------------
+    def discard_checkpoint(self, ref: ContainerRef, checkpoint: Checkpoint) -> None:
+        record = self.fastpath.record_at(checkpoint.path)
+        if record is None:
+            return super().discard_checkpoint(ref, checkpoint)
+        self.fastpath.store.delete(record)
+
+    def remove(self, ref: ContainerRef) -> None:
+        super().remove(ref)
+        if ref.container:
+            self.fastpath.discard(ref.container)

@@ -1,0 +1,176 @@
+"""`CheckpointStore`: the fast path's CRIU images on local disk, with a disk-usage cap.
+
+Layout: `<store_dir>/<container id>/<checkpoint name>/` holds one checkpoint's CRIU images plus
+`k3rl-checkpoint.json` (what was checkpointed, to verify the restore); `<name>.work/` beside it keeps
+CRIU's log while the checkpoint is written. A pause first *reserves* its expected size
+(`<name>.reserved`), under a file lock shared by all processes, so that concurrent pauses cannot
+together overshoot the cap; the reservation is replaced by the real images when the dump ends.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from agentenv.fastpath.errors import DiskCapExceeded
+from agentenv.fastpath.procs import ProcessInfo
+
+RECORD_FILE = "k3rl-checkpoint.json"
+RESERVED_SUFFIX = ".reserved"
+WORK_SUFFIX = ".work"
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """One checkpoint in the store."""
+
+    container_id: str
+    name: str
+    path: Path
+    created: float
+    image_bytes: int
+    processes: tuple[ProcessInfo, ...]
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["path"] = str(self.path)
+        d["processes"] = [[p.ns_pid, p.cmdline] for p in self.processes]
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, text: str) -> CheckpointRecord:
+        d = json.loads(text)
+        d["path"] = Path(d["path"])
+        d["processes"] = tuple(ProcessInfo(int(a), str(b)) for a, b in d["processes"])
+        return cls(**d)
+
+
+def _disk_bytes(path: Path) -> int:
+    """Bytes the files under `path` occupy on disk (symlinks count nothing)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                st = os.lstat(os.path.join(root, f))
+            except FileNotFoundError:
+                continue
+            if not os.path.islink(os.path.join(root, f)):
+                total += st.st_blocks * 512
+    return total
+
+
+class CheckpointStore:
+    """CRIU images per container under one root, bounded by `cap` bytes in total."""
+
+    def __init__(self, root: Path, cap: int) -> None:
+        self.root = Path(root)
+        self.cap = int(cap)
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)  # images hold all process memory (secrets included): root only
+
+    # ---- paths -------------------------------------------------------------------------------
+    def container_dir(self, container_id: str) -> Path:
+        return self.root / container_id
+
+    def new_checkpoint_dir(self, container_id: str) -> Path:
+        """A fresh, empty folder for a new checkpoint (its name is Docker-valid: [a-zA-Z0-9_.-])."""
+        name = f"k3rl-{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        path = self.container_dir(container_id) / name
+        path.mkdir(parents=True)
+        return path
+
+    @staticmethod
+    def work_dir(checkpoint_dir: Path) -> Path:
+        return checkpoint_dir.with_name(checkpoint_dir.name + WORK_SUFFIX)
+
+    # ---- records -----------------------------------------------------------------------------
+    def save(self, record: CheckpointRecord) -> None:
+        (record.path / RECORD_FILE).write_text(record.to_json())
+
+    def records(self, container_id: str) -> list[CheckpointRecord]:
+        """The container's complete checkpoints, oldest first."""
+        out = []
+        cdir = self.container_dir(container_id)
+        if not cdir.is_dir():
+            return out
+        for rec_file in cdir.glob(f"*/{RECORD_FILE}"):
+            try:
+                out.append(CheckpointRecord.from_json(rec_file.read_text()))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # a half-written or foreign folder; gc() removes it with its container
+        return sorted(out, key=lambda r: r.created)
+
+    def latest(self, container_id: str) -> CheckpointRecord | None:
+        recs = self.records(container_id)
+        return recs[-1] if recs else None
+
+    # ---- deletion ----------------------------------------------------------------------------
+    def delete(self, record: CheckpointRecord) -> None:
+        shutil.rmtree(record.path, ignore_errors=True)
+        shutil.rmtree(self.work_dir(record.path), ignore_errors=True)
+
+    def delete_container(self, container_id: str) -> int:
+        """Remove every image of a container; returns the bytes freed."""
+        cdir = self.container_dir(container_id)
+        freed = _disk_bytes(cdir) if cdir.exists() else 0
+        shutil.rmtree(cdir, ignore_errors=True)
+        return freed
+
+    def container_ids(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir())
+
+    # ---- disk usage and the cap --------------------------------------------------------------
+    def usage(self) -> int:
+        """Bytes on disk of all images, plus the reservations of pauses in progress."""
+        total = _disk_bytes(self.root)
+        for res in self.root.glob(f"*/*{RESERVED_SUFFIX}"):
+            try:
+                total += int(res.read_text() or 0)
+            except (OSError, ValueError):
+                continue
+        return total
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.root / ".cap.lock", "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    @contextmanager
+    def reserve(self, container_id: str, need_bytes: int) -> Iterator[Path]:
+        """Reserve room for a checkpoint of about `need_bytes` and yield its fresh folder.
+
+        Raises DiskCapExceeded (before anything is written) when the store would pass its cap. On an
+        exception inside the block the half-written checkpoint is removed.
+        """
+        with self._locked():
+            used = self.usage()
+            if used + need_bytes > self.cap:
+                raise DiskCapExceeded(
+                    f"pausing container {container_id[:12]} needs about {need_bytes / 2**20:.0f} MiB but the "
+                    f"checkpoint store {self.root} holds {used / 2**20:.0f} MiB of its "
+                    f"{self.cap / 2**20:.0f} MiB cap (disk_cap in conf/agentenv/fastpath.yaml); the sandbox "
+                    "keeps running. Close or resume paused sandboxes, run `agentenv gc`, or raise the cap."
+                )
+            path = self.new_checkpoint_dir(container_id)
+            reservation = path.with_name(path.name + RESERVED_SUFFIX)
+            reservation.write_text(str(int(need_bytes)))
+        try:
+            yield path
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(self.work_dir(path), ignore_errors=True)
+            raise
+        finally:
+            reservation.unlink(missing_ok=True)

@@ -1,0 +1,86 @@
+"""Reconcile the registry with Docker: remove what one side has and the other lost.
+
+- containers and volumes labelled with this `$AGENTENV_HOME` whose sandbox is unknown or closed
+  (e.g. a process died between creating the container and recording it) are removed;
+- sandboxes whose container is gone are closed; running ones whose container stopped become broken;
+- rows still 'creating' after `stale_s` (their creator died) are removed with their containers.
+Each sandbox is reconciled under its lock, so gc never races a pause or a fork in progress.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from agentenv.backend.base import ContainerRef
+from agentenv.errors import SandboxBusy
+from agentenv.locks import sandbox_lock
+from agentenv.sandbox import runtime
+
+
+@dataclass
+class GcReport:
+    removed_containers: list[str] = field(default_factory=list)
+    removed_volumes: list[str] = field(default_factory=list)
+    closed: list[str] = field(default_factory=list)
+    broken: list[str] = field(default_factory=list)
+    skipped_busy: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def collect_garbage(dry_run: bool = False, stale_s: float = 600.0) -> GcReport:
+    rt = runtime()
+    report = GcReport()
+    owned = rt.backend.list_owned(str(rt.home))
+    live = {r.id: r for r in rt.registry.list_sandboxes(include_closed=False)}
+    known_containers = {r.container for r in live.values() if r.container}
+    known_volumes = {r.volume for r in live.values() if r.volume}
+    now = time.time()
+
+    for rec in live.values():
+        try:
+            with sandbox_lock(rt.registry.lock_dir, rec.id, timeout_s=1.0, action="gc"):
+                rec = rt.registry.get_sandbox(rec.id) or rec
+                ref = ContainerRef(rec.container or "", rec.volume or "")
+                if rec.state == "creating":
+                    if now - rec.created_at > stale_s:
+                        report.closed.append(rec.id)
+                        if not dry_run:
+                            if ref.container or ref.volume:
+                                rt.backend.remove(ref)
+                            rt.registry.delete_sandbox(rec.id)
+                    continue
+                st = rt.backend.state(ref) if ref.container else None
+                if st is None:
+                    report.closed.append(rec.id)
+                    if not dry_run:
+                        rt.backend.remove(ref)
+                        rt.registry.update_sandbox(rec.id, state="closed", reason="its container was gone (gc)")
+                elif rec.state == "running" and not st.running:
+                    report.broken.append(rec.id)
+                    if not dry_run:
+                        why = f"its container exited (exit code {st.exit_code}" + \
+                              (", OOM-killed)" if st.oom_killed else ")")
+                        rt.registry.update_sandbox(rec.id, state="broken", reason=why)
+        except SandboxBusy:
+            report.skipped_busy.append(rec.id)
+
+    creating_ids = {r.id for r in live.values() if r.state == "creating"}
+    for container in owned["containers"]:
+        if container in known_containers:
+            continue
+        sid = getattr(rt.backend, "sandbox_of_container", lambda c: None)(container)
+        if sid in creating_ids:
+            continue  # its creator is still at work (or gc will close it once stale)
+        report.removed_containers.append(container[:12])
+        if not dry_run:
+            rt.backend.remove(ContainerRef(container, ""))
+    for volume in owned["volumes"]:
+        if volume in known_volumes or any(volume == f"agentenv-{sid}-ws" for sid in creating_ids):
+            continue
+        report.removed_volumes.append(volume)
+        if not dry_run:
+            rt.backend.remove(ContainerRef("", volume))
+    return report

@@ -1,0 +1,42 @@
+"""Per-sandbox locks that hold across threads and processes.
+
+A lock is `flock` on `$AGENTENV_HOME/locks/<id>.lock`. flock belongs to the open file description, so two
+threads of one process conflict just like two processes do, and the kernel drops the lock when its
+holder dies (no stale locks after a crash).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from agentenv.errors import SandboxBusy
+
+
+@contextlib.contextmanager
+def sandbox_lock(lock_dir: Path, sandbox_id: str, timeout_s: float, action: str = "change") -> Iterator[None]:
+    """Hold the sandbox's lock for the `with` body; wait at most `timeout_s` for another holder."""
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_dir / f"{sandbox_id}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + timeout_s
+        delay = 0.005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise SandboxBusy(
+                        f"sandbox {sandbox_id} is busy: another thread or process has held its lock for "
+                        f"{timeout_s:.0f} s, so it could not {action} it; retry later"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock

@@ -1,0 +1,457 @@
+"""`SandboxPool`: many sandboxes under one memory budget, paused to disk when idle, resumed on use.
+
+    pool = SandboxPool("rollouts", memory_budget="4g")      # other values: conf/agentenv/pool.yaml
+    sb = pool.create()                # warm start: a fork of the pool's checkpointed ready sandbox
+    sb.exec("python3 -c 'print(1)'")  # resumes the sandbox first if the pool had paused it
+    group = pool.fork(sb, 8)          # GRPO group: 8 copies of sb's memory and files
+    pool.metrics()                    # running, paused, pauses, resumes, p50/p90 latencies, bytes on disk
+
+Budget: before a sandbox is resumed, created or forked, the pool measures the RSS of its running
+members (cgroup reads) and, while RSS + the newcomer's expected size exceeds `memory_budget`, pauses the
+least recently used members that have been idle for `idle_after_s` and are not in use. When nothing idle
+is left it goes over budget and counts it (`strict_budget: true` raises PoolBudgetExceeded instead).
+
+Warm starts: the first `create()` of an image/config (or of a named template with a `setup` callable,
+e.g. a task's reset state) builds that sandbox once, pauses it as the pool's template, and every later
+`create()` forks it, paying a restore instead of a cold start and the rebuild of the state.
+
+Concurrency: members, last-use times, leases and events live in a SQLite file per pool name under
+$AGENTENV_HOME/pools, budget decisions hold a per-pool file lock, and each state change holds the
+sandbox's own lock (the registry's), so threads and processes sharing a pool name cooperate: a sandbox
+in use (leased) is never picked for pausing, and a sandbox being paused is resumed, not used, by an exec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from agentenv.config import SandboxConfig
+from agentenv.errors import AgentEnvError, CheckpointError, SandboxBusy, SandboxNotFound, SandboxStateError
+from agentenv.locks import sandbox_lock
+from agentenv.paths import agentenv_home
+from agentenv.pool.settings import PoolSettings
+from agentenv.pool.state import PoolState
+from agentenv.results import ExecResult, SandboxStats
+from agentenv.sandbox import Sandbox
+
+log = logging.getLogger(__name__)
+
+LABEL_POOL = "org.k3rl.agentenv.pool"
+LABEL_TEMPLATE = "org.k3rl.agentenv.pool-template"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class PoolBudgetExceeded(AgentEnvError):
+    """`strict_budget` is on and no idle sandbox could be paused to make room."""
+
+
+@dataclass(frozen=True)
+class PoolMetrics:
+    """A snapshot of one pool (all processes using it). Latencies in seconds (NaN: no event yet)."""
+
+    running: int
+    paused: int
+    templates: int
+    pauses: int
+    resumes: int
+    warm_starts: int
+    cold_starts: int
+    forks: int
+    over_budget: int
+    pause_p50_s: float
+    pause_p90_s: float
+    resume_p50_s: float
+    resume_p90_s: float
+    warm_start_p50_s: float
+    warm_start_p90_s: float
+    cold_start_p50_s: float
+    memory_used_bytes: int
+    memory_budget_bytes: int
+    disk_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class PooledSandbox:
+    """A pool member. Same calls as `Sandbox`; exec and file calls resume it first when paused."""
+
+    def __init__(self, pool: SandboxPool, sandbox: Sandbox) -> None:
+        self.pool = pool
+        self.sandbox = sandbox
+
+    @property
+    def id(self) -> str:
+        return self.sandbox.id
+
+    @property
+    def status(self) -> str:
+        return self.sandbox.status
+
+    def exec(self, cmd: str | list[str], **kwargs: Any) -> ExecResult:
+        with self.pool.using(self) as sb:
+            return sb.exec(cmd, **kwargs)
+
+    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        with self.pool.using(self) as sb:
+            sb.write_file(path, data, mode)
+
+    def read_file(self, path: str) -> bytes:
+        with self.pool.using(self) as sb:
+            return sb.read_file(path)
+
+    def pause(self) -> None:
+        self.pool.pause(self)
+
+    def resume(self) -> None:
+        self.pool.resume(self)
+
+    def fork(self, n: int) -> list[PooledSandbox]:
+        return self.pool.fork(self, n)
+
+    def stats(self) -> SandboxStats:
+        return self.sandbox.stats()
+
+    def close(self) -> None:
+        self.pool.remove(self)
+
+    def __repr__(self) -> str:
+        return f"PooledSandbox(id={self.id!r}, pool={self.pool.name!r})"
+
+
+class SandboxPool:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        name: str = "default",
+        settings: PoolSettings | None = None,
+        config: SandboxConfig | None = None,
+        **overrides: Any,
+    ) -> None:
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise AgentEnvError(f"pool name must match {_NAME.pattern}, got {name!r}")
+        self.name = name
+        self.settings = settings or PoolSettings.load(**overrides)
+        self.config = config
+        home = agentenv_home()
+        self.state = PoolState(home / "pools" / f"{name}.sqlite3")
+        self._lock_dir = home / "locks"
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def _pool_lock(self, action: str, suffix: str = ""):
+        return sandbox_lock(self._lock_dir, f"pool-{self.name}{suffix}", self.settings.lock_timeout_s, action)
+
+    def _timed(self, kind: str, fn: Callable[[], Any]) -> Any:
+        t = time.perf_counter()
+        out = fn()
+        self.state.record(kind, time.perf_counter() - t)
+        return out
+
+    @staticmethod
+    def _id(sb: PooledSandbox | Sandbox | str) -> str:
+        return sb if isinstance(sb, str) else sb.id
+
+    def get(self, sandbox_id: str) -> PooledSandbox:
+        if self.state.get(sandbox_id) is None:
+            raise SandboxNotFound(f"sandbox {sandbox_id} is not a member of pool {self.name!r}")
+        return PooledSandbox(self, Sandbox.get(sandbox_id))
+
+    def members(self) -> list[PooledSandbox]:
+        out = []
+        for m in self.state.members():
+            try:
+                out.append(PooledSandbox(self, Sandbox.get(m.sandbox_id)))
+            except SandboxNotFound:
+                self.state.drop(m.sandbox_id)
+        return out
+
+    # ---- creating ----------------------------------------------------------------------------
+    def create(
+        self,
+        image: str | None = None,
+        *,
+        template: str | None = None,
+        setup: Callable[[Sandbox], None] | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> PooledSandbox:
+        """A new running member: a fork of the template (warm start) or, with warm starts off and no
+        `template` name, a fresh sandbox. `setup(sandbox)` brings a new template (or a cold-started
+        sandbox) to its ready state, e.g. installs a task; a named `template` is built once per pool."""
+        cfg = (self.config or SandboxConfig.load()).replace(image=image)
+        user_labels = {**(labels or {}), LABEL_POOL: self.name}
+        if self.settings.warm_starts or template is not None:
+            key = template or _config_key(cfg)
+            tmpl = self._template(key, cfg, setup, user_labels)
+            self.ensure_budget(tmpl.stats().checkpoint_bytes)
+            sb = self._timed("warm_start", lambda: tmpl.fork(1)[0])
+        else:
+            key = None
+            self.ensure_budget(0)
+
+            def cold() -> Sandbox:
+                s = Sandbox.create(config=cfg, labels=user_labels)
+                if setup is not None:
+                    setup(s)
+                return s
+
+            sb = self._timed("cold_start", cold)
+        self.state.add(sb.id, template=key)
+        return PooledSandbox(self, sb)
+
+    def _template(
+        self, key: str, cfg: SandboxConfig, setup: Callable[[Sandbox], None] | None, labels: Mapping[str, str]
+    ) -> Sandbox:
+        """The pool's paused template for `key`, built (once, across processes) when missing."""
+        digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+        with self._pool_lock("build a template", suffix=f"-tmpl-{digest}"):
+            sid = self.state.template(key)
+            if sid is not None:
+                try:
+                    sb = Sandbox.get(sid)
+                    if sb.status == "paused":
+                        return sb
+                    if sb.status == "running":
+                        sb.pause()
+                        return sb
+                    sb.close()
+                except SandboxNotFound:
+                    pass
+                self.state.set_template(key, None)
+
+            def build() -> Sandbox:
+                sb = Sandbox.create(config=cfg, labels={**labels, LABEL_TEMPLATE: key})
+                try:
+                    if setup is not None:
+                        setup(sb)
+                    sb.pause()
+                except BaseException:
+                    sb.close()
+                    raise
+                return sb
+
+            sb = self._timed("cold_start", build)
+            self.state.set_template(key, sb.id)
+            return sb
+
+    # ---- using -------------------------------------------------------------------------------
+    @contextmanager
+    def _leased(self, sandbox_id: str) -> Iterator[None]:
+        deadline = time.monotonic() + self.settings.lock_timeout_s
+        while not self.state.lease(sandbox_id, self.settings.lease_timeout_s, self.settings.lock_timeout_s):
+            if time.monotonic() > deadline:
+                raise SandboxBusy(
+                    f"sandbox {sandbox_id} has been being paused for {self.settings.lock_timeout_s} s"
+                )
+            time.sleep(0.02)
+        try:
+            yield
+        finally:
+            self.state.release(sandbox_id)
+
+    @contextmanager
+    def using(self, sb: PooledSandbox | Sandbox | str) -> Iterator[Sandbox]:
+        """Hold the sandbox (the pool will not pause it meanwhile), resumed if it was paused."""
+        sid = self._id(sb)
+        with self._leased(sid):
+            sandbox = Sandbox.get(sid)
+            if sandbox.status == "paused":
+                self._resume(sandbox)
+            yield sandbox
+
+    def _resume(self, sandbox: Sandbox) -> None:
+        self.ensure_budget(sandbox.stats().checkpoint_bytes, exclude={sandbox.id})
+        t = time.perf_counter()
+        try:
+            sandbox.resume()
+        except SandboxStateError:
+            if sandbox.status != "running":
+                raise
+            return  # another thread or process resumed it first
+        self.state.record("resume", time.perf_counter() - t)
+
+    def exec(self, sb: PooledSandbox | Sandbox | str, cmd: str | list[str], **kwargs: Any) -> ExecResult:
+        """`Sandbox.exec` on a member, resuming it first when it is paused."""
+        with self.using(sb) as sandbox:
+            return sandbox.exec(cmd, **kwargs)
+
+    def resume(self, sb: PooledSandbox | Sandbox | str) -> None:
+        with self.using(sb):
+            pass
+
+    def pause(self, sb: PooledSandbox | Sandbox | str) -> bool:
+        """Pause a member now unless it is in use (False) or already paused."""
+        sid = self._id(sb)
+        sandbox = Sandbox.get(sid)
+        if sandbox.status != "running" or not self.state.claim_for_pause(sid):
+            return False
+        try:
+            self._timed("pause", sandbox.pause)
+        finally:
+            self.state.end_pause(sid)
+        return True
+
+    def fork(self, sb: PooledSandbox | Sandbox | str, n: int) -> list[PooledSandbox]:
+        """n new members with the memory and files of `sb` (room is made for n copies of its RSS)."""
+        sid = self._id(sb)
+        with self._leased(sid):
+            source = Sandbox.get(sid)
+            st = source.stats()
+            self.ensure_budget(n * max(st.rss_bytes, st.checkpoint_bytes), exclude={sid})
+            forks = self._timed("fork", lambda: source.fork(n))
+        tmpl = self.state.get(sid)
+        for f in forks:
+            self.state.add(f.id, template=tmpl.template if tmpl else None)
+        return [PooledSandbox(self, f) for f in forks]
+
+    def remove(self, sb: PooledSandbox | Sandbox | str) -> None:
+        """Close a member (container, volume and checkpoint images go) and forget it."""
+        sid = self._id(sb)
+        try:
+            Sandbox.get(sid).close()
+        except SandboxNotFound:
+            pass
+        self.state.drop(sid)
+
+    # ---- the budget --------------------------------------------------------------------------
+    def _running(self) -> tuple[list[tuple[Any, Sandbox, int]], int]:
+        """[(member, sandbox, rss)] of running members in LRU order, and their RSS in total."""
+        running, used = [], 0
+        for m in self.state.members():
+            try:
+                sb = Sandbox.get(m.sandbox_id)
+                st = sb.stats()
+            except SandboxNotFound:
+                self.state.drop(m.sandbox_id)
+                continue
+            if st.state in ("closed", "broken"):
+                self.state.drop(m.sandbox_id)
+            elif st.state == "running":
+                running.append((m, sb, st.rss_bytes))
+                used += st.rss_bytes
+        return running, used
+
+    def ensure_budget(self, need: int = 0, exclude: set[str] | frozenset[str] = frozenset()) -> int:
+        """Pause LRU idle members until running RSS + `need` fits the budget; returns RSS in use after."""
+        budget = self.settings.memory_budget
+        with self._pool_lock("make room"):
+            running, used = self._running()
+            if used + need <= budget:
+                return used
+            now = time.time()
+            for m, sb, rss in running:
+                if m.sandbox_id in exclude or now - m.last_used < self.settings.idle_after_s:
+                    continue
+                if not self.state.claim_for_pause(m.sandbox_id):
+                    continue  # in use right now
+                try:
+                    self._timed("pause", sb.pause)
+                    used -= rss
+                except (CheckpointError, SandboxStateError) as e:  # e.g. the disk cap: it keeps running
+                    log.warning("pool %s: could not pause idle sandbox %s: %s", self.name, sb.id, e)
+                finally:
+                    self.state.end_pause(m.sandbox_id)
+                if used + need <= budget:
+                    return used
+            self.state.record("over_budget", 0.0)
+            if self.settings.strict_budget:
+                raise PoolBudgetExceeded(
+                    f"pool {self.name!r}: {used / 2**20:.0f} MiB running + {need / 2**20:.0f} MiB needed "
+                    "exceed "
+                    f"the budget of {budget / 2**20:.0f} MiB and no member has been idle for "
+                    f"{self.settings.idle_after_s:g} s; close sandboxes or raise memory_budget"
+                )
+            return used
+
+    def pause_idle(self) -> int:
+        """Pause every member idle for `idle_after_s` and not in use, budget or not; returns how many."""
+        with self._pool_lock("pause idle sandboxes"):
+            running, _ = self._running()
+            now, n = time.time(), 0
+            for m, sb, _rss in running:
+                if now - m.last_used >= self.settings.idle_after_s and self.state.claim_for_pause(
+                    m.sandbox_id
+                ):
+                    try:
+                        self._timed("pause", sb.pause)
+                        n += 1
+                    except (CheckpointError, SandboxStateError) as e:
+                        log.warning("pool %s: could not pause idle sandbox %s: %s", self.name, sb.id, e)
+                    finally:
+                        self.state.end_pause(m.sandbox_id)
+            return n
+
+    # ---- metrics and shutdown ----------------------------------------------------------------
+    def metrics(self) -> PoolMetrics:
+        running = paused = used = disk = 0
+        for m in self.state.members():
+            try:
+                st = Sandbox.get(m.sandbox_id).stats()
+            except SandboxNotFound:
+                continue
+            running += st.state == "running"
+            paused += st.state == "paused"
+            used += st.rss_bytes
+            disk += st.checkpoint_bytes
+        templates = self.state.templates()
+        for sid in templates.values():
+            try:
+                disk += Sandbox.get(sid).stats().checkpoint_bytes
+            except SandboxNotFound:
+                continue
+        w = self.settings.metrics_window
+        pause, resume = self.state.percentiles("pause", w), self.state.percentiles("resume", w)
+        warm, cold = self.state.percentiles("warm_start", w), self.state.percentiles("cold_start", w)
+        return PoolMetrics(
+            running=running,
+            paused=paused,
+            templates=len(templates),
+            pauses=self.state.count("pause"),
+            resumes=self.state.count("resume"),
+            warm_starts=self.state.count("warm_start"),
+            cold_starts=self.state.count("cold_start"),
+            forks=self.state.count("fork"),
+            over_budget=self.state.count("over_budget"),
+            pause_p50_s=pause[0],
+            pause_p90_s=pause[1],
+            resume_p50_s=resume[0],
+            resume_p90_s=resume[1],
+            warm_start_p50_s=warm[0],
+            warm_start_p90_s=warm[1],
+            cold_start_p50_s=cold[0],
+            memory_used_bytes=used,
+            memory_budget_bytes=self.settings.memory_budget,
+            disk_bytes=disk,
+        )
+
+    def close(self, templates: bool = True) -> None:
+        """Close every member (and the templates): containers, volumes and images are removed."""
+        for m in self.state.members():
+            self.remove(m.sandbox_id)
+        if templates:
+            for key, sid in self.state.templates().items():
+                try:
+                    Sandbox.get(sid).close()
+                except SandboxNotFound:
+                    pass
+                self.state.set_template(key, None)
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _config_key(cfg: SandboxConfig) -> str:
+    """Templates are per image + configuration: a fork inherits both."""
+    blob = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+    return f"{cfg.image}@{hashlib.sha1(blob.encode()).hexdigest()[:12]}"

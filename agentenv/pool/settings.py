@@ -1,0 +1,80 @@
+"""`PoolSettings`: the SandboxPool's budget and thresholds, from conf/agentenv/pool.yaml."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentenv.config import parse_size
+from agentenv.errors import ConfigError
+from agentenv.paths import PROJECT_ROOT
+
+
+def default_pool_config_path() -> Path:
+    env = os.environ.get("AGENTENV_POOL_CONFIG")
+    return Path(env).expanduser() if env else PROJECT_ROOT / "conf" / "agentenv" / "pool.yaml"
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """See conf/agentenv/pool.yaml for the meaning of each field."""
+
+    memory_budget: int
+    idle_after_s: float
+    warm_starts: bool
+    strict_budget: bool
+    lease_timeout_s: float
+    lock_timeout_s: float
+    metrics_window: int
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, **overrides: Any) -> PoolSettings:
+        """Values from `path` (default: conf/agentenv/pool.yaml), then `overrides` (None ignored)."""
+        path = Path(path) if path is not None else default_pool_config_path()
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"pool config {path} does not exist (set AGENTENV_POOL_CONFIG)") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"pool config {path} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"pool config {path} must be a mapping of keys to values")
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PoolSettings:
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown, missing = sorted(set(data) - set(names)), sorted(set(names) - set(data))
+        if unknown or missing:
+            raise ConfigError(
+                f"pool config: unknown key(s) {unknown}, missing key(s) {missing}; keys are {names}"
+            )
+        for flag in ("warm_starts", "strict_budget"):
+            if not isinstance(data[flag], bool):
+                raise ConfigError(f"pool config: {flag} must be true or false, got {data[flag]!r}")
+        try:
+            s = cls(
+                memory_budget=parse_size(data["memory_budget"], "memory_budget"),
+                idle_after_s=float(data["idle_after_s"]),
+                warm_starts=data["warm_starts"],
+                strict_budget=data["strict_budget"],
+                lease_timeout_s=float(data["lease_timeout_s"]),
+                lock_timeout_s=float(data["lock_timeout_s"]),
+                metrics_window=int(data["metrics_window"]),
+            )
+        except (TypeError, ValueError) as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(f"pool config has a value of the wrong type: {e}") from None
+        if s.idle_after_s < 0 or s.lease_timeout_s <= 0 or s.lock_timeout_s <= 0 or s.metrics_window < 1:
+            raise ConfigError(
+                "pool config: idle_after_s must be >= 0, lease_timeout_s and lock_timeout_s > 0, "
+                "metrics_window >= 1"
+            )
+        return s

@@ -1,0 +1,482 @@
+"""`Sandbox`: one isolated container an agent acts in, with pause (to zero memory), resume and fork.
+
+A Sandbox object is a thin handle: its truth (state, container, checkpoints, lineage) lives in the
+registry, so objects in different threads or processes (the CLI, a trainer) agree. Every state change
+holds the sandbox's lock and re-reads the state under it; exec takes no lock (use one thread per sandbox).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import secrets
+import shlex
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentenv.backend import default_backend
+from agentenv.backend.base import (
+    LABEL_HOME,
+    Checkpoint,
+    ContainerNotRunning,
+    ContainerRef,
+    ContainerSpec,
+    SandboxBackend,
+)
+from agentenv.config import SandboxConfig
+from agentenv.errors import (
+    AgentEnvError,
+    CheckpointError,
+    ExecTimeout,
+    PathOutsideWorkspace,
+    SandboxNotFound,
+    SandboxStateError,
+)
+from agentenv.locks import sandbox_lock
+from agentenv.paths import agentenv_home
+from agentenv.registry import CheckpointRecord, Registry, SandboxRecord
+from agentenv.results import ExecResult, SandboxStats
+
+STATES = ("running", "paused", "closed", "broken")
+MAX_FORKS = 64
+_EXIT_REFUSED = 3   # in-container file scripts: path resolves outside the work dir
+_EXIT_TOO_BIG = 4   # in-container file scripts: file larger than file_limit_bytes
+
+
+@dataclass
+class _Runtime:
+    home: Path
+    registry: Registry
+    backend: SandboxBackend
+
+
+_runtimes: dict[Path, _Runtime] = {}
+_runtimes_lock = threading.Lock()
+
+
+def runtime() -> _Runtime:
+    """Registry + backend for the current `$AGENTENV_HOME` (one per home per process)."""
+    home = agentenv_home().resolve()
+    with _runtimes_lock:
+        rt = _runtimes.get(home)
+        if rt is None:
+            rt = _runtimes[home] = _Runtime(home, Registry(home), default_backend(home))
+        return rt
+
+
+def workspace_path(path: str, workspace: str) -> str:
+    """Normalise a file-transfer path and refuse any that leaves the work dir (`..`, other absolutes)."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise PathOutsideWorkspace(f"invalid path {path!r}: give a file path under {workspace}")
+    ws = workspace.rstrip("/")
+    full = posixpath.normpath(path if path.startswith("/") else posixpath.join(ws, path))
+    if not full.startswith(ws + "/"):
+        raise PathOutsideWorkspace(f"path {path!r} is outside the sandbox work dir {ws}; "
+                                   f"give a path relative to it or below {ws}/")
+    return full
+
+
+def _state_error(rec: SandboxRecord, action: str) -> SandboxStateError:
+    sid = rec.id
+    if rec.state == "paused":
+        return SandboxStateError(f"sandbox {sid} is paused; resume it first (`agentenv resume {sid}`) "
+                                 f"before you {action} it")
+    if rec.state == "closed":
+        return SandboxStateError(f"sandbox {sid} is closed; create a new one")
+    if rec.state == "broken":
+        return SandboxStateError(f"sandbox {sid} is broken: {rec.reason or 'unknown reason'}; remove it "
+                                 f"(`agentenv rm {sid}`) and create a new one")
+    if rec.state == "running":
+        return SandboxStateError(f"sandbox {sid} is running; cannot {action} it")
+    return SandboxStateError(f"sandbox {sid} is {rec.state}; cannot {action} it yet")
+
+
+class Sandbox:
+    """A handle on one sandbox (see module docstring). Create with `Sandbox.create`, find with `get`."""
+
+    def __init__(self, record: SandboxRecord, rt: _Runtime | None = None) -> None:
+        self._rt = rt or runtime()
+        self._rec = record
+
+    # ---- finding and creating -----------------------------------------------------------------
+    @classmethod
+    def create(cls, image: str | None = None, memory: str | None = None, cpus: float | None = None,
+               config: SandboxConfig | None = None, labels: Mapping[str, str] | None = None) -> Sandbox:
+        """Start a new sandbox. `image`/`memory`/`cpus` override `config` (default: conf/sandbox/default.yaml)."""
+        rt = runtime()
+        cfg = (config or SandboxConfig.load()).replace(image=image, memory=memory, cpus=cpus)
+        tag = rt.backend.resolve_image(cfg.image)
+        user = rt.backend.probe(tag).auto_user if cfg.user == "auto" else cfg.user
+        sid = secrets.token_hex(6)
+        user_labels = {**cfg.labels, **{str(k): str(v) for k, v in (labels or {}).items()}}
+        rt.registry.insert_sandbox(id=sid, state="creating", image=tag, user=user, config=cfg.to_dict(),
+                                   labels=user_labels)
+        spec = ContainerSpec(sid, tag, user, cfg, {**user_labels, LABEL_HOME: str(rt.home)})
+        try:
+            ref = rt.backend.create(spec)
+        except BaseException:
+            rt.registry.delete_sandbox(sid)
+            raise
+        rt.registry.update_sandbox(sid, state="running", container=ref.container, volume=ref.volume)
+        return cls.get(sid)
+
+    @classmethod
+    def get(cls, sandbox_id: str) -> Sandbox:
+        """The sandbox with this id, or the only one whose id starts with it."""
+        rt = runtime()
+        if not isinstance(sandbox_id, str) or not sandbox_id.strip():
+            raise SandboxNotFound("give a sandbox id (`agentenv ls` lists them)")
+        rec = rt.registry.get_sandbox(sandbox_id)
+        if rec is None:
+            matches = rt.registry.find_sandboxes(sandbox_id)
+            if not matches:
+                raise SandboxNotFound(f"no sandbox {sandbox_id!r} in the registry at {rt.home} "
+                                      "(`agentenv ls` lists them)")
+            if len(matches) > 1:
+                ids = ", ".join(m.id for m in matches[:5])
+                raise SandboxNotFound(f"sandbox id prefix {sandbox_id!r} is ambiguous ({ids}); give more of it")
+            rec = matches[0]
+        return cls(rec, rt)
+
+    @classmethod
+    def list(cls, include_closed: bool = False) -> list[Sandbox]:
+        rt = runtime()
+        return [cls(r, rt) for r in rt.registry.list_sandboxes(include_closed)]
+
+    # ---- properties ----------------------------------------------------------------------------
+    def _record(self) -> SandboxRecord:
+        rec = self._rt.registry.get_sandbox(self._rec.id)
+        if rec is None:
+            raise SandboxNotFound(f"sandbox {self._rec.id} was removed from the registry")
+        self._rec = rec
+        return rec
+
+    @property
+    def id(self) -> str:
+        return self._rec.id
+
+    @property
+    def status(self) -> str:
+        """'running' | 'paused' | 'closed' | 'broken' (read from the registry: current across processes)."""
+        return self._record().state
+
+    @property
+    def reason(self) -> str | None:
+        """Why the sandbox is broken (or why its last resume failed)."""
+        return self._record().reason
+
+    @property
+    def image(self) -> str:
+        return self._rec.image
+
+    @property
+    def user(self) -> str:
+        """'agent' (uid 1000) or 'root' (uid 0 without capabilities); see `agentenv info`."""
+        return self._rec.user
+
+    @property
+    def parent_id(self) -> str | None:
+        return self._rec.parent_id
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(self._rec.labels)
+
+    @property
+    def config(self) -> SandboxConfig:
+        return SandboxConfig.from_dict(self._rec.config)
+
+    @property
+    def container_id(self) -> str | None:
+        return self._rec.container
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, status={self._rec.state!r}, image={self.image!r})"
+
+    def describe(self) -> dict:
+        """JSON-friendly summary (what `agentenv ls/create --json` print)."""
+        rec = self._record()
+        return {"id": rec.id, "state": rec.state, "image": rec.image, "user": rec.user,
+                "parent": rec.parent_id, "created_at": rec.created_at, "reason": rec.reason,
+                "labels": rec.labels, "container": (rec.container or "")[:12]}
+
+    def _ref(self, rec: SandboxRecord) -> ContainerRef:
+        return ContainerRef(container=rec.container or "", volume=rec.volume or "")
+
+    def _lock(self, action: str):
+        return sandbox_lock(self._rt.registry.lock_dir, self.id, self.config.lock_timeout_s, action)
+
+    # ---- running commands ----------------------------------------------------------------------
+    def exec(self, cmd: str | Sequence[str], timeout: float | None = None, stdin: bytes | str | None = None,
+             env: Mapping[str, str] | None = None, workdir: str | None = None,
+             raise_on_timeout: bool = False) -> ExecResult:
+        """Run `cmd` (a string runs under `sh -c`; a list runs as argv) as the sandbox user.
+
+        At `timeout` seconds (default: config exec_timeout_s) its whole process group is killed and
+        `timed_out` is set (or ExecTimeout raised with `raise_on_timeout`). stdout/stderr are capped at
+        output_limit_bytes each. A non-zero exit code is a result, not an error.
+        """
+        rec = self._record()
+        if rec.state != "running":
+            raise _state_error(rec, "exec in")
+        argv = _argv(cmd)
+        cfg = self.config
+        timeout_s = _positive(timeout, cfg.exec_timeout_s, "timeout")
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        if data is not None and not isinstance(data, bytes | bytearray):
+            raise AgentEnvError(f"stdin must be bytes or str, got {type(stdin).__name__}")
+        if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise AgentEnvError("env must map str to str")
+        raw = self._backend_exec(rec, argv, timeout_s=timeout_s, output_limit=cfg.output_limit_bytes,
+                                 stdin=bytes(data) if data is not None else None, env=env, workdir=workdir)
+        oom = False
+        if raw.exit_code >= 128 or raw.exit_code < 0 or raw.timed_out:
+            oom = self._check_oom(rec)
+        result = raw.decoded(oom_killed=oom)
+        if result.timed_out and raise_on_timeout:
+            raise ExecTimeout(f"command timed out after {timeout_s:g} s in sandbox {self.id}: {cmd!r}", result)
+        return result
+
+    def _backend_exec(self, rec: SandboxRecord, argv: list[str], **kw):
+        try:
+            return self._rt.backend.exec(self._ref(rec), argv, user=rec.user, **kw)
+        except ContainerNotRunning as e:
+            raise self._container_lost(str(e)) from None
+
+    def _container_lost(self, detail: str) -> SandboxStateError:
+        """The container is gone although the registry said running: record why, mark it broken."""
+        with self._lock("mark broken"):
+            rec = self._record()
+            if rec.state != "running":
+                return _state_error(rec, "exec in")
+            st = self._rt.backend.state(self._ref(rec))
+            if st is not None and st.running:
+                return SandboxStateError(f"sandbox {self.id}: exec failed ({detail}); retry")
+            if st is None:
+                reason = "its container was removed outside AgentENV"
+            else:
+                reason = f"its container exited unexpectedly (exit code {st.exit_code})"
+                if st.oom_killed:
+                    reason += f"; the kernel OOM killer fired at the memory limit {self.config.memory}"
+            self._rt.registry.update_sandbox(self.id, state="broken", reason=reason)
+            return _state_error(self._record(), "exec in")
+
+    def _check_oom(self, rec: SandboxRecord) -> bool:
+        """After a killed command: did the OOM killer act in this sandbox? Then its state is unknown."""
+        _rss, _cpu, _pids, oom_kills = self._rt.backend.usage(self._ref(rec))
+        if oom_kills <= 0:
+            return False
+        reason = (f"the kernel OOM killer killed {oom_kills} process(es) at the memory limit "
+                  f"{self.config.memory}; the sandbox's state is no longer trustworthy (raise `memory` if "
+                  "the task needs more)")
+        with self._lock("mark broken"):
+            if self._record().state == "running":
+                self._rt.registry.update_sandbox(self.id, state="broken", reason=reason)
+        return True
+
+    # ---- files -------------------------------------------------------------------------------
+    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        """Write a file below the work dir (parents created); `..`, other absolutes and symlinks out refused."""
+        rec = self._record()
+        if rec.state != "running":
+            raise _state_error(rec, "write files in")
+        cfg = self.config
+        full = workspace_path(path, cfg.workspace)
+        payload = data.encode() if isinstance(data, str) else data
+        if not isinstance(payload, bytes | bytearray):
+            raise AgentEnvError(f"data must be bytes or str, got {type(data).__name__}")
+        if len(payload) > cfg.file_limit_bytes:
+            raise AgentEnvError(f"file of {len(payload)} bytes exceeds file_limit_bytes={cfg.file_limit_bytes}")
+        if not isinstance(mode, int) or not 0 <= mode <= 0o7777:
+            raise AgentEnvError(f"mode must be an int permission like 0o644, got {mode!r}")
+        script = _confine(cfg.workspace) + 'mkdir -p -- "$(dirname -- "$p")" && cat > "$p" && chmod "$2" -- "$p"'
+        raw = self._backend_exec(rec, ["sh", "-c", script, "sh", full, format(mode, "o")],
+                                 timeout_s=cfg.exec_timeout_s, output_limit=64 * 1024, stdin=bytes(payload))
+        self._file_error(raw, path, "write")
+
+    def read_file(self, path: str) -> bytes:
+        """The bytes of a file below the work dir (at most file_limit_bytes)."""
+        rec = self._record()
+        if rec.state != "running":
+            raise _state_error(rec, "read files from")
+        cfg = self.config
+        full = workspace_path(path, cfg.workspace)
+        script = _confine(cfg.workspace) + (
+            f'[ -f "$p" ] || {{ echo "no such file: $p" >&2; exit 2; }}; '
+            f'[ "$(stat -c %s -- "$p")" -le {cfg.file_limit_bytes} ] || exit {_EXIT_TOO_BIG}; exec cat -- "$p"')
+        raw = self._backend_exec(rec, ["sh", "-c", script, "sh", full], timeout_s=cfg.exec_timeout_s,
+                                 output_limit=cfg.file_limit_bytes)
+        self._file_error(raw, path, "read")
+        return raw.stdout
+
+    def _file_error(self, raw, path: str, verb: str) -> None:
+        if raw.exit_code == 0 and not raw.timed_out:
+            return
+        msg = raw.stderr.decode(errors="replace").strip()
+        if raw.exit_code == _EXIT_REFUSED:
+            raise PathOutsideWorkspace(f"{verb} {path!r} refused: {msg}")
+        if raw.exit_code == _EXIT_TOO_BIG:
+            raise AgentEnvError(f"{path!r} is bigger than file_limit_bytes={self.config.file_limit_bytes}")
+        raise AgentEnvError(f"could not {verb} {path!r} in sandbox {self.id}: {msg or f'exit {raw.exit_code}'}")
+
+    # ---- pause / resume / fork ----------------------------------------------------------------
+    def pause(self) -> None:
+        """Checkpoint every process to disk and stop the container: no process, no memory, no CPU."""
+        with self._lock("pause"):
+            rec = self._record()
+            if rec.state == "paused":
+                raise SandboxStateError(f"sandbox {self.id} is already paused")
+            if rec.state != "running":
+                raise _state_error(rec, "pause")
+            self._pause_locked(rec)
+
+    def _pause_locked(self, rec: SandboxRecord) -> CheckpointRecord:
+        ref = self._ref(rec)
+        _rss, cpu_now, _pids, _oom = self._rt.backend.usage(ref)
+        try:
+            ck = self._rt.backend.checkpoint(ref, f"ck-{secrets.token_hex(4)}", user=rec.user)
+        except CheckpointError:
+            st = self._rt.backend.state(ref)
+            if st is None or not st.running:
+                self._rt.registry.update_sandbox(self.id, state="broken",
+                                                 reason="its container stopped during a failed checkpoint")
+            raise
+        row = CheckpointRecord(ck.id, self.id, ck.path, ck.bytes, ck.marker, ck.duration_s, _now())
+        self._rt.registry.insert_checkpoint(row)
+        self._rt.registry.update_sandbox(self.id, state="paused", reason=None,
+                                         cpu_seconds_before=rec.cpu_seconds_before + cpu_now)
+        return row
+
+    def resume(self) -> None:
+        """Restore every process from the checkpoint, verified (CheckpointError if Docker started afresh)."""
+        with self._lock("resume"):
+            rec = self._record()
+            if rec.state == "running":
+                raise SandboxStateError(f"sandbox {self.id} is already running")
+            if rec.state != "paused":
+                raise _state_error(rec, "resume")
+            self._resume_locked(rec)
+
+    def _resume_locked(self, rec: SandboxRecord) -> None:
+        row = self._rt.registry.latest_checkpoint(self.id)
+        if row is None:
+            self._rt.registry.update_sandbox(self.id, state="broken", reason="paused but no checkpoint recorded")
+            raise CheckpointError(f"sandbox {self.id} is paused but has no checkpoint in the registry")
+        ck = _checkpoint(row)
+        try:
+            self._rt.backend.restore(self._ref(rec), ck, sandbox_id=self.id)
+        except CheckpointError as e:
+            # The checkpoint stays on disk and the sandbox stays paused: retry, fork, or remove it.
+            self._rt.registry.update_sandbox(self.id, reason=f"last resume failed: {e}")
+            raise CheckpointError(f"sandbox {self.id}: {e}; it stays paused (retry, or `agentenv rm`)") from None
+        self._rt.backend.discard_checkpoint(self._ref(rec), ck)
+        self._rt.registry.delete_checkpoint(ck.id)
+        self._rt.registry.update_sandbox(self.id, state="running", reason=None)
+
+    def fork(self, n: int) -> list[Sandbox]:
+        """`n` new running sandboxes restored from this one's checkpoint (its memory and files). A
+        running source is paused for the copy and resumed afterwards; a paused one stays paused.
+        Forks share all memory, PRNG state included: reseed from /run/agentenv/seed if that matters."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_FORKS:
+            raise AgentEnvError(f"fork count must be an integer from 1 to {MAX_FORKS}, got {n!r}")
+        with self._lock("fork"):
+            rec = self._record()
+            if rec.state not in ("running", "paused"):
+                raise _state_error(rec, "fork")
+            was_running = rec.state == "running"
+            row = self._pause_locked(rec) if was_running else self._rt.registry.latest_checkpoint(self.id)
+            if row is None:
+                raise CheckpointError(f"sandbox {self.id} is paused but has no checkpoint in the registry")
+            try:
+                return self._fork_from(self._record(), _checkpoint(row), n)
+            finally:
+                if was_running:
+                    self._resume_locked(self._record())
+
+    def _fork_from(self, rec: SandboxRecord, ck: Checkpoint, n: int) -> list[Sandbox]:
+        cfg = self.config
+        made: list[tuple[str, ContainerRef | None]] = []
+        try:
+            for _ in range(n):
+                sid = secrets.token_hex(6)
+                self._rt.registry.insert_sandbox(id=sid, state="creating", image=rec.image, user=rec.user,
+                                                 config=rec.config, labels=rec.labels, parent_id=rec.id,
+                                                 parent_checkpoint=ck.id)
+                made.append((sid, None))
+                spec = ContainerSpec(sid, rec.image, rec.user, cfg, {**rec.labels, LABEL_HOME: str(self._rt.home)})
+                ref = self._rt.backend.fork(self._ref(rec), ck, spec)
+                made[-1] = (sid, ref)
+                self._rt.registry.update_sandbox(sid, state="running", container=ref.container,
+                                                 volume=ref.volume)
+        except BaseException:
+            for sid, ref in made:  # all or nothing
+                if ref is not None:
+                    self._rt.backend.remove(ref)
+                self._rt.registry.delete_sandbox(sid)
+            raise
+        return [Sandbox.get(sid) for sid, _ in made]
+
+    def close(self) -> None:
+        """Remove the container, its volume and checkpoints (idempotent). The registry keeps a 'closed' row."""
+        with self._lock("close"):
+            rec = self._record()
+            if rec.state == "closed":
+                return
+            self._rt.backend.remove(self._ref(rec))
+            while (row := self._rt.registry.latest_checkpoint(self.id)) is not None:
+                self._rt.registry.delete_checkpoint(row.id)
+            self._rt.registry.update_sandbox(self.id, state="closed")
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def stats(self) -> SandboxStats:
+        """Memory, CPU and checkpoint size now (read from the cgroup: no process -> zeros)."""
+        rec = self._record()
+        rss, cpu, pids, _oom = (0, 0.0, 0, 0) if rec.state == "closed" else \
+            self._rt.backend.usage(self._ref(rec))
+        row = self._rt.registry.latest_checkpoint(self.id)
+        return SandboxStats(id=self.id, state=rec.state, rss_bytes=rss, cpu_seconds=rec.cpu_seconds_before + cpu,
+                            checkpoint_bytes=row.bytes if row else 0, pids=pids,
+                            memory_limit_bytes=self.config.memory_bytes, user=rec.user)
+
+
+def _checkpoint(row: CheckpointRecord) -> Checkpoint:
+    return Checkpoint(id=row.id, path=row.path, bytes=row.bytes, marker=row.marker, duration_s=row.duration_s)
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _argv(cmd: str | Sequence[str]) -> list[str]:
+    if isinstance(cmd, str):
+        if not cmd.strip():
+            raise AgentEnvError("empty command")
+        return ["sh", "-c", cmd]
+    argv = list(cmd) if isinstance(cmd, Sequence) else None
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise AgentEnvError(f"cmd must be a string or a non-empty list of strings, got {cmd!r}")
+    return argv
+
+
+def _positive(value: float | None, default: float, what: str) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise AgentEnvError(f"{what} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _confine(workspace: str) -> str:
+    """Shell prologue: $1 must resolve (symlinks included) to a path below the work dir."""
+    ws = shlex.quote(workspace.rstrip("/"))
+    return (f'p=$1; r=$(realpath -m -- "$p") || exit {_EXIT_REFUSED}; case "$r" in {ws}/*) ;; '
+            f'*) echo "$p resolves to $r, outside {workspace}" >&2; exit {_EXIT_REFUSED};; esac; ')
+
+

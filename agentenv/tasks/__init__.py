@@ -1,0 +1,24 @@
+"""Built-in agent tasks: gymnasium envs over AgentENV sandboxes, registered as ``agentenv/<Name>-v0``.
+
+- ``agentenv/GuessNumber-v0`` (default): find a hidden number with higher/lower answers (multi-turn).
+- ``agentenv/FindValue-v0``: find a value hidden in a file tree with shell commands and submit it.
+- ``agentenv/FixCode-v0``: edit a Python module until its unit tests pass (reward = fraction passed).
+
+Write your own by subclassing :class:`SandboxTask` (see docs/tasks.md) and registering it the same way.
+"""
+
+import gymnasium
+
+from agentenv.tasks.base import CommandResult, Outcome, SandboxTask
+
+TASKS = {
+    "agentenv/GuessNumber-v0": "agentenv.tasks.guess_number:GuessNumber",
+    "agentenv/FindValue-v0": "agentenv.tasks.find_value:FindValue",
+    "agentenv/FixCode-v0": "agentenv.tasks.fix_code:FixCode",
+}
+
+for _env_id, _entry_point in TASKS.items():
+    if _env_id not in gymnasium.registry:
+        gymnasium.register(id=_env_id, entry_point=_entry_point, disable_env_checker=True)
+
+__all__ = ["TASKS", "CommandResult", "Outcome", "SandboxTask"]

@@ -1,0 +1,77 @@
+"""GuessNumber: find a hidden number with higher/lower answers from a program in the sandbox.
+
+The default task. ``reset(seed)`` runs ``guess.sh new SEED`` in the sandbox: the program derives the
+hidden number from the seed (an LCG in shell arithmetic) and stores it in the sandbox; the trainer never
+sees it. Each action is a guess (the first run of digits in the action text); the program answers
+``higher``, ``lower`` or ``correct``. An action without a number is answered ``invalid`` and costs the
+turn (and ``invalid_penalty`` of reward).
+
+Why the agent must read the sandbox: with ``num_values = 8`` and ``max_turns = 4``, a policy that
+ignores the observations plays a fixed list of at most 4 distinct guesses, so it wins on at most
+4 of the 8 equally likely numbers: **success ≤ max_turns / num_values = 0.5**. Binary search on the
+answers always wins (4 turns cover up to 2⁴ - 1 = 15 values). The short action format (one digit and
+the end-of-turn token) keeps the byte-level policy's actions at two tokens.
+"""
+
+from __future__ import annotations
+
+import re
+
+from agentenv.tasks.base import Outcome, SandboxTask
+
+GAME_SCRIPT = r"""#!/bin/sh
+# guess.sh new SEED N  -> picks the hidden number from SEED in 0..N-1, prints the rules
+# guess.sh G           -> compares guess G with the hidden number
+state=/workspace/.guess_state
+if [ "$1" = new ]; then
+  x=$(( ($2 * 1103515245 + 12345) % 2147483648 ))
+  x=$(( (x * 1103515245 + 12345) % 2147483648 ))
+  x=$(( (x * 1103515245 + 12345) % 2147483648 ))
+  echo $(( (x / 65536) % $3 )) > "$state"
+  echo "guess 0-$(( $3 - 1 ))"
+  exit 0
+fi
+secret=$(cat "$state")
+case "$1" in
+  ''|*[!0-9]*) echo invalid; exit 0 ;;
+esac
+if [ "$1" -lt "$secret" ]; then echo higher
+elif [ "$1" -gt "$secret" ]; then echo lower
+else echo correct
+fi
+"""
+
+_NUMBER = re.compile(r"\d+")
+
+
+class GuessNumber(SandboxTask):
+    """Guess a number in ``0..num_values-1`` in at most ``max_turns`` guesses (see the module docstring)."""
+
+    def __init__(self, num_values: int = 8, max_turns: int = 4, invalid_penalty: float = 0.1, **kwargs):
+        if not 2 <= num_values <= 1000:
+            raise ValueError(f"num_values must be in 2..1000, got {num_values}")
+        super().__init__(max_turns=max_turns, **kwargs)
+        self.num_values = num_values
+        self.invalid_penalty = invalid_penalty
+
+    def install(self) -> None:
+        self.sandbox.write_file("/workspace/guess.sh", GAME_SCRIPT, mode=0o755)
+
+    def setup(self, seed: int) -> str:
+        result = self.run(f"/workspace/guess.sh new {seed % 2**31} {self.num_values}")
+        if result.exit_code != 0:
+            raise RuntimeError(f"guess.sh failed to start a game: {result.output.strip()!r}")
+        return result.output.strip()
+
+    def act(self, action: str) -> Outcome:
+        match = _NUMBER.search(action)
+        guess = match.group(0)[:6] if match else "x"
+        reply = self.run(f"/workspace/guess.sh {guess}").output.strip()
+        if reply not in ("higher", "lower", "correct", "invalid"):
+            raise RuntimeError(f"guess.sh answered {reply!r}; the game program in the sandbox is broken")
+        return Outcome(observation=reply, success=reply == "correct", info={"valid": reply != "invalid"})
+
+    def reward(self, outcome: Outcome) -> float:
+        if outcome.success:
+            return 1.0
+        return -self.invalid_penalty if not outcome.info["valid"] else 0.0

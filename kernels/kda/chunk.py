@@ -1,0 +1,786 @@
+"""Chunkwise-parallel KDA in Triton: forward and backward, initial/final state, varlen (``cu_seqlens``).
+
+The maths is ``kernels.kda.reference.chunk_kda_reference`` (read its docstring first); this file runs
+it with every piece of per-chunk work in Triton. Every sequence of the batch is packed into one token
+axis (``[T_total, H, D]``), cut into chunks of ``C = 64`` tokens that never straddle two sequences.
+
+Forward (all Triton):
+
+1. ``_chunk_cumsum_kernel``: in-chunk cumulative log decay ``G``.
+2. ``_intra_scores_fwd_kernel`` (one program per 16-token row sub-tile): the key-key scores ``Akk``
+   (strictly lower) and query-key scores ``Aqk`` (lower, diagonal included), exact pairwise decay on
+   the diagonal sub-tile, a reference point at the sub-tile's first token off the diagonal, so no
+   exponent is ever positive.
+3. ``_solve_wy_kernel`` (one program per chunk): ``M = (I + diag(β) Akk)⁻¹`` by forward substitution,
+   then the WY/UT products ``U = M (β v)``, ``W = M (β k ⊙ exp(G))``.
+4. ``_state_fwd_kernel`` (one program per sequence, head and V block; the only sequential loop):
+   stores the state at every chunk start, ``u = U − W S`` and the final state.
+5. ``_output_fwd_kernel`` (one program per chunk): ``o = (q ⊙ exp(G)) S + Aqk u``.
+
+Backward (all Triton; torch only allocates, flattens and casts):
+
+1. ``_state_bwd_kernel`` (sequential, reverse): ``du`` and the state gradient at every chunk end,
+   and the initial-state gradient.
+2. ``_chunk_bwd_kernel`` (one program per chunk): gradients through the output, the WY products and
+   the triangular inverse (``dA = −Mᵀ dM Mᵀ``), giving ``dv``, ``dβ`` and partial ``dq, dk, dG``, plus
+   the score gradients ``dAqk``, ``dAkk``.
+3. ``_intra_scores_bwd_kernel`` (per 16-token sub-tile): the gradients of the decayed scores into
+   ``q, k, G`` (same sub-tile scheme as the forward).
+4. ``_chunk_cumsum_kernel`` (reverse): ``dg`` from ``dG``.
+
+Shapes: head dims ``K`` and ``V`` must be powers of two in [16, 128]. All intermediates are fp32.
+Performance note: written and verified under ``TRITON_INTERPRET=1`` on CPU; no GPU was available to
+tune block sizes, warps or stages (see ``bench/kernels.py`` for the GPU benchmark, ready to run).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.kda.inputs import check_kda_inputs, sequence_bounds
+
+CHUNK = 64
+SUB = 16
+
+
+# ----------------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _chunk_cumsum_kernel(
+    x_ptr, out_ptr, chunk_start_ptr, chunk_end_ptr, H, D: tl.constexpr, C: tl.constexpr, REVERSE: tl.constexpr
+):
+    """Cumulative sum over the tokens of one chunk (reverse: from the chunk's last token)."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    start = tl.load(chunk_start_ptr + c).to(tl.int64)
+    end = tl.load(chunk_end_ptr + c).to(tl.int64)
+    rows = start + tl.arange(0, C)
+    cols = tl.arange(0, D)
+    mask = (rows < end)[:, None]
+    offs = (rows[:, None] * H + h) * D + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, tl.cumsum(x, axis=0, reverse=REVERSE), mask=mask)
+
+
+@triton.jit
+def _intra_scores_fwd_kernel(
+    q_ptr,
+    k_ptr,
+    G_ptr,
+    Akk_ptr,
+    Aqk_ptr,
+    chunk_start_ptr,
+    chunk_end_ptr,
+    scale,
+    H,
+    K: tl.constexpr,
+    C: tl.constexpr,
+    S: tl.constexpr,
+):
+    """Rows of one 16-token sub-tile: Akk[t,i] = Σ k_t k_i e^{G_t-G_i} (i<t), Aqk likewise with q (i≤t)."""
+    NS: tl.constexpr = C // S
+    c = tl.program_id(0) // NS
+    r = tl.program_id(0) % NS
+    h = tl.program_id(1)
+    start = tl.load(chunk_start_ptr + c).to(tl.int64)
+    end = tl.load(chunk_end_ptr + c).to(tl.int64)
+    r0 = start + r * S
+    if r0 < end:
+        kk = tl.arange(0, K)
+        t_loc = tl.arange(0, S)
+        rows = r0 + t_loc
+        row_ok = rows < end
+        all_loc = tl.arange(0, C)
+        all_rows = start + all_loc
+        offs_r = (rows[:, None] * H + h) * K + kk[None, :]
+        q_r = tl.load(q_ptr + offs_r, mask=row_ok[:, None], other=0.0).to(tl.float32) * scale
+        k_r = tl.load(k_ptr + offs_r, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        G_r = tl.load(G_ptr + offs_r, mask=row_ok[:, None], other=0.0)
+        G_ref = tl.load(G_ptr + (r0 * H + h) * K + kk)
+        # off-diagonal sub-tiles: every column token precedes r0, every row token follows it
+        before = all_rows < r0
+        offs_a = (all_rows[:, None] * H + h) * K + kk[None, :]
+        k_a = tl.load(k_ptr + offs_a, mask=before[:, None], other=0.0).to(tl.float32)
+        G_a = tl.load(G_ptr + offs_a, mask=before[:, None], other=0.0)
+        k_a = k_a * tl.exp(tl.where(before[:, None], G_ref[None, :] - G_a, 0.0))
+        row_decay = tl.exp(tl.where(row_ok[:, None], G_r - G_ref[None, :], 0.0))
+        Aqk = tl.dot(q_r * row_decay, tl.trans(k_a))
+        Akk = tl.dot(k_r * row_decay, tl.trans(k_a))
+        # diagonal sub-tile: exact pairwise differences, one column at a time
+        for j in tl.static_range(S):
+            col_ok = (r0 + j + kk * 0) < end  # as a [K] mask (the interpreter wants tensors)
+            k_j = tl.load(k_ptr + ((r0 + j) * H + h) * K + kk, mask=col_ok, other=0.0)
+            k_j = k_j.to(tl.float32)
+            G_j = tl.load(G_ptr + ((r0 + j) * H + h) * K + kk, mask=col_ok, other=0.0)
+            on_or_below = (t_loc >= j) & row_ok
+            decay = tl.exp(tl.where(on_or_below[:, None], G_r - G_j[None, :], 0.0)) * k_j[None, :]
+            s_q = tl.sum(q_r * decay, axis=1)
+            s_k = tl.sum(k_r * decay, axis=1)
+            at_col = all_loc[None, :] == r * S + j
+            Aqk += tl.where(at_col & on_or_below[:, None], s_q[:, None], 0.0)
+            Akk += tl.where(at_col & (t_loc > j)[:, None], s_k[:, None], 0.0)
+        offs_c = (rows[:, None] * H + h) * C + all_loc[None, :]
+        tl.store(Akk_ptr + offs_c, Akk, mask=row_ok[:, None])
+        tl.store(Aqk_ptr + offs_c, Aqk, mask=row_ok[:, None])
+
+
+@triton.jit
+def _solve_wy_kernel(
+    Akk_ptr,
+    beta_ptr,
+    k_ptr,
+    v_ptr,
+    G_ptr,
+    M_ptr,
+    U_ptr,
+    W_ptr,
+    chunk_start_ptr,
+    chunk_end_ptr,
+    H,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    C: tl.constexpr,
+):
+    """M = (I + diag(β)·Akk)⁻¹ by forward substitution; U = M (β v); W = M (β k e^G)."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    start = tl.load(chunk_start_ptr + c).to(tl.int64)
+    end = tl.load(chunk_end_ptr + c).to(tl.int64)
+    loc = tl.arange(0, C)
+    rows = start + loc
+    row_ok = rows < end
+    kk = tl.arange(0, K)
+    vv = tl.arange(0, V)
+    beta = tl.load(beta_ptr + rows * H + h, mask=row_ok, other=0.0).to(tl.float32)
+    offs_c = (rows[:, None] * H + h) * C + loc[None, :]
+    A = tl.load(Akk_ptr + offs_c, mask=row_ok[:, None], other=0.0) * beta[:, None]
+    M = tl.where(loc[:, None] == loc[None, :], 1.0, 0.0)
+    for t in range(1, C):
+        a_t = tl.sum(tl.where(loc[:, None] == t, A, 0.0), axis=0)  # row t of A, indexed by column
+        m_t = tl.where(loc == t, 1.0, 0.0) - tl.sum(a_t[:, None] * M, axis=0)
+        M = tl.where(loc[:, None] == t, m_t[None, :], M)
+    offs_k = (rows[:, None] * H + h) * K + kk[None, :]
+    offs_v = (rows[:, None] * H + h) * V + vv[None, :]
+    k = tl.load(k_ptr + offs_k, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + offs_v, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    G = tl.load(G_ptr + offs_k, mask=row_ok[:, None], other=0.0)
+    U = tl.dot(M, v * beta[:, None])
+    W = tl.dot(M, k * tl.exp(G) * beta[:, None])
+    tl.store(M_ptr + offs_c, M, mask=row_ok[:, None])
+    tl.store(U_ptr + offs_v, U, mask=row_ok[:, None])
+    tl.store(W_ptr + offs_k, W, mask=row_ok[:, None])
+
+
+@triton.jit
+def _state_fwd_kernel(
+    k_ptr,
+    G_ptr,
+    U_ptr,
+    W_ptr,
+    u_ptr,
+    h_ptr,
+    h0_ptr,
+    ht_ptr,
+    seq_start_ptr,
+    seq_end_ptr,
+    seq_first_chunk_ptr,
+    H,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    C: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    STORE_HT: tl.constexpr,
+):
+    """Sequential over the chunks of one sequence: chunk-start states h, pseudo-values u, final state."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    vb = tl.program_id(2)
+    bos = tl.load(seq_start_ptr + n).to(tl.int64)
+    eos = tl.load(seq_end_ptr + n).to(tl.int64)
+    first = tl.load(seq_first_chunk_ptr + n).to(tl.int64)
+    kk = tl.arange(0, K)
+    vv = vb * BV + tl.arange(0, BV)
+    loc = tl.arange(0, C)
+    offs_state = kk[:, None] * V + vv[None, :]
+    if HAS_H0:
+        state = tl.load(h0_ptr + (n * H + h) * K * V + offs_state)
+    else:
+        state = tl.zeros([K, BV], dtype=tl.float32)
+    n_chunks = tl.cdiv(eos - bos, C)
+    for i in range(n_chunks):
+        start = bos + i * C
+        end = tl.minimum(start + C, eos)
+        rows = start + loc
+        row_ok = rows < end
+        tl.store(h_ptr + ((first + i) * H + h) * K * V + offs_state, state)
+        offs_k = (rows[:, None] * H + h) * K + kk[None, :]
+        offs_v = (rows[:, None] * H + h) * V + vv[None, :]
+        W = tl.load(W_ptr + offs_k, mask=row_ok[:, None], other=0.0)
+        u = tl.load(U_ptr + offs_v, mask=row_ok[:, None], other=0.0) - tl.dot(W, state)
+        tl.store(u_ptr + offs_v, u, mask=row_ok[:, None])
+        G = tl.load(G_ptr + offs_k, mask=row_ok[:, None], other=0.0)
+        G_last = tl.load(G_ptr + ((end - 1) * H + h) * K + kk)
+        k = tl.load(k_ptr + offs_k, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        k_to_end = k * tl.exp(tl.where(row_ok[:, None], G_last[None, :] - G, 0.0))
+        state = state * tl.exp(G_last)[:, None] + tl.dot(tl.trans(k_to_end), u)
+    if STORE_HT:
+        tl.store(ht_ptr + (n * H + h) * K * V + offs_state, state)
+
+
+@triton.jit
+def _output_fwd_kernel(
+    q_ptr,
+    G_ptr,
+    Aqk_ptr,
+    u_ptr,
+    h_ptr,
+    o_ptr,
+    chunk_start_ptr,
+    chunk_end_ptr,
+    scale,
+    H,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    C: tl.constexpr,
+):
+    """o = (scale·q ⊙ e^G) S_chunk + Aqk u, for one chunk."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    start = tl.load(chunk_start_ptr + c).to(tl.int64)
+    end = tl.load(chunk_end_ptr + c).to(tl.int64)
+    loc = tl.arange(0, C)
+    rows = start + loc
+    row_ok = rows < end
+    kk = tl.arange(0, K)
+    vv = tl.arange(0, V)
+    offs_k = (rows[:, None] * H + h) * K + kk[None, :]
+    offs_v = (rows[:, None] * H + h) * V + vv[None, :]
+    q = tl.load(q_ptr + offs_k, mask=row_ok[:, None], other=0.0).to(tl.float32) * scale
+    G = tl.load(G_ptr + offs_k, mask=row_ok[:, None], other=0.0)
+    state = tl.load(h_ptr + (c * H + h) * K * V + kk[:, None] * V + vv[None, :])
+    Aqk = tl.load(Aqk_ptr + (rows[:, None] * H + h) * C + loc[None, :], mask=row_ok[:, None], other=0.0)
+    u = tl.load(u_ptr + offs_v, mask=row_ok[:, None], other=0.0)
+    o = tl.dot(q * tl.exp(G), state) + tl.dot(Aqk, u)
+    tl.store(o_ptr + offs_v, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _state_bwd_kernel(
+    q_ptr,
+    k_ptr,
+    G_ptr,
+    W_ptr,
+    Aqk_ptr,
+    do_ptr,
+    du_ptr,
+    dh_ptr,
+    dht_ptr,
+    dh0_ptr,
+    seq_start_ptr,
+    seq_end_ptr,
+    seq_first_chunk_ptr,
+    scale,
+    H,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    C: tl.constexpr,
+    HAS_DHT: tl.constexpr,
+    STORE_DH0: tl.constexpr,
+):
+    """Reverse over chunks: state gradient at each chunk end (dh), du = Aqkᵀ dO + k e^{G_L−G} dh, dh0."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    vb = tl.program_id(2)
+    bos = tl.load(seq_start_ptr + n).to(tl.int64)
+    eos = tl.load(seq_end_ptr + n).to(tl.int64)
+    first = tl.load(seq_first_chunk_ptr + n).to(tl.int64)
+    kk = tl.arange(0, K)
+    vv = vb * BV + tl.arange(0, BV)
+    loc = tl.arange(0, C)
+    offs_state = kk[:, None] * V + vv[None, :]
+    if HAS_DHT:
+        dstate = tl.load(dht_ptr + (n * H + h) * K * V + offs_state)
+    else:
+        dstate = tl.zeros([K, BV], dtype=tl.float32)
+    n_chunks = tl.cdiv(eos - bos, C)
+    for back in range(n_chunks):
+        i = n_chunks - 1 - back
+        start = bos + i * C
+        end = tl.minimum(start + C, eos)
+        rows = start + loc
+        row_ok = rows < end
+        tl.store(dh_ptr + ((first + i) * H + h) * K * V + offs_state, dstate)
+        offs_k = (rows[:, None] * H + h) * K + kk[None, :]
+        offs_v = (rows[:, None] * H + h) * V + vv[None, :]
+        G = tl.load(G_ptr + offs_k, mask=row_ok[:, None], other=0.0)
+        G_last = tl.load(G_ptr + ((end - 1) * H + h) * K + kk)
+        k = tl.load(k_ptr + offs_k, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        q = tl.load(q_ptr + offs_k, mask=row_ok[:, None], other=0.0).to(tl.float32) * scale
+        W = tl.load(W_ptr + offs_k, mask=row_ok[:, None], other=0.0)
+        Aqk = tl.load(Aqk_ptr + (rows[:, None] * H + h) * C + loc[None, :], mask=row_ok[:, None], other=0.0)
+        do = tl.load(do_ptr + offs_v, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        k_to_end = k * tl.exp(tl.where(row_ok[:, None], G_last[None, :] - G, 0.0))
+        du = tl.dot(tl.trans(Aqk), do) + tl.dot(k_to_end, dstate)
+        tl.store(du_ptr + offs_v, du, mask=row_ok[:, None])
+        dstate = (
+            dstate * tl.exp(G_last)[:, None] + tl.dot(tl.trans(q * tl.exp(G)), do) - tl.dot(tl.trans(W), du)
+        )
+    if STORE_DH0:
+        tl.store(dh0_ptr + (n * H + h) * K * V + offs_state, dstate)
+
+
+@triton.jit
+def _chunk_bwd_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    beta_ptr,
+    G_ptr,
+    Akk_ptr,
+    M_ptr,
+    u_ptr,
+    du_ptr,
+    do_ptr,
+    h_ptr,
+    dh_ptr,
+    dAqk_ptr,
+    dAkk_ptr,
+    dq_ptr,
+    dk_ptr,
+    dv_ptr,
+    dbeta_ptr,
+    dG_ptr,
+    chunk_start_ptr,
+    chunk_end_ptr,
+    scale,
+    H,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    C: tl.constexpr,
+):
+    """One chunk's gradients through o, the WY products and the triangular inverse (see module doc)."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    start = tl.load(chunk_start_ptr + c).to(tl.int64)
+    end = tl.load(chunk_end_ptr + c).to(tl.int64)
+    loc = tl.arange(0, C)
+    rows = start + loc
+    row_ok = rows < end
+    kk = tl.arange(0, K)
+    vv = tl.arange(0, V)
+    offs_k = (rows[:, None] * H + h) * K + kk[None, :]
+    offs_v = (rows[:, None] * H + h) * V + vv[None, :]
+    offs_c = (rows[:, None] * H + h) * C + loc[None, :]
+    offs_state = (c * H + h) * K * V + kk[:, None] * V + vv[None, :]
+    rmask = row_ok[:, None]
+    q = tl.load(q_ptr + offs_k, mask=rmask, other=0.0).to(tl.float32) * scale
+    k = tl.load(k_ptr + offs_k, mask=rmask, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + offs_v, mask=rmask, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + rows * H + h, mask=row_ok, other=0.0).to(tl.float32)
+    G = tl.load(G_ptr + offs_k, mask=rmask, other=0.0)
+    G_last = tl.load(G_ptr + ((end - 1) * H + h) * K + kk)
+    Akk = tl.load(Akk_ptr + offs_c, mask=rmask, other=0.0)
+    M = tl.load(M_ptr + offs_c, mask=rmask, other=0.0)
+    u = tl.load(u_ptr + offs_v, mask=rmask, other=0.0)
+    du = tl.load(du_ptr + offs_v, mask=rmask, other=0.0)
+    do = tl.load(do_ptr + offs_v, mask=rmask, other=0.0).to(tl.float32)
+    state = tl.load(h_ptr + offs_state)
+    dstate = tl.load(dh_ptr + offs_state)
+    eG = tl.exp(G)
+    k_to_end = k * tl.exp(tl.where(rmask, G_last[None, :] - G, 0.0))
+    lower_incl = (loc[:, None] >= loc[None, :]) & rmask
+    lower_strict = (loc[:, None] > loc[None, :]) & rmask
+    # o = (q e^G) S + Aqk u   and   S_end = e^{G_L} S + (k e^{G_L-G})ᵀ u
+    dAqk = tl.where(lower_incl, tl.dot(do, tl.trans(u)), 0.0)
+    d_qdec = tl.dot(do, tl.trans(state))
+    d_kte = tl.dot(u, tl.trans(dstate))
+    dG_last = tl.sum(state * dstate, axis=1) * tl.exp(G_last) + tl.sum(d_kte * k_to_end, axis=0)
+    # u = U − W S,  U = M (β v),  W = M (β k e^G),  M = (I + β Akk)⁻¹
+    dW = -tl.dot(du, tl.trans(state))
+    R1 = v * beta[:, None]
+    R2 = k * eG * beta[:, None]
+    Mt = tl.trans(M)
+    dR1 = tl.dot(Mt, du)
+    dR2 = tl.dot(Mt, dW)
+    dM = tl.dot(du, tl.trans(R1)) + tl.dot(dW, tl.trans(R2))
+    dA = tl.where(lower_strict, -tl.dot(Mt, tl.dot(dM, Mt)), 0.0)
+    dbeta = tl.sum(dA * Akk, axis=1) + tl.sum(dR1 * v, axis=1) + tl.sum(dR2 * k * eG, axis=1)
+    dq = d_qdec * eG
+    dk = d_kte * tl.exp(tl.where(rmask, G_last[None, :] - G, 0.0)) + dR2 * beta[:, None] * eG
+    dG = d_qdec * q * eG - d_kte * k_to_end + dR2 * R2
+    dG += tl.where((rows == end - 1)[:, None], dG_last[None, :], 0.0)
+    tl.store(dAqk_ptr + offs_c, dAqk, mask=rmask)
+    tl.store(dAkk_ptr + offs_c, dA * beta[:, None], mask=rmask)
+    tl.store(dq_ptr + offs_k, dq, mask=rmask)
+    tl.store(dk_ptr + offs_k, dk, mask=rmask)
+    tl.store(dG_ptr + offs_k, dG, mask=rmask)
+    tl.store(dv_ptr + offs_v, dR1 * beta[:, None], mask=rmask)
+    tl.store(dbeta_ptr + rows * H + h, dbeta, mask=row_ok)
+
+
+@triton.jit
+def _intra_scores_bwd_kernel(
+    q_ptr,
+    k_ptr,
+    G_ptr,
+    dAqk_ptr,
+    dAkk_ptr,
+    dq_ptr,
+    dk_ptr,
+    dG_ptr,
+    chunk_start_ptr,
+    chunk_end_ptr,
+    scale,
+    H,
+    K: tl.constexpr,
+    C: tl.constexpr,
+    S: tl.constexpr,
+):
+    """Gradients of the decayed scores into q, k, G for the tokens of one 16-token sub-tile.
+
+    As rows (t in the sub-tile): dq_t += Σ_i dAqk[t,i] k_i e^{G_t−G_i}, dk_t += Σ_i dAkk[t,i] k_i e^{..}.
+    As columns (i in the sub-tile): dk_i += Σ_t (dAqk[t,i] q_t + dAkk[t,i] k_t) e^{G_t−G_i}.
+    dG gets a⊙da for the row role and −b⊙db for the column role. Adds to the partial dq, dk, dG.
+    """
+    NS: tl.constexpr = C // S
+    c = tl.program_id(0) // NS
+    r = tl.program_id(0) % NS
+    h = tl.program_id(1)
+    start = tl.load(chunk_start_ptr + c).to(tl.int64)
+    end = tl.load(chunk_end_ptr + c).to(tl.int64)
+    r0 = start + r * S
+    if r0 < end:
+        kk = tl.arange(0, K)
+        t_loc = tl.arange(0, S)
+        rows = r0 + t_loc
+        row_ok = rows < end
+        all_loc = tl.arange(0, C)
+        all_rows = start + all_loc
+        all_ok = all_rows < end
+        offs_r = (rows[:, None] * H + h) * K + kk[None, :]
+        offs_a = (all_rows[:, None] * H + h) * K + kk[None, :]
+        q_r = tl.load(q_ptr + offs_r, mask=row_ok[:, None], other=0.0).to(tl.float32) * scale
+        k_r = tl.load(k_ptr + offs_r, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        G_r = tl.load(G_ptr + offs_r, mask=row_ok[:, None], other=0.0)
+        # ---- row role, off-diagonal: reference point at the sub-tile's first token
+        G_ref = tl.load(G_ptr + (r0 * H + h) * K + kk)
+        before = all_rows < r0
+        k_b = tl.load(k_ptr + offs_a, mask=before[:, None], other=0.0).to(tl.float32)
+        G_b = tl.load(G_ptr + offs_a, mask=before[:, None], other=0.0)
+        k_b = k_b * tl.exp(tl.where(before[:, None], G_ref[None, :] - G_b, 0.0))
+        offs_rows_c = (rows[:, None] * H + h) * C + all_loc[None, :]
+        dAqk_r = tl.load(dAqk_ptr + offs_rows_c, mask=row_ok[:, None], other=0.0)
+        dAkk_r = tl.load(dAkk_ptr + offs_rows_c, mask=row_ok[:, None], other=0.0)
+        row_decay = tl.exp(tl.where(row_ok[:, None], G_r - G_ref[None, :], 0.0))
+        dq_rows = tl.dot(tl.where(before[None, :], dAqk_r, 0.0), k_b) * row_decay
+        dk_rows = tl.dot(tl.where(before[None, :], dAkk_r, 0.0), k_b) * row_decay
+        # ---- column role, off-diagonal: reference point at the sub-tile's last valid token
+        last = tl.minimum(r0 + S, end) - 1
+        G_ref2 = tl.load(G_ptr + (last * H + h) * K + kk)
+        after = (all_rows >= r0 + S) & all_ok
+        q_a = tl.load(q_ptr + offs_a, mask=after[:, None], other=0.0).to(tl.float32) * scale
+        k_a = tl.load(k_ptr + offs_a, mask=after[:, None], other=0.0).to(tl.float32)
+        G_a = tl.load(G_ptr + offs_a, mask=after[:, None], other=0.0)
+        a_decay = tl.exp(tl.where(after[:, None], G_a - G_ref2[None, :], 0.0))
+        offs_cols = (all_rows[:, None] * H + h) * C + r * S + t_loc[None, :]
+        dAqk_c = tl.load(dAqk_ptr + offs_cols, mask=after[:, None], other=0.0)  # [C, S]: rows t, cols i
+        dAkk_c = tl.load(dAkk_ptr + offs_cols, mask=after[:, None], other=0.0)
+        col_decay = tl.exp(tl.where(row_ok[:, None], G_ref2[None, :] - G_r, 0.0))
+        dk_cols = (
+            tl.dot(tl.trans(dAqk_c), q_a * a_decay) + tl.dot(tl.trans(dAkk_c), k_a * a_decay)
+        ) * col_decay
+        # ---- diagonal sub-tile, exact pairwise differences
+        dq_diag = tl.zeros([S, K], dtype=tl.float32)
+        dk_diag_row = tl.zeros([S, K], dtype=tl.float32)
+        dk_diag_col = tl.zeros([S, K], dtype=tl.float32)
+        for j in tl.static_range(S):
+            j_ok = (r0 + j + kk * 0) < end
+            offs_j = ((r0 + j) * H + h) * K + kk
+            k_j = tl.load(k_ptr + offs_j, mask=j_ok, other=0.0).to(tl.float32)
+            q_j = tl.load(q_ptr + offs_j, mask=j_ok, other=0.0).to(tl.float32) * scale
+            G_j = tl.load(G_ptr + offs_j, mask=j_ok, other=0.0)
+            # j as a column: rows t ≥ j of this sub-tile
+            at_col = all_loc[None, :] == r * S + j
+            dqk_col = tl.sum(tl.where(at_col, dAqk_r, 0.0), axis=1)  # dAqk[t, j] for t in sub-tile
+            dkk_col = tl.sum(tl.where(at_col, dAkk_r, 0.0), axis=1)
+            t_ge_j = (t_loc >= j) & row_ok
+            dec_t = tl.exp(tl.where(t_ge_j[:, None], G_r - G_j[None, :], 0.0)) * k_j[None, :]
+            dq_diag += dqk_col[:, None] * dec_t
+            dk_diag_row += dkk_col[:, None] * dec_t
+            # j as a row: columns i ≤ j of this sub-tile
+            offs_jrow = ((r0 + j) * H + h) * C + r * S + t_loc
+            dqk_row = tl.load(dAqk_ptr + offs_jrow, mask=(r0 + j + t_loc * 0) < end, other=0.0)
+            dkk_row = tl.load(dAkk_ptr + offs_jrow, mask=(r0 + j + t_loc * 0) < end, other=0.0)
+            i_le_j = (t_loc <= j) & row_ok & ((r0 + j + t_loc * 0) < end)
+            dec_i = tl.exp(tl.where(i_le_j[:, None], G_j[None, :] - G_r, 0.0))
+            dk_diag_col += (dqk_row[:, None] * q_j[None, :] + dkk_row[:, None] * k_j[None, :]) * dec_i
+        dq_pair = dq_rows + dq_diag
+        dk_row_role = dk_rows + dk_diag_row
+        dk_col_role = dk_cols + dk_diag_col
+        m = row_ok[:, None]
+        dq_old = tl.load(dq_ptr + offs_r, mask=m, other=0.0)
+        dk_old = tl.load(dk_ptr + offs_r, mask=m, other=0.0)
+        dG_old = tl.load(dG_ptr + offs_r, mask=m, other=0.0)
+        tl.store(dq_ptr + offs_r, dq_old + dq_pair, mask=m)
+        tl.store(dk_ptr + offs_r, dk_old + dk_row_role + dk_col_role, mask=m)
+        tl.store(dG_ptr + offs_r, dG_old + q_r * dq_pair + k_r * dk_row_role - k_r * dk_col_role, mask=m)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Host side: chunk tables, launches, autograd
+# ----------------------------------------------------------------------------------------------------
+
+
+class _ChunkTable:
+    """Where every chunk and sequence lies on the packed token axis (int32 tensors on the device)."""
+
+    def __init__(self, bounds: list[tuple[int, int]], device: torch.device) -> None:
+        chunk_start, chunk_end, first_chunk = [], [], []
+        for bos, eos in bounds:
+            first_chunk.append(len(chunk_start))
+            for s in range(bos, eos, CHUNK):
+                chunk_start.append(s)
+                chunk_end.append(min(s + CHUNK, eos))
+
+        def as_tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int32, device=device)
+
+        self.n_chunks = len(chunk_start)
+        self.n_seqs = len(bounds)
+        self.chunk_start, self.chunk_end = as_tensor(chunk_start), as_tensor(chunk_end)
+        self.seq_start = as_tensor([b for b, _ in bounds])
+        self.seq_end = as_tensor([e for _, e in bounds])
+        self.seq_first_chunk = as_tensor(first_chunk)
+
+
+def check_head_dims(K: int, V: int) -> None:
+    """The Triton KDA kernels hold whole head dims in registers: powers of two in [16, 128]."""
+    for name, d in (("K", K), ("V", V)):
+        if d < 16 or d > 128 or d & (d - 1):
+            raise ValueError(
+                f"Triton KDA needs head dim {name} to be a power of two in [16, 128]; got {d}. "
+                "Use K3_KERNELS=reference for other sizes."
+            )
+
+
+def _chunk_cumsum(x: torch.Tensor, table: _ChunkTable, reverse: bool) -> torch.Tensor:
+    T, H, D = x.shape
+    out = torch.empty(T, H, D, dtype=torch.float32, device=x.device)
+    if table.n_chunks:
+        _chunk_cumsum_kernel[(table.n_chunks, H)](
+            x, out, table.chunk_start, table.chunk_end, H, D=D, C=CHUNK, REVERSE=reverse
+        )
+    return out
+
+
+def kda_chunk_forward(q, k, v, g, beta, scale, h0, store_final, table: _ChunkTable):
+    """Packed forward (``[T, H, D]`` tensors). Returns o and what the backward needs."""
+    T, H, K = q.shape
+    V = v.shape[-1]
+    dev = q.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    G = _chunk_cumsum(g, table, reverse=False)
+    Akk = torch.empty(T, H, CHUNK, **f32)
+    Aqk = torch.empty(T, H, CHUNK, **f32)
+    M = torch.empty(T, H, CHUNK, **f32)
+    U, W, u = torch.empty(T, H, V, **f32), torch.empty(T, H, K, **f32), torch.empty(T, H, V, **f32)
+    states = torch.empty(table.n_chunks, H, K, V, **f32)
+    final = torch.empty(table.n_seqs, H, K, V, **f32) if store_final else None
+    o = torch.empty(T, H, V, dtype=v.dtype, device=dev)
+    BV = min(V, 64)
+    if table.n_chunks:
+        grid_sub = (table.n_chunks * (CHUNK // SUB), H)
+        _intra_scores_fwd_kernel[grid_sub](
+            q, k, G, Akk, Aqk, table.chunk_start, table.chunk_end, scale, H, K=K, C=CHUNK, S=SUB
+        )
+        _solve_wy_kernel[(table.n_chunks, H)](
+            Akk, beta, k, v, G, M, U, W, table.chunk_start, table.chunk_end, H, K=K, V=V, C=CHUNK
+        )
+    _state_fwd_kernel[(table.n_seqs, H, V // BV)](
+        k,
+        G,
+        U,
+        W,
+        u,
+        states,
+        h0 if h0 is not None else G,
+        final if final is not None else G,
+        table.seq_start,
+        table.seq_end,
+        table.seq_first_chunk,
+        H,
+        K=K,
+        V=V,
+        BV=BV,
+        C=CHUNK,
+        HAS_H0=h0 is not None,
+        STORE_HT=store_final,
+    )
+    if table.n_chunks:
+        _output_fwd_kernel[(table.n_chunks, H)](
+            q, G, Aqk, u, states, o, table.chunk_start, table.chunk_end, scale, H, K=K, V=V, C=CHUNK
+        )
+    saved = dict(G=G, Akk=Akk, Aqk=Aqk, M=M, W=W, u=u, states=states)
+    return o, final, saved
+
+
+def kda_chunk_backward(q, k, v, beta, scale, saved, do, dht, need_dh0, table: _ChunkTable):
+    """Packed backward. Returns fp32 ``dq, dk, dv, dg, dbeta, dh0``."""
+    T, H, K = q.shape
+    V = v.shape[-1]
+    f32 = dict(dtype=torch.float32, device=q.device)
+    du = torch.empty(T, H, V, **f32)
+    dstates = torch.empty(table.n_chunks, H, K, V, **f32)
+    dh0 = torch.empty(table.n_seqs, H, K, V, **f32) if need_dh0 else None
+    BV = min(V, 64)
+    G = saved["G"]
+    _state_bwd_kernel[(table.n_seqs, H, V // BV)](
+        q,
+        k,
+        G,
+        saved["W"],
+        saved["Aqk"],
+        do,
+        du,
+        dstates,
+        dht if dht is not None else G,
+        dh0 if dh0 is not None else G,
+        table.seq_start,
+        table.seq_end,
+        table.seq_first_chunk,
+        scale,
+        H,
+        K=K,
+        V=V,
+        BV=BV,
+        C=CHUNK,
+        HAS_DHT=dht is not None,
+        STORE_DH0=need_dh0,
+    )
+    dAqk, dAkk = torch.empty(T, H, CHUNK, **f32), torch.empty(T, H, CHUNK, **f32)
+    dq, dk, dG = torch.empty(T, H, K, **f32), torch.empty(T, H, K, **f32), torch.empty(T, H, K, **f32)
+    dv, dbeta = torch.empty(T, H, V, **f32), torch.empty(T, H, **f32)
+    if table.n_chunks:
+        _chunk_bwd_kernel[(table.n_chunks, H)](
+            q,
+            k,
+            v,
+            beta,
+            G,
+            saved["Akk"],
+            saved["M"],
+            saved["u"],
+            du,
+            do,
+            saved["states"],
+            dstates,
+            dAqk,
+            dAkk,
+            dq,
+            dk,
+            dv,
+            dbeta,
+            dG,
+            table.chunk_start,
+            table.chunk_end,
+            scale,
+            H,
+            K=K,
+            V=V,
+            C=CHUNK,
+        )
+        _intra_scores_bwd_kernel[(table.n_chunks * (CHUNK // SUB), H)](
+            q,
+            k,
+            G,
+            dAqk,
+            dAkk,
+            dq,
+            dk,
+            dG,
+            table.chunk_start,
+            table.chunk_end,
+            scale,
+            H,
+            K=K,
+            C=CHUNK,
+            S=SUB,
+        )
+    dg = _chunk_cumsum(dG, table, reverse=True)
+    return dq * scale, dk, dv, dg, dbeta, dh0
+
+
+class ChunkKDAFunction(torch.autograd.Function):
+    """``torch.autograd.Function`` over the packed Triton forward/backward above."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, bounds):
+        table = _ChunkTable(bounds, q.device)
+        q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+        h0 = initial_state.float().contiguous() if initial_state is not None else None
+        o, final, saved = kda_chunk_forward(q, k, v, g, beta, scale, h0, output_final_state, table)
+        ctx.save_for_backward(q, k, v, beta, *saved.values())
+        ctx.saved_names = list(saved)
+        ctx.table, ctx.scale = table, scale
+        ctx.has_h0 = initial_state is not None
+        ctx.h0_dtype = initial_state.dtype if initial_state is not None else None
+        ctx.g_dtype = g.dtype
+        if final is not None:
+            return o, final
+        return o, None
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, beta, *rest = ctx.saved_tensors
+        saved = dict(zip(ctx.saved_names, rest, strict=True))
+        dht = dht.float().contiguous() if dht is not None else None
+        dq, dk, dv, dg, dbeta, dh0 = kda_chunk_backward(
+            q, k, v, beta, ctx.scale, saved, do.contiguous(), dht, ctx.has_h0, ctx.table
+        )
+        dh0 = dh0.to(ctx.h0_dtype) if dh0 is not None else None
+        return (
+            dq.to(q.dtype),
+            dk.to(k.dtype),
+            dv.to(v.dtype),
+            dg.to(ctx.g_dtype),
+            dbeta.to(beta.dtype),
+            None,
+            dh0,
+            None,
+            None,
+        )
+
+
+def chunk_kda_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunkwise KDA on the Triton kernels; same contract as ``kernels.chunk_kda``."""
+    check_kda_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    check_head_dims(K, V)
+    scale = K**-0.5 if scale is None else float(scale)
+    if cu_seqlens is None:
+        bounds = [(b * T, (b + 1) * T) for b in range(B)]
+    else:
+        bounds = sequence_bounds(T, cu_seqlens)
+    flat = [x.reshape(B * T, H, x.shape[-1]) for x in (q, k, v, g)]
+    o, final = ChunkKDAFunction.apply(
+        *flat, beta.reshape(B * T, H), scale, initial_state, output_final_state, bounds
+    )
+    return o.reshape(B, T, H, V), final

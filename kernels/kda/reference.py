@@ -1,0 +1,268 @@
+"""PyTorch references for KDA (Kimi Delta Attention): the gated delta rule with per-channel decay.
+
+Per head, with state ``S ∈ R^{K×V}`` and every token ``t``::
+
+    S ← S ⊙ exp(g_t)[:, None]          # decay per key channel (g_t ≤ 0)
+    v̂ = Sᵀ k_t                          # what the state predicts for k_t
+    S ← S + β_t k_t (v_t − v̂)ᵀ          # delta-rule correction
+    o_t = Sᵀ (scale · q_t)
+
+Three forms live here, all plain PyTorch (so autograd works and they run on any device):
+
+* :func:`kda_step` / :func:`naive_recurrent_kda`: the token-by-token recurrence above, slow and
+  obviously right; the oracle of every other implementation.
+* :func:`chunk_kda_reference`: the chunkwise-parallel algorithm (the same maths the Triton kernels
+  run), vectorised over all chunks except for one short loop that carries the state between chunks.
+
+Chunk algorithm (chunk of C tokens, ``G_t = Σ_{s≤t} g_s`` the in-chunk cumulative log decay)::
+
+    A[t, i]   = β_t Σ_c k_tc k_ic exp(G_tc − G_ic)            (i < t)     # key-key interaction
+    Aqk[t, i] =     Σ_c q_tc k_ic exp(G_tc − G_ic)            (i ≤ t)
+    (I + A) [U | W] = [β v | β k ⊙ exp(G)]                    # UT transform: unit-lower solve
+    u = U − W S₀                                                # "pseudo values" of the chunk
+    o = (q ⊙ exp(G)) S₀ + Aqk u
+    S₁ = exp(G_C) ⊙ S₀ + (k ⊙ exp(G_C − G))ᵀ u
+
+Every exponent above is ≤ 0 except inside ``exp(G_t − G_i)``, which is evaluated without overflow by
+splitting the chunk into 16-token sub-tiles: a diagonal sub-tile takes the exact pairwise differences,
+an off-diagonal one factors through the cumulative decay at the first token ``r`` of the row sub-tile,
+``exp(G_t − G_i) = exp(G_t − G_r) · exp(G_r − G_i)``, where both factors are ≤ 1 because ``i < r ≤ t``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.kda.inputs import check_kda_inputs, sequence_bounds
+
+CHUNK_SIZE = 64
+SUB_TILE = 16
+# exp(88.7) overflows fp32; the fast path's factors stay below exp(60) (sums of K ≤ 256 such terms are safe)
+SAFE_EXPONENT = 60.0
+CHUNKS_PER_GROUP = 8
+
+
+def kda_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the recurrence (the decoding step).
+
+    ``q, k, g: [B, H, K]``, ``v: [B, H, V]``, ``beta: [B, H]``, ``state: [B, H, K, V]`` (all fp32).
+    Returns ``(o [B, H, V], new_state [B, H, K, V])``.
+    """
+    state = state * g.exp().unsqueeze(-1)
+    predicted = torch.einsum("bhkv,bhk->bhv", state, k)
+    state = state + torch.einsum("bhk,bhv->bhkv", k, beta.unsqueeze(-1) * (v - predicted))
+    o = torch.einsum("bhkv,bhk->bhv", state, q * scale)
+    return o, state
+
+
+def _naive_single(q, k, v, g, beta, scale, state):
+    """Recurrence over ``[B, H, T, *]`` fp32 tensors; returns ``(o [B, H, T, V], final state)``."""
+    outputs = []
+    for t in range(q.shape[2]):
+        o_t, state = kda_step(q[:, :, t], k[:, :, t], v[:, :, t], g[:, :, t], beta[:, :, t], state, scale)
+        outputs.append(o_t)
+    o = torch.stack(outputs, dim=2) if outputs else v.new_zeros(v.shape)
+    return o, state
+
+
+def intra_chunk_decayed_scores(
+    a: torch.Tensor, b: torch.Tensor, G: torch.Tensor, include_diagonal: bool, sub_tile: int = SUB_TILE
+) -> torch.Tensor:
+    """``M[t, i] = Σ_c a_tc b_ic exp(G_tc − G_ic)`` for ``i ≤ t`` (``i < t`` without the diagonal), else 0.
+
+    ``a, b, G: [..., C, K]`` with ``G`` non-increasing along C (cumulative log decay); returns
+    ``[..., C, C]``. Overflow-free for any decay (see the module docstring): exact pairwise
+    differences on diagonal sub-tiles, a per-sub-tile reference point off the diagonal. This is the
+    form the Triton kernels use; :func:`intra_chunk_scores` adds a faster path for moderate decay.
+    """
+    C = a.shape[-2]
+    if C % sub_tile:
+        raise ValueError(f"chunk length {C} must be a multiple of the sub-tile {sub_tile}")
+    tri = torch.ones(sub_tile, sub_tile, dtype=torch.bool, device=a.device)
+    tri = tri.tril() if include_diagonal else tri.tril(-1)
+    row_blocks = []
+    for r in range(C // sub_tile):
+        rows = slice(r * sub_tile, (r + 1) * sub_tile)
+        a_r, b_r, G_r = a[..., rows, :], b[..., rows, :], G[..., rows, :]
+        pieces = []
+        if r > 0:
+            ref = G[..., r * sub_tile : r * sub_tile + 1, :]
+            a_dec = a_r * (G_r - ref).exp()
+            b_dec = b[..., : r * sub_tile, :] * (ref - G[..., : r * sub_tile, :]).exp()
+            pieces.append(a_dec @ b_dec.transpose(-1, -2))
+        diff = G_r.unsqueeze(-2) - G_r.unsqueeze(-3)  # [..., t, i, K]
+        decay = torch.where(tri.unsqueeze(-1), diff, torch.zeros_like(diff)).exp()
+        diag = (a_r.unsqueeze(-2) * decay * b_r.unsqueeze(-3)).sum(-1)
+        pieces.append(diag * tri)
+        if (r + 1) * sub_tile < C:
+            pieces.append(a.new_zeros(*a.shape[:-2], sub_tile, C - (r + 1) * sub_tile))
+        row_blocks.append(torch.cat(pieces, dim=-1))
+    return torch.cat(row_blocks, dim=-2)
+
+
+def intra_chunk_scores(
+    q: torch.Tensor, k: torch.Tensor, G: torch.Tensor, sub_tile: int = SUB_TILE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both score matrices of a chunk: ``(Akk, Aqk)`` = decayed ``k·k`` (strictly lower), ``q·k`` (lower).
+
+    Fast path: one matmul per 16-token row sub-tile, factoring every decay through the sub-tile's
+    middle token ``m``: ``exp(G_t − G_i) = exp(G_t − G_m)·exp(G_m − G_i)``. The only positive
+    exponents then span at most half a sub-tile (8 tokens), so this is used when they stay below
+    ``SAFE_EXPONENT`` (always for K3's gate, g > −5); otherwise (e.g. an unbounded Kimi-Linear gate)
+    the overflow-free :func:`intra_chunk_decayed_scores` runs.
+    """
+    C = q.shape[-2]
+    n_sub = C // sub_tile
+    G_sub = G.unflatten(-2, (n_sub, sub_tile))  # [..., NS, S, K]
+    G_mid = G_sub[..., sub_tile // 2, :].unsqueeze(-1)  # [..., NS, K, 1]
+    row_exp = G_sub - G_mid.transpose(-1, -2)
+    col_exp = G_mid - G.transpose(-1, -2).unsqueeze(-3)  # [..., NS, K, C]: column token i → middle token
+    # columns after a row sub-tile never contribute; zero their (positive) exponents
+    sub_idx = torch.arange(n_sub, device=G.device)[:, None]
+    unreachable = torch.arange(C, device=G.device) >= (sub_idx + 1) * sub_tile  # [NS, C]
+    col_exp = col_exp.masked_fill(unreachable.unsqueeze(-2), 0.0)
+    largest = max(float(row_exp.detach().max()), float(col_exp.detach().max())) if G.numel() else 0.0
+    if largest > SAFE_EXPONENT:
+        return (
+            intra_chunk_decayed_scores(k, k, G, include_diagonal=False, sub_tile=sub_tile),
+            intra_chunk_decayed_scores(q, k, G, include_diagonal=True, sub_tile=sub_tile),
+        )
+    k_cols = k.transpose(-1, -2).unsqueeze(-3) * col_exp.exp()  # [..., NS, K, C]
+    rows = torch.cat([k.unflatten(-2, (n_sub, sub_tile)), q.unflatten(-2, (n_sub, sub_tile))], dim=-2)
+    scores = (rows * row_exp.exp().repeat(*([1] * (row_exp.dim() - 2)), 2, 1)) @ k_cols  # [..., NS, 2S, C]
+    Akk = scores[..., :sub_tile, :].flatten(-3, -2)
+    Aqk = scores[..., sub_tile:, :].flatten(-3, -2)
+    lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    return Akk * lower.tril(-1), Aqk * lower
+
+
+def _prepare_chunks(q, k, v, g, beta):
+    """Everything about a group of chunks that does not depend on the incoming state.
+
+    Inputs ``[B, H, n, C, *]`` (q already scaled, beta ``[B, H, n, C, 1]``). Returns the WY products
+    ``U, W``, the scores ``Aqk``, the decayed queries and keys and each chunk's total decay.
+    """
+    V = v.shape[-1]
+    G = g.cumsum(dim=-2)
+    Akk, Aqk = intra_chunk_scores(q, k, G)
+    eG = G.exp()
+    rhs = torch.cat([beta * v, beta * k * eG], dim=-1)
+    UW = torch.linalg.solve_triangular(beta * Akk, rhs, upper=False, unitriangular=True)
+    G_last = G[..., -1:, :]
+    k_to_end = k * (G_last - G).exp()
+    chunk_decay = G_last.transpose(-1, -2).exp()  # [B, H, n, K, 1]
+    return UW[..., :V], UW[..., V:], Aqk, q * eG, k_to_end, chunk_decay
+
+
+def _chunk_single(q, k, v, g, beta, scale, state, chunk_size=CHUNK_SIZE, chunks_per_group=CHUNKS_PER_GROUP):
+    """Chunked algorithm over ``[B, H, T, *]`` fp32 tensors; returns ``(o [B, H, T, V], final state)``.
+
+    Chunks are prepared ``chunks_per_group`` at a time (vectorised, and small enough to stay in
+    cache), then the state is carried through the group's chunks one by one.
+    """
+    B, H, T, K = q.shape
+    V = v.shape[-1]
+    if T == 0:
+        return v.new_zeros(B, H, 0, V), state
+    pad = (-T) % chunk_size
+    if pad:  # zero tokens with g = 0, β = 0 leave the state unchanged and are dropped from o
+        q, k, v, g = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v, g))
+        beta = F.pad(beta, (0, pad))
+    N = (T + pad) // chunk_size
+    q, k, v, g = (x.reshape(B, H, N, chunk_size, x.shape[-1]) for x in (q, k, v, g))
+    beta = beta.reshape(B, H, N, chunk_size, 1)
+    q = q * scale
+    outputs = []
+    for first in range(0, N, chunks_per_group):
+        group = slice(first, first + chunks_per_group)
+        U, W, Aqk, q_dec, k_to_end, chunk_decay = _prepare_chunks(
+            q[:, :, group], k[:, :, group], v[:, :, group], g[:, :, group], beta[:, :, group]
+        )
+        for n in range(U.shape[2]):
+            u = U[:, :, n] - W[:, :, n] @ state
+            outputs.append(q_dec[:, :, n] @ state + Aqk[:, :, n] @ u)
+            state = chunk_decay[:, :, n] * state + k_to_end[:, :, n].transpose(-1, -2) @ u
+    o = torch.stack(outputs, dim=2).reshape(B, H, N * chunk_size, V)[:, :, :T]
+    return o, state
+
+
+def _run_per_sequence(single, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
+    """Shared driver: layout ``[B,T,H,D]`` → fp32 ``[B,H,T,D]``, one call per packed sequence.
+
+    The final state is fp32 (fp64 when the inputs are fp64, for gradient checks).
+    """
+    check_kda_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K**-0.5 if scale is None else float(scale)
+    dtype = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for gradient checks
+    qf, kf, vf, gf = (x.to(dtype).transpose(1, 2) for x in (q, k, v, g))
+    bf = beta.to(dtype).transpose(1, 2)
+    outputs, finals = [], []
+    for n, (start, end) in enumerate(sequence_bounds(T, cu_seqlens)):
+        rows = slice(n, n + 1) if cu_seqlens is not None else slice(None)
+        if initial_state is not None:
+            state = initial_state[rows].to(dtype)
+        else:
+            state = qf.new_zeros(1 if cu_seqlens is not None else B, H, K, V)
+        o, state = single(
+            qf[..., start:end, :],
+            kf[..., start:end, :],
+            vf[..., start:end, :],
+            gf[..., start:end, :],
+            bf[..., start:end],
+            scale,
+            state,
+        )
+        outputs.append(o)
+        finals.append(state)
+    o = torch.cat(outputs, dim=2).transpose(1, 2).to(v.dtype)
+    final = torch.cat(finals, dim=0) if output_final_state else None
+    return o, final
+
+
+def naive_recurrent_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token-by-token KDA, the oracle. Shapes as ``kernels.chunk_kda``; computed in fp32."""
+    return _run_per_sequence(
+        _naive_single, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens
+    )
+
+
+def chunk_kda_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunkwise-parallel KDA in PyTorch (chunk 64, WY/UT transform). Shapes as ``kernels.chunk_kda``."""
+    return _run_per_sequence(
+        _chunk_single, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens
+    )
+
+
+# Decoding: the recurrence is the reference of the fused recurrent kernel.
+fused_recurrent_kda_reference = naive_recurrent_kda

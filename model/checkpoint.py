@@ -1,0 +1,78 @@
+"""Save / load a K3 model as `model.safetensors` + `config.json` in Moonshot's layout.
+
+The state dict already carries the checkpoint names (the module tree mirrors them), and `config.json` is
+`K3Config.to_hf_dict()` (`model_type: kimi_linear`, `architectures: [KimiLinearForCausalLM]`), so vLLM,
+sglang and transformers can read what `save_pretrained` writes. Loading is strict: a missing, unexpected or
+differently shaped tensor raises `CheckpointMismatch` naming the first such tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from model.config import K3Config
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+
+
+class CheckpointMismatch(ValueError):
+    """The checkpoint's tensors do not fit the model its config describes."""
+
+
+def _checkpoint_state(model) -> dict[str, torch.Tensor]:
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)  # stored once, as model.embed_tokens.weight
+    return {k: v.detach().contiguous() for k, v in state.items()}
+
+
+def save_pretrained(model, directory: str | Path) -> None:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = _checkpoint_state(model)
+    tmp = directory / (WEIGHTS_NAME + ".tmp")
+    save_file(state, str(tmp), metadata={"format": "pt"})
+    tmp.replace(directory / WEIGHTS_NAME)  # never leave a half-written checkpoint under the real name
+    with open(directory / CONFIG_NAME, "w") as f:
+        json.dump(model.config.to_hf_dict(), f, indent=2)
+
+
+def load_state_checked(model, state: dict[str, torch.Tensor]) -> None:
+    """Copy `state` into `model`, refusing any name or shape that disagrees (first offender named)."""
+    expected = _checkpoint_state(model)
+    for name, tensor in expected.items():
+        if name not in state:
+            raise CheckpointMismatch(f"checkpoint lacks tensor {name!r} (shape {tuple(tensor.shape)})")
+        if tuple(state[name].shape) != tuple(tensor.shape):
+            raise CheckpointMismatch(
+                f"tensor {name!r} has shape {tuple(state[name].shape)} in the checkpoint but "
+                f"{tuple(tensor.shape)} in the model built from its config"
+            )
+    unexpected = [name for name in state if name not in expected]
+    if unexpected:
+        raise CheckpointMismatch(f"checkpoint has tensor {unexpected[0]!r} that the model does not have")
+    model.load_state_dict(state, strict=not model.config.tie_word_embeddings)
+
+
+def from_pretrained(directory: str | Path, dtype: torch.dtype | None = None):
+    from model.k3 import K3ForCausalLM
+
+    directory = Path(directory)
+    for name in (CONFIG_NAME, WEIGHTS_NAME):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(
+                f"{directory / name} is missing; expected a folder written by save_pretrained"
+            )
+    cfg = K3Config.from_json(directory / CONFIG_NAME)
+    model = K3ForCausalLM(cfg)
+    load_state_checked(model, load_file(str(directory / WEIGHTS_NAME)))
+    if dtype is not None:
+        model.to(dtype)
+        for router in model.moe_routers():  # the selection bias stays fp32, as in the checkpoints
+            router.e_score_correction_bias.data = router.e_score_correction_bias.data.float()
+    return model

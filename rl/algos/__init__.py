@@ -1,0 +1,35 @@
+"""RL algorithms as small pure functions: advantage estimators and losses (see each module)."""
+
+from rl.algos.advantages import (
+    broadcast_to_tokens,
+    gae,
+    grpo_advantages,
+    rloo_advantages,
+    zero_variance_groups,
+)
+from rl.algos.losses import (
+    aggregate,
+    clipped_policy_loss,
+    clipped_value_loss,
+    entropy_from_logits,
+    kl_estimate,
+    masked_mean,
+    token_log_probs,
+    truncated_is_weights,
+)
+
+__all__ = [
+    "aggregate",
+    "broadcast_to_tokens",
+    "clipped_policy_loss",
+    "clipped_value_loss",
+    "entropy_from_logits",
+    "gae",
+    "grpo_advantages",
+    "kl_estimate",
+    "masked_mean",
+    "rloo_advantages",
+    "token_log_probs",
+    "truncated_is_weights",
+    "zero_variance_groups",
+]

@@ -1,0 +1,90 @@
+"""`Episode`: one multi-turn trajectory exactly as the policy saw and produced it, and its batching.
+
+Token layout (see ``rl.tokenizer``): observation turns are written by the trainer (``action_mask`` 0),
+action tokens are the sampled ids (``action_mask`` 1, with their sampling log-probs). Rewards of each
+step sit on the last token of the action that earned them. A failed episode (exception in the task,
+dead sandbox, failed resume) keeps its tokens for inspection but has ``error`` set and weight 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Episode:
+    env_id: str
+    seed: int
+    group: int  # index of its GRPO group in the iteration's batch
+    tokens: list[int] = field(default_factory=list)
+    action_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # sampling log-prob of action tokens, 0 elsewhere
+    step_rewards: list[tuple[int, float]] = field(default_factory=list)  # (token index, reward)
+    first_observation: str = ""
+    turns: int = 0
+    success: bool = False
+    truncated: bool = False
+    error: str | None = None
+
+    @property
+    def reward(self) -> float:
+        return float(sum(r for _, r in self.step_rewards))
+
+    @property
+    def weight(self) -> float:
+        """1 for a usable sample, 0 for a failed episode (it contributes nothing to the loss)."""
+        return 0.0 if self.error else 1.0
+
+    def append(self, ids: list[int], trained: bool, logprobs: list[float] | None = None) -> None:
+        self.tokens.extend(ids)
+        self.action_mask.extend([1 if trained else 0] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+    def fail(self, error: BaseException | str) -> None:
+        self.error = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+
+
+@dataclass
+class Batch:
+    """Right-padded tensors of a list of episodes, aligned on the *predicted* token (``[:, 1:]``)."""
+
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T] 1 = real token
+    action_mask: torch.Tensor  # [B, T-1] 1 where the target token is an action token of a usable episode
+    rollout_logprobs: torch.Tensor  # [B, T-1]
+    token_rewards: torch.Tensor  # [B, T-1] step rewards on the last action token of each step
+    rewards: torch.Tensor  # [B] episode rewards
+    weights: torch.Tensor  # [B] 1 usable, 0 failed
+
+
+def collate(episodes: list[Episode], pad_id: int) -> Batch:
+    """Pack episodes into a `Batch` (right padding; causal models ignore what follows a token)."""
+    if not episodes:
+        raise ValueError("cannot collate an empty list of episodes")
+    width = max(2, max(len(e.tokens) for e in episodes))
+    n = len(episodes)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    act = torch.zeros((n, width))
+    logp = torch.zeros((n, width))
+    tok_rew = torch.zeros((n, width))
+    for row, ep in enumerate(episodes):
+        length = len(ep.tokens)
+        if length:
+            ids[row, :length] = torch.tensor(ep.tokens)
+            attn[row, :length] = 1
+            act[row, :length] = torch.tensor(ep.action_mask, dtype=torch.float) * ep.weight
+            logp[row, :length] = torch.tensor(ep.logprobs, dtype=torch.float)
+        for index, reward in ep.step_rewards:
+            tok_rew[row, index] += reward
+    return Batch(
+        input_ids=ids,
+        attention_mask=attn,
+        action_mask=act[:, 1:],
+        rollout_logprobs=logp[:, 1:],
+        token_rewards=tok_rew[:, 1:],
+        rewards=torch.tensor([e.reward for e in episodes]),
+        weights=torch.tensor([e.weight for e in episodes]),
+    )

@@ -1,0 +1,211 @@
+"""The learner: turns a batch of episodes into one optimizer step of the policy (and value head).
+
+Pipeline of ``train_step``: collate → advantages (GRPO / RLOO per episode, or GAE per token with a
+value head for PPO) → clipped surrogate with truncated-IS correction against the rollout log-probs,
+optional KL to a frozen reference, value loss, entropy bonus → AdamW step with gradient clipping and
+linear warm-up → **quantile balancing** of every MoE router's bias from the batch's router scores, with
+MaxVio per layer logged → a new weights version.
+
+`Learner` is a plain class (tested directly); ``rl.actors`` wraps it as a Ray actor.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from model import K3Config, K3ForCausalLM
+from model.balancing import max_violation, quantile_balance
+from rl.algos import (
+    broadcast_to_tokens,
+    clipped_policy_loss,
+    clipped_value_loss,
+    entropy_from_logits,
+    gae,
+    grpo_advantages,
+    kl_estimate,
+    masked_mean,
+    rloo_advantages,
+    token_log_probs,
+    truncated_is_weights,
+    zero_variance_groups,
+)
+from rl.episode import Batch, Episode, collate
+
+
+def build_policy(model_cfg: dict, seed: int) -> K3ForCausalLM:
+    """A freshly initialised K3 policy; the same ``seed`` gives the same weights in every process."""
+    torch.manual_seed(seed)
+    return K3ForCausalLM(K3Config.from_dict(dict(model_cfg)))
+
+
+class Learner:
+    """Holds the policy, optimizer and schedule; see the module docstring.
+
+    ``cfg`` is the whole resolved run config as a plain dict (``algo``, ``model``, ``rollout``, ``seed``).
+    """
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.algo = cfg["algo"]
+        self.pad_id = int(cfg["tokenizer"]["pad_id"])
+        self.temperature = float(cfg["rollout"]["temperature"])
+        self.model = build_policy(cfg["model"], int(cfg["seed"]))
+        self.value_head: nn.Linear | None = None
+        if self.algo["advantage"] == "gae":
+            self.value_head = nn.Linear(self.model.config.hidden_size, 1)
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
+        self.reference: K3ForCausalLM | None = None
+        if float(self.algo["kl_coef"]) > 0:
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            params += list(self.value_head.parameters())
+        self.optimizer = torch.optim.AdamW(
+            params, lr=float(self.algo["lr"]), weight_decay=float(self.algo["weight_decay"]),
+            betas=(0.9, 0.99),
+        )
+        warmup = max(1, int(self.algo["warmup_steps"]))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        self.version = 0
+        self.steps = 0
+
+    # ------------------------------------------------------------------ weights
+    def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """The current version and the policy's state dict (CPU tensors, router biases included)."""
+        return self.version, {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    # ------------------------------------------------------------------ training
+    def advantages(self, batch: Batch, values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token advantages ``[B, T-1]`` (and PPO returns)."""
+        kind, group = self.algo["advantage"], int(self.algo["group_size"])
+        if kind == "gae":
+            adv, returns = gae(batch.token_rewards, values.detach(), batch.action_mask,
+                               float(self.algo["gamma"]), float(self.algo["lam"]))
+            if self.algo.get("normalize_advantages", True):
+                mean, std = masked_mean(adv, batch.action_mask), None
+                var = masked_mean((adv - mean) ** 2, batch.action_mask)
+                std = var.sqrt()
+                adv = (adv - mean) / (std + 1e-6) * batch.action_mask
+            return adv, returns
+        if kind == "grpo":
+            per_episode = grpo_advantages(batch.rewards, group, scale_by_std=bool(self.algo["scale_by_std"]))
+        elif kind == "rloo":
+            per_episode = rloo_advantages(batch.rewards, group)
+        else:
+            raise ValueError(f"algo.advantage={kind!r} is unknown; use grpo, rloo or gae")
+        return broadcast_to_tokens(per_episode, batch.action_mask), None
+
+    def train_step(self, episodes: list[Episode]) -> dict[str, float]:
+        """One optimizer step on ``episodes`` (laid out group after group); returns metrics."""
+        self.model.train()
+        batch = collate(episodes, self.pad_id)
+        if self.algo["advantage"] != "gae" and self.algo.get("filter_zero_variance_groups", False):
+            keep = ~zero_variance_groups(batch.rewards, int(self.algo["group_size"]))
+            batch.action_mask = batch.action_mask * keep[:, None].float()
+        mask = batch.action_mask
+        out = self.model(batch.input_ids, attention_mask=batch.attention_mask,
+                         return_hidden=self.value_head is not None)
+        logits = out.logits[:, :-1] / self.temperature
+        targets = batch.input_ids[:, 1:]
+        logp = token_log_probs(logits, targets)
+        values = None
+        if self.value_head is not None:
+            values = self.value_head(out.hidden[:, :-1]).squeeze(-1)
+        advantages, returns = self.advantages(batch, values)
+        old_logp = logp.detach()  # one update per batch: the learner's own log-probs are the old policy
+        is_weights = None
+        if self.algo.get("tis_cap"):
+            is_weights = truncated_is_weights(old_logp, batch.rollout_logprobs, float(self.algo["tis_cap"]))
+        policy_loss, stats = clipped_policy_loss(
+            logp, old_logp, advantages, mask, clip_low=float(self.algo["clip_low"]),
+            clip_high=float(self.algo["clip_high"]), aggregation=self.algo["loss_aggregation"],
+            is_weights=is_weights,
+        )
+        loss = policy_loss
+        metrics: dict[str, float] = {}
+        if values is not None:
+            value_loss = clipped_value_loss(values, values.detach(), returns, mask, float(self.algo["value_clip"]))
+            loss = loss + float(self.algo["value_coef"]) * value_loss
+            metrics["value_loss"] = value_loss.item()
+        kl = torch.zeros(())
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logits = self.reference(batch.input_ids, attention_mask=batch.attention_mask).logits
+            ref_logp = token_log_probs(ref_logits[:, :-1] / self.temperature, targets)
+            kl = masked_mean(kl_estimate(logp, ref_logp, self.algo["kl_estimator"]), mask)
+            loss = loss + float(self.algo["kl_coef"]) * kl
+        entropy = masked_mean(entropy_from_logits(logits.detach()), mask)
+        if float(self.algo["entropy_coef"]) > 0:
+            loss = loss - float(self.algo["entropy_coef"]) * masked_mean(entropy_from_logits(logits), mask)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            [p for g in self.optimizer.param_groups for p in g["params"]], float(self.algo["grad_clip"])
+        )
+        self.optimizer.step()
+        self.scheduler.step()
+        metrics.update(self._balance_experts(out.router_stats))
+        self.steps += 1
+        self.version += 1
+        mismatch = masked_mean((old_logp - batch.rollout_logprobs).abs(), mask)
+        metrics.update({
+            "loss": loss.item(), "policy_loss": policy_loss.item(), "kl": kl.item(), "entropy": entropy.item(),
+            "clip_fraction": stats.clip_fraction, "grad_norm": float(grad_norm),
+            "lr": self.scheduler.get_last_lr()[0], "rollout_logprob_gap": mismatch.item(),
+            "trained_tokens": float(mask.sum()), "weights_version": float(self.version),
+        })
+        return metrics
+
+    @torch.no_grad()
+    def _balance_experts(self, router_stats) -> dict[str, float]:
+        """Quantile balancing of every router from this batch's scores; MaxVio of the batch's loads."""
+        metrics: dict[str, float] = {}
+        for router, stats in zip(self.model.moe_routers(), router_stats, strict=True):
+            new_bias = quantile_balance(stats.scores, router.top_k, router.e_score_correction_bias)
+            router.update_bias(new_bias)
+            metrics[f"maxvio/layer{stats.layer}"] = max_violation(stats.loads)
+        if metrics:
+            metrics["maxvio"] = float(np.mean(list(metrics.values())))
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, directory: str | Path) -> None:
+        """Weights (safetensors), value head, optimizer, scheduler, RNG states, step and version."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory / "policy")
+        torch.save({
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
+            "reference": self.reference.state_dict() if self.reference is not None else None,
+            "version": self.version,
+            "steps": self.steps,
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        }, directory / "learner.pt")
+
+    def load(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        if not (directory / "learner.pt").is_file():
+            raise FileNotFoundError(f"{directory} is not a learner checkpoint (no learner.pt)")
+        loaded = K3ForCausalLM.from_pretrained(directory / "policy")
+        self.model.load_state_dict(loaded.state_dict())
+        state = torch.load(directory / "learner.pt", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.value_head is not None and state["value_head"] is not None:
+            self.value_head.load_state_dict(state["value_head"])
+        if self.reference is not None and state["reference"] is not None:
+            self.reference.load_state_dict(state["reference"])
+        self.version, self.steps = int(state["version"]), int(state["steps"])
+        torch.set_rng_state(state["rng"]["torch"])
+        np.random.set_state(state["rng"]["numpy"])
+        random.setstate(state["rng"]["python"])

@@ -1,0 +1,105 @@
+"""Tokenizers: a byte-level one with special turn tokens (the default, nothing to download) and a wrapper
+around a Hugging Face tokenizer stored in a local folder.
+
+A multi-turn episode is laid out as::
+
+    <|bos|> <|observation|> obs₀ <|end|> <|action|> act₀ <|end|> <|observation|> obs₁ <|end|> <|action|> ...
+
+The policy generates the action bytes and the closing ``<|end|>``; everything else is written by the
+trainer from the environment's observations. Token ids are kept as generated (token in, token out),
+so earlier turns are never re-tokenised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+BYTE_VOCAB = 256
+SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>", "<|observation|>", "<|action|>", "<|end|>")
+# Ids 256..271: the six specials above, then reserved ids so that the vocabulary is a multiple of 16.
+BYTE_TOKENIZER_VOCAB_SIZE = 272
+
+
+class Tokenizer(Protocol):
+    """What the trainer needs from a tokenizer."""
+
+    vocab_size: int
+    pad_id: int
+    bos_id: int
+    observation_id: int
+    action_id: int
+    end_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class ByteTokenizer:
+    """UTF-8 bytes are ids 0..255; the special turn tokens follow (see :data:`SPECIAL_TOKENS`)."""
+
+    vocab_size: int = BYTE_TOKENIZER_VOCAB_SIZE
+    pad_id: ClassVar[int] = BYTE_VOCAB + 0
+    bos_id: ClassVar[int] = BYTE_VOCAB + 1
+    eos_id: ClassVar[int] = BYTE_VOCAB + 2
+    observation_id: ClassVar[int] = BYTE_VOCAB + 3
+    action_id: ClassVar[int] = BYTE_VOCAB + 4
+    end_id: ClassVar[int] = BYTE_VOCAB + 5
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < BYTE_VOCAB + len(SPECIAL_TOKENS):
+            raise ValueError(
+                f"byte tokenizer needs vocab_size >= {BYTE_VOCAB + len(SPECIAL_TOKENS)}, got {self.vocab_size}"
+            )
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        """Bytes back to text; special ids are dropped, invalid UTF-8 becomes U+FFFD."""
+        return bytes(i for i in ids if i < BYTE_VOCAB).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer from a local folder; the turn tokens are special tokens of that tokenizer.
+
+    Needs ``transformers`` (not a dependency of k3rl); the folder must already hold the tokenizer files
+    (nothing is downloaded).
+    """
+
+    def __init__(self, path: str, special_tokens: dict[str, str]) -> None:
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise RuntimeError(
+                "tokenizer.kind=hf needs the `transformers` package; install it or use tokenizer.kind=bytes"
+            ) from exc
+        self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        missing = [name for name in ("pad", "bos", "observation", "action", "end") if name not in special_tokens]
+        if missing:
+            raise ValueError(f"tokenizer.special_tokens is missing {missing} for the HF tokenizer at {path}")
+        ids = {name: self._tok.convert_tokens_to_ids(tok) for name, tok in special_tokens.items()}
+        unknown = [special_tokens[n] for n, i in ids.items() if i is None or i == self._tok.unk_token_id]
+        if unknown:
+            raise ValueError(f"tokens {unknown} are not in the HF tokenizer at {path}")
+        self.vocab_size = len(self._tok)
+        self.pad_id, self.bos_id = ids["pad"], ids["bos"]
+        self.observation_id, self.action_id, self.end_id = ids["observation"], ids["action"], ids["end"]
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+
+def build_tokenizer(cfg) -> Tokenizer:
+    """The tokenizer named by the ``tokenizer`` config section (``kind: bytes`` or ``kind: hf``)."""
+    kind = cfg.get("kind", "bytes")
+    if kind == "bytes":
+        return ByteTokenizer(vocab_size=int(cfg.get("vocab_size", BYTE_TOKENIZER_VOCAB_SIZE)))
+    if kind == "hf":
+        return HFTokenizer(str(cfg["path"]), dict(cfg.get("special_tokens", {})))
+    raise ValueError(f"tokenizer.kind={kind!r} is unknown; use 'bytes' or 'hf'")

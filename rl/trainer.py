@@ -1,0 +1,316 @@
+"""The driver loop: Ray actors roll out, the learner steps, weights sync, metrics and checkpoints flow.
+
+One iteration (synchronous, on-policy):
+1. seeds for the iteration's GRPO groups are derived from ``(seed, iteration)``, so a resumed run
+   replays exactly what the uninterrupted run would have done;
+2. groups are split over the `RolloutWorker` actors; a worker that dies is restarted by Ray, reloads
+   the current weights and its share is retried (``rollout.max_worker_restarts``);
+3. failed episodes are zero-weight samples; if more than ``rollout.max_failed_fraction`` of the
+   iteration failed, the run stops with `TooManyFailures` and a summary of the errors;
+4. the `LearnerActor` steps and publishes the next weights version; workers load it;
+5. metrics go to the console, JSONL and TensorBoard; checkpoints every ``trainer.checkpoint_every``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from rl.actors import LearnerActor, RolloutWorker, StaleWeights
+from rl.metrics import MetricsLogger
+from rl.rollout import RolloutStats
+
+log = logging.getLogger("k3rl.train")
+
+
+class TooManyFailures(RuntimeError):
+    """More than ``rollout.max_failed_fraction`` of an iteration's episodes failed."""
+
+
+class RolloutWorkerLost(RuntimeError):
+    """A rollout worker kept dying after ``rollout.max_worker_restarts`` restarts."""
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    iterations: int
+    start_success: float
+    end_success: float
+    reached_target: bool
+    wall_s: float
+    checkpoint: Path | None
+    plot: Path | None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def group_seeds(seed: int, iteration: int, num_groups: int) -> list[int]:
+    """Task seeds of one iteration's groups (distinct, reproducible from ``(seed, iteration)``)."""
+    return [int(s) % 2**31 for s in np.random.SeedSequence([seed, iteration]).generate_state(num_groups)]
+
+
+def split(items: list, parts: int) -> list[tuple[int, list]]:
+    """``(offset, chunk)`` for ``parts`` contiguous chunks of nearly equal size (empty ones dropped)."""
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for p in range(parts):
+        end = start + size + (1 if p < extra else 0)
+        if end > start:
+            out.append((start, items[start:end]))
+        start = end
+    return out
+
+
+def failure_summary(errors: list[str], total: int) -> str:
+    kinds = Counter(e.split(": ", 1)[1] if ": " in e else e for e in errors)
+    lines = ["most common errors:"]
+    lines += [f"  {count} x {kind[:200]}" for kind, count in kinds.most_common(5)]
+    return "\n".join(lines)
+
+
+def check_failures(stats: RolloutStats, max_fraction: float, iteration: int) -> None:
+    """Raise `TooManyFailures` (with a summary of the errors) when too many episodes failed."""
+    if stats.episodes and stats.failed / stats.episodes > max_fraction:
+        raise TooManyFailures(
+            f"iteration {iteration}: {stats.failed} of {stats.episodes} episodes failed, more than "
+            f"rollout.max_failed_fraction={max_fraction}.\n" + failure_summary(stats.errors, stats.episodes)
+        )
+
+
+def latest_checkpoint(path: str | Path) -> Path:
+    """The newest checkpoint in a run directory, or ``path`` itself if it is a checkpoint."""
+    path = Path(path)
+    if (path / "trainer_state.json").is_file():
+        return path
+    candidates = sorted((path / "checkpoints").glob("iter_*")) if (path / "checkpoints").is_dir() else []
+    candidates = [c for c in candidates if (c / "trainer_state.json").is_file()]
+    if not candidates:
+        raise FileNotFoundError(f"trainer.resume={path}: no checkpoint found (expected checkpoints/iter_*/)")
+    return candidates[-1]
+
+
+class Trainer:
+    """Runs one training job from a validated, resolved config (a plain dict)."""
+
+    def __init__(self, cfg: dict[str, Any], run_dir: str | Path) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.algo, self.rollout_cfg, self.tcfg = cfg["algo"], cfg["rollout"], cfg["trainer"]
+        self.group_size = int(self.algo["group_size"])
+        self.num_groups = int(self.algo["episodes_per_step"]) // self.group_size
+        self.metrics = MetricsLogger(self.run_dir, tensorboard=bool(self.tcfg["tensorboard"]))
+        self.started_ray = False
+        self.workers: list = []
+        self.learner = None
+        self.version = 0
+        self.state_ref = None
+        self.worker_restarts = 0
+
+    # ------------------------------------------------------------------ set-up
+    def _start_ray(self) -> None:
+        if ray.is_initialized():
+            return
+        address = self.tcfg.get("ray_address")
+        kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING,
+                                  "configure_logging": False}
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=int(self.tcfg["num_cpus"]), **kwargs)
+        self.started_ray = True
+
+    def _start_actors(self) -> None:
+        learner_cls = ray.remote(LearnerActor).options(num_cpus=float(self.tcfg["learner_cpus"]))
+        self.learner = learner_cls.remote(self.cfg)
+        worker_cls = ray.remote(RolloutWorker).options(
+            num_cpus=float(self.rollout_cfg["worker_cpus"]),
+            max_restarts=int(self.rollout_cfg["max_worker_restarts"]),
+        )
+        self.workers = [worker_cls.remote(self.cfg, i) for i in range(int(self.rollout_cfg["num_workers"]))]
+        ray.get([w.ready.remote() for w in self.workers] + [self.learner.publish.options(num_returns=2).remote()[0]])
+
+    def _publish(self) -> float:
+        """Learner → object store → every worker; returns seconds taken."""
+        started = time.perf_counter()
+        version_ref, self.state_ref = self.learner.publish.options(num_returns=2).remote()
+        self.version = ray.get(version_ref)
+        ray.get([w.load_weights.remote(self.version, self.state_ref) for w in self.workers])
+        return time.perf_counter() - started
+
+    # ------------------------------------------------------------------ rollout with retries
+    def _rollout(self, iteration: int):
+        seeds = group_seeds(int(self.cfg["seed"]), iteration, self.num_groups)
+        shares = split(seeds, len(self.workers))
+        results: dict[int, Any] = {}
+        attempts = 0
+        while len(results) < len(shares):
+            pending = {w: self._submit(w, iteration, offset, chunk)
+                       for w, (offset, chunk) in enumerate(shares) if w not in results}
+            for w, ref in pending.items():
+                try:
+                    results[w] = ray.get(ref)
+                except (RayActorError, RayTaskError) as exc:
+                    if isinstance(exc, RayTaskError) and not isinstance(exc.cause, StaleWeights):
+                        raise
+                    attempts += 1
+                    self.worker_restarts += 1
+                    if attempts > int(self.rollout_cfg["max_worker_restarts"]):
+                        raise RolloutWorkerLost(
+                            f"rollout worker {w} failed {attempts} times in iteration {iteration}: {exc}"
+                        ) from None
+                    log.warning("rollout worker %d lost (%s); waiting for its restart and retrying", w,
+                                type(exc).__name__)
+                    self._reload_worker(w)
+        episodes, stats, rollout_maxvio = [], RolloutStats(), {}
+        for w in range(len(shares)):
+            eps, st, mv = results[w]
+            episodes.extend(eps)
+            stats.merge(st)
+            for layer, value in mv.items():
+                rollout_maxvio.setdefault(layer, []).append(value)
+        return episodes, stats, {k: float(np.mean(v)) for k, v in rollout_maxvio.items()}
+
+    def _submit(self, w: int, iteration: int, offset: int, chunk: list[int]):
+        sample_seed = int(np.random.SeedSequence([int(self.cfg["seed"]), iteration, 1, w]).generate_state(1)[0])
+        return self.workers[w].rollout.remote(chunk, self.group_size, offset, sample_seed, self.version, iteration)
+
+    def _reload_worker(self, w: int, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ray.get(self.workers[w].load_weights.remote(self.version, self.state_ref), timeout=30)
+                return
+            except (RayActorError, ray.exceptions.GetTimeoutError):
+                if time.monotonic() > deadline:
+                    raise RolloutWorkerLost(f"rollout worker {w} did not come back within {timeout_s} s") from None
+                time.sleep(0.5)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save(self, iteration: int) -> Path:
+        path = self.run_dir / "checkpoints" / f"iter_{iteration:05d}"
+        ray.get(self.learner.save.remote(str(path)))
+        state = {"iteration": iteration, "version": self.version, "history": self.metrics.history}
+        (path / "trainer_state.json").write_text(json.dumps(state, default=float))
+        return path
+
+    def _resume(self) -> int:
+        path = latest_checkpoint(self.tcfg["resume"])
+        ray.get(self.learner.load.remote(str(path)))
+        state = json.loads((path / "trainer_state.json").read_text())
+        self.metrics.history = list(state.get("history", []))
+        log.warning("resumed from %s (iteration %d)", path, state["iteration"])
+        return int(state["iteration"]) + 1
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> TrainResult:
+        started = time.perf_counter()
+        checkpoint: Path | None = None
+        plot: Path | None = None
+        iteration = 0
+        target = self.tcfg.get("stop_at_success")
+        window = int(self.tcfg["success_window"])
+        reached = False
+        try:
+            self._start_ray()
+            self._start_actors()
+            first = self._resume() if self.tcfg.get("resume") else 0
+            self._publish()
+            progress = _progress(int(self.tcfg["iterations"]), first, bool(self.tcfg["progress_bar"]))
+            iteration = first - 1
+            for iteration in range(first, int(self.tcfg["iterations"])):
+                record = self._iteration(iteration, started)
+                self.metrics.log(iteration, record)
+                progress.update(1)
+                progress.set_postfix(success=f"{record['success']:.2f}", reward=f"{record['reward']:.2f}",
+                                     tok_s=f"{record['generated_tokens_per_s']:.0f}")
+                every = int(self.tcfg["checkpoint_every"])
+                if every and (iteration + 1) % every == 0:
+                    checkpoint = self._save(iteration)
+                recent = [r["success"] for r in self.metrics.history[-window:]]
+                if target is not None and len(recent) == window and np.mean(recent) >= float(target):
+                    reached = True
+                    break
+                limit = self.tcfg.get("time_limit_s")
+                if limit is not None and time.perf_counter() - started > float(limit):
+                    log.warning("trainer.time_limit_s=%s reached; stopping", limit)
+                    break
+            progress.close()
+            if iteration >= first and (checkpoint is None or not checkpoint.name.endswith(f"{iteration:05d}")):
+                checkpoint = self._save(iteration)
+        finally:
+            plot = self.metrics.plot()
+            self.metrics.close()
+            self._shutdown()
+        history = self.metrics.history
+        window_success = [r["success"] for r in history[-window:]]
+        return TrainResult(
+            run_dir=self.run_dir, iterations=len(history),
+            start_success=float(history[0]["success"]) if history else float("nan"),
+            end_success=float(np.mean(window_success)) if window_success else float("nan"),
+            reached_target=reached, wall_s=time.perf_counter() - started, checkpoint=checkpoint, plot=plot,
+            history=history,
+        )
+
+    def _iteration(self, iteration: int, started: float) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        episodes, stats, rollout_maxvio = self._rollout(iteration)
+        rollout_s = time.perf_counter() - t0
+        check_failures(stats, float(self.rollout_cfg["max_failed_fraction"]), iteration)
+        for error in stats.errors[:3]:
+            log.warning("iteration %d: episode failed: %s", iteration, error)
+        t1 = time.perf_counter()
+        learner_metrics = ray.get(self.learner.train_step.remote(episodes))
+        learner_s = time.perf_counter() - t1
+        sync_s = self._publish()
+        usable = [e for e in episodes if not e.error] or episodes
+        iteration_s = time.perf_counter() - t0
+        record: dict[str, Any] = {
+            "success": float(np.mean([e.success for e in usable])),
+            "reward": float(np.mean([e.reward for e in usable])),
+            "turns": float(np.mean([e.turns for e in usable])),
+            "episode_tokens": float(np.mean([len(e.tokens) for e in usable])),
+            "episodes": stats.episodes, "failed_episodes": stats.failed,
+            "env_steps": stats.env_steps, "generated_tokens": stats.generated_tokens,
+            "env_steps_per_s": stats.env_steps / max(rollout_s, 1e-9),
+            "generated_tokens_per_s": stats.generated_tokens / max(stats.generate_s, 1e-9),
+            "rollout_s": rollout_s, "learner_s": learner_s, "weight_sync_s": sync_s, "iteration_s": iteration_s,
+            "learner_wait_fraction": rollout_s / max(iteration_s, 1e-9),
+            "reset_s": stats.reset_s, "generate_s": stats.generate_s, "env_step_s": stats.env_step_s,
+            "sandbox_pauses": stats.pauses, "sandbox_resumes": stats.resumes, "sandbox_forks": stats.forks,
+            "sandbox_pause_latency_s": stats.pause_s / stats.pauses if stats.pauses else 0.0,
+            "sandbox_resume_latency_s": stats.resume_s / stats.resumes if stats.resumes else 0.0,
+            "sandbox_fork_latency_s": stats.fork_s / stats.forks if stats.forks else 0.0,
+            "sandboxes_created": stats.sandboxes_created, "worker_restarts": self.worker_restarts,
+            "elapsed_s": time.perf_counter() - started,
+            **{f"rollout_maxvio/layer{k}": v for k, v in rollout_maxvio.items()},
+            **learner_metrics,
+        }
+        return record
+
+    def _shutdown(self) -> None:
+        try:
+            if self.workers:
+                ray.get([w.close.remote() for w in self.workers], timeout=120)
+        except Exception as exc:  # best effort: the sandboxes' registry rows let `agentenv gc` clean up
+            log.warning("could not close every rollout worker's sandboxes: %s", exc)
+        for actor in [*self.workers, self.learner]:
+            if actor is not None:
+                ray.kill(actor)
+        self.workers, self.learner = [], None
+        if self.started_ray:
+            ray.shutdown()
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc="iterations", disable=not enabled, dynamic_ncols=True)

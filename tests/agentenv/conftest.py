@@ -1,0 +1,99 @@
+"""Fixtures for the AgentENV tests: a real Docker daemon (started when none answers), the base image
+(built when missing), and a private $AGENTENV_HOME whose containers and volumes are removed at the end
+even when tests fail."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from agentenv_testutil import ROOT, SMALL, run_cli
+
+
+def _docker_answers() -> bool:
+    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+
+
+def ensure_dockerd() -> None:
+    if not _docker_answers():
+        subprocess.run(["bash", str(ROOT / "scripts" / "ensure_dockerd.sh")], check=True)
+    from agentenv.backend import docker_client
+
+    docker_client.reset()
+
+
+@pytest.fixture(scope="session")
+def agentenv_home(tmp_path_factory) -> Iterator[Path]:
+    """A private registry for this test session; everything labelled with it is removed at the end."""
+    home = tmp_path_factory.mktemp("agentenv-home")
+    old = os.environ.get("AGENTENV_HOME")
+    os.environ["AGENTENV_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("AGENTENV_HOME", None)
+    else:
+        os.environ["AGENTENV_HOME"] = old
+    cleanup_home(home)
+
+
+def cleanup_home(home: Path) -> None:
+    label = f"org.k3rl.agentenv.home={home.resolve()}"
+    ids = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={label}"], capture_output=True,
+                         text=True).stdout.split()
+    if ids:
+        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
+    vols = subprocess.run(["docker", "volume", "ls", "-q", "--filter", f"label={label}"], capture_output=True,
+                          text=True).stdout.split()
+    if vols:
+        subprocess.run(["docker", "volume", "rm", "-f", *vols], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def docker_ready(agentenv_home) -> None:
+    ensure_dockerd()
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_ready) -> str:
+    from agentenv import images
+
+    return images.build("base", quiet=True).tag
+
+
+@pytest.fixture
+def small_config(base_image):
+    from agentenv import SandboxConfig
+
+    return SandboxConfig.load(**SMALL)
+
+
+@pytest.fixture
+def make_sandbox(small_config):
+    """Factory: sandboxes with the small config (overrides as keywords), closed after the test."""
+    from agentenv import Sandbox
+
+    made = []
+
+    def make(**overrides):
+        sb = Sandbox.create(config=small_config.replace(**overrides))
+        made.append(sb)
+        return sb
+
+    yield make
+    for sb in made:
+        for s in [sb, *Sandbox.list()]:
+            if s.parent_id == sb.id or s.id == sb.id:
+                s.close()
+
+
+@pytest.fixture
+def sandbox(make_sandbox):
+    return make_sandbox()
+
+
+@pytest.fixture
+def cli(agentenv_home):
+    return run_cli

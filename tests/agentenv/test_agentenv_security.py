@@ -1,0 +1,91 @@
+"""The security defaults, each checked from inside a real sandbox, and each override honoured."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentenv import CheckpointError, SandboxStateError
+from agentenv.backend import docker_client
+
+pytestmark = pytest.mark.docker
+
+
+def _status(sb, field: str) -> str:
+    for line in sb.exec("cat /proc/self/status").stdout.splitlines():
+        if line.startswith(field + ":"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(field)
+
+
+def _host_config(sb) -> dict:
+    return docker_client.api().inspect_container(sb.container_id)["HostConfig"]
+
+
+def test_default_profile_inside_the_sandbox(sandbox):
+    assert _status(sandbox, "CapEff") == "0000000000000000"
+    assert _status(sandbox, "CapBnd") == "0000000000000000"
+    assert _status(sandbox, "NoNewPrivs") == "1"
+    interfaces = [ln.split(":")[0].strip() for ln in sandbox.exec("cat /proc/net/dev").stdout.splitlines()[2:]]
+    assert interfaces == ["lo"]
+    refused = sandbox.exec("touch /etc/x /usr/x")
+    assert refused.exit_code != 0 and "Read-only file system" in refused.stderr
+    assert sandbox.exec("touch /workspace/ok /tmp/ok && echo yes").stdout == "yes\n"
+    uid = sandbox.exec("id -u").stdout.strip()
+    assert uid == {"agent": "1000", "root": "0"}[sandbox.user]
+    # root here is root without capabilities: it cannot change what it does not own
+    assert sandbox.exec("chown 1234 /workspace/ok").exit_code != 0
+    hc = _host_config(sandbox)
+    assert hc["NetworkMode"] == "none" and hc["ReadonlyRootfs"] is True
+    assert hc["PidsLimit"] == 64 and hc["Memory"] == 128 * 2**20 and hc["MemorySwap"] == hc["Memory"]
+    assert hc["NanoCpus"] == 10**9
+
+
+def test_every_default_can_be_turned_off(make_sandbox):
+    sb = make_sandbox(read_only=False, network="bridge", cap_drop=[], cap_add=["NET_RAW"],
+                      no_new_privileges=False, pids_limit=100, memory="96m", cpus=0.5)
+    if sb.user == "root":
+        assert sb.exec("touch /etc/written && echo yes").stdout == "yes\n"
+    assert sb.exec("touch /var/tmp/written && echo yes").stdout == "yes\n"
+    assert _status(sb, "NoNewPrivs") == "0"
+    assert "eth0" in sb.exec("cat /proc/net/dev").stdout
+    hc = _host_config(sb)
+    assert hc["PidsLimit"] == 100 and hc["Memory"] == 96 * 2**20 and hc["NanoCpus"] == 5 * 10**8
+    assert hc["ReadonlyRootfs"] is False and hc["CapAdd"] == ["NET_RAW"] and not hc["CapDrop"]
+
+
+def test_fork_bomb_is_held_by_the_pids_limit_and_the_sandbox_survives(sandbox):
+    r = sandbox.exec("f() { f | f & }; f; sleep 30", timeout=3)
+    assert r.timed_out
+    ok = sandbox.exec("echo alive; ps -e --no-headers | wc -l")
+    lines = ok.stdout.split()
+    assert lines[0] == "alive" and int(lines[1]) < 10, ok  # the bomb's processes are killed and reaped
+    assert sandbox.status == "running"
+
+
+def test_memory_hog_is_killed_and_marks_the_sandbox_broken(make_sandbox):
+    sb = make_sandbox(memory="64m")
+    r = sb.exec("python3 -c 'b = bytearray(300 * 2**20); print(len(b))'")
+    assert r.exit_code == 137 and r.oom_killed
+    assert sb.status == "broken"
+    assert "OOM killer" in sb.reason and "64m" in sb.reason
+    with pytest.raises(SandboxStateError, match="broken: the kernel OOM killer"):
+        sb.exec("true")
+
+
+def test_user_agent_runs_as_uid_1000_and_pause_follows_the_host_probe(make_sandbox):
+    from agentenv.sandbox import runtime
+
+    sb = make_sandbox(user="agent")
+    assert sb.user == "agent"
+    assert sb.exec("id -un; id -u").stdout == "agent\n1000\n"
+    assert sb.exec("touch /workspace/mine && stat -c %u /workspace/mine").stdout == "1000\n"
+    probe = runtime().backend.probe(sb.image)
+    if probe.can_checkpoint_other_uids:
+        sb.pause()
+        sb.resume()
+        assert sb.exec("id -u").stdout == "1000\n"
+    else:
+        with pytest.raises(CheckpointError, match="cannot checkpoint processes of uid 1000"):
+            sb.pause()
+        assert sb.status == "running"  # a failed dump leaves the sandbox as it was
+        assert sb.exec("echo still here").stdout == "still here\n"

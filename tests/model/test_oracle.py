@@ -1,0 +1,62 @@
+"""Numerics oracle: with K3's extra features off, transformers' KimiLinearForCausalLM reads our checkpoint and
+computes the same fp32 logits (KDA with Kimi-Linear gate, NoPE MLA, DeepSeek-V3 routing with the correction
+bias, shared experts, dense first layer, SwiGLU).
+
+The test-only extra `oracle = ["transformers>=5.17,<6"]` provides transformers. flash-linear-attention must
+not be importable here (transformers prefers it, and it cannot run on CPU), so it is blocked before import.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from model_testutil import kimi_linear_variant
+from safetensors.torch import load_file, save_file
+
+from model import K3ForCausalLM
+
+
+@pytest.fixture(scope="module")
+def kimi_linear_class():
+    sys.modules.setdefault(
+        "fla", None
+    )  # block flash-linear-attention: transformers would pick it and fail on CPU
+    transformers = pytest.importorskip(
+        "transformers", reason="the numerics oracle needs the test extra: pip install -e '.[oracle]'"
+    )
+    cls = getattr(transformers, "KimiLinearForCausalLM", None)
+    if cls is None:
+        pytest.skip(f"transformers {transformers.__version__} has no KimiLinearForCausalLM (needs >= 5.17)")
+    transformers.logging.set_verbosity_error()
+    return cls
+
+
+def _export_for_transformers(model: K3ForCausalLM, directory) -> None:
+    """Our checkpoint, with the one layout transformers <= 5.24 needs: A_log as the old 4-D [1, 1, H, 1]
+    (Moonshot's current checkpoints and vLLM use [H]; vLLM reads both)."""
+    model.save_pretrained(directory)
+    path = str(directory / "model.safetensors")
+    state = {k: (v.view(1, 1, -1, 1) if k.endswith(".A_log") else v) for k, v in load_file(path).items()}
+    save_file(state, path, metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("q_lora_rank", [64, None])
+def test_transformers_kimi_linear_gives_the_same_logits(kimi_linear_class, tiny_dict, tmp_path, q_lora_rank):
+    cfg = kimi_linear_variant(tiny_dict, q_lora_rank=q_lora_rank)
+    model = K3ForCausalLM(cfg)
+    with torch.no_grad():  # make every part matter: non-trivial selection bias, larger weights
+        for router in model.moe_routers():
+            router.update_bias(torch.randn(cfg.num_experts) * 0.05)
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(3.0)
+    _export_for_transformers(model, tmp_path)
+    reference = kimi_linear_class.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    ids = torch.randint(0, cfg.vocab_size, (2, 100))  # > one 64-token KDA chunk
+    with torch.no_grad():
+        ours = model(ids).logits
+        theirs = reference(ids).logits.float()
+    assert ours.abs().max() > 0.5  # logits of a real scale, not all ~0
+    assert (ours - theirs).abs().max() <= 1e-4

@@ -1,0 +1,1 @@
+from task_fixtures import make_task, sandbox_config, task_home  # noqa: F401

@@ -1,0 +1,75 @@
+"""Fixtures shared by the task and trainer tests: a real Docker daemon, the base sandbox image, and a
+private $AGENTENV_HOME whose containers and volumes are removed at the end (even when tests fail).
+
+Imported by tests/tasks/conftest.py and tests/rl/conftest.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# Small sandboxes: the whole suite shares 2 cores.
+SANDBOX = {"memory": "128m", "cpus": 1.0, "pids_limit": 64, "tmpfs": {"/tmp": "size=32m,mode=1777"},
+           "exec_timeout_s": 30.0, "lock_timeout_s": 60.0}
+
+
+def _remove_labelled(home: Path) -> None:
+    label = f"label=org.k3rl.agentenv.home={home.resolve()}"
+    for kind in (["ps", "-aq"], ["volume", "ls", "-q"]):
+        ids = subprocess.run(["docker", *kind, "--filter", label], capture_output=True, text=True).stdout.split()
+        if ids:
+            rm = ["docker", "rm", "-f"] if kind[0] == "ps" else ["docker", "volume", "rm", "-f"]
+            subprocess.run([*rm, *ids], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def task_home(tmp_path_factory) -> Iterator[Path]:
+    """A private AgentENV registry, set before any sandbox (or Ray worker) starts."""
+    home = tmp_path_factory.mktemp("agentenv-home-tasks")
+    old = os.environ.get("AGENTENV_HOME")
+    os.environ["AGENTENV_HOME"] = str(home)
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        subprocess.run(["bash", str(ROOT / "scripts" / "ensure_dockerd.sh")], check=True)
+    from agentenv import images
+
+    images.build("base", quiet=True)
+    yield home
+    _remove_labelled(home)
+    if old is None:
+        os.environ.pop("AGENTENV_HOME", None)
+    else:
+        os.environ["AGENTENV_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def sandbox_config(task_home) -> dict:
+    """The full sandbox config (conf/sandbox/default.yaml) with the small test limits, as a dict."""
+    from agentenv import SandboxConfig
+
+    return SandboxConfig.load(**SANDBOX).to_dict()
+
+
+@pytest.fixture
+def make_task(sandbox_config):
+    """Factory: a built-in task env by id (keyword overrides), closed after the test."""
+    import gymnasium
+
+    import agentenv.tasks  # noqa: F401
+
+    made = []
+
+    def make(env_id: str, **kwargs):
+        kwargs.setdefault("sandbox", {"config": sandbox_config})
+        env = gymnasium.make(env_id, **kwargs).unwrapped
+        made.append(env)
+        return env
+
+    yield make
+    for env in made:
+        env.close()

@@ -1,0 +1,109 @@
+"""The built-in tasks: gymnasium compliance, determinism, and that success needs the sandbox.
+
+Real sandboxes (Docker + the base image); each test creates one or two.
+"""
+
+import gymnasium
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from agentenv.tasks import TASKS
+from agentenv.tasks.fix_code import problem_index
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.mark.parametrize("env_id", sorted(TASKS))
+def test_every_builtin_task_passes_gymnasiums_env_checker(make_task, env_id):
+    env = make_task(env_id)
+    check_env(env, skip_render_check=True)
+    assert env_id in gymnasium.registry
+
+
+def test_guess_number_is_deterministic_given_the_seed(make_task):
+    a, b = make_task("agentenv/GuessNumber-v0"), make_task("agentenv/GuessNumber-v0")
+    for seed in (1, 2, 3):
+        assert a.reset(seed=seed) == b.reset(seed=seed)
+        assert [a.step(str(g))[0] for g in (3, 5, 1)] == [b.step(str(g))[0] for g in (3, 5, 1)]
+
+
+def _play(env, seed, policy):
+    obs, _ = env.reset(seed=seed)
+    history = []
+    while True:
+        guess = policy(history)
+        obs, reward, terminated, truncated, info = env.step(str(guess))
+        history.append((guess, obs))
+        if terminated or truncated:
+            return info["success"], reward
+
+
+def test_guess_number_needs_the_sandbox_answers(make_task):
+    """Ignoring the answers (a fixed list of guesses) wins half the games; binary search wins all."""
+    env = make_task("agentenv/GuessNumber-v0")
+
+    def fixed(history):
+        return len(history)  # 0, 1, 2, 3 whatever the answers
+
+    def binary_search(history):
+        low, high = 0, 7
+        for guess, answer in history:
+            low, high = (guess + 1, high) if answer == "higher" else (low, guess - 1)
+        return (low + high) // 2
+
+    seeds = range(48)
+    blind = sum(_play(env, s, fixed)[0] for s in seeds) / len(seeds)
+    searching = sum(_play(env, s, binary_search)[0] for s in seeds) / len(seeds)
+    assert 0.3 <= blind <= 0.65  # expectation 0.5 (4 of 8 equally likely numbers)
+    assert searching == 1.0
+
+
+def test_guess_number_penalises_actions_that_are_not_numbers(make_task):
+    env = make_task("agentenv/GuessNumber-v0")
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step("hello")
+    assert (obs, reward, terminated, info["valid"]) == ("invalid", -0.1, False, False)
+
+
+def test_guess_number_with_execs_answers_like_the_session(make_task):
+    fast, slow = make_task("agentenv/GuessNumber-v0"), make_task("agentenv/GuessNumber-v0", session=False)
+    assert fast.reset(seed=11)[0] == slow.reset(seed=11)[0]
+    assert [fast.step(str(g))[0] for g in range(4)] == [slow.step(str(g))[0] for g in range(4)]
+
+
+def test_find_value_is_solved_by_reading_the_files(make_task):
+    env = make_task("agentenv/FindValue-v0")
+    env.reset(seed=5)
+    listing, *_ = env.step("grep -r value .")
+    value = listing.split("value: ")[1].split()[0]
+    _, wrong, terminated, _, _ = env.step("submit 0")
+    assert terminated and wrong == 0.0
+    env.reset(seed=5)
+    _, reward, terminated, _, info = env.step(f"submit {value}")
+    assert terminated and reward == 1.0 and info["success"]
+
+
+def test_fix_code_reward_is_the_fraction_of_tests_passed(make_task):
+    env = make_task("agentenv/FixCode-v0")
+    seed = next(s for s in range(100) if problem_index(s) == 0)  # the `add` problem
+    env.reset(seed=seed)
+    source, *_ = env.step("cat mod.py")
+    assert "a - b" in source
+    _, reward, terminated, _, _ = env.step("submit")
+    assert terminated and reward == pytest.approx(1 / 4)  # only add(0, 0) == 0 passes
+    env.reset(seed=seed)
+    env.step("sed -i 's/a - b/a + b/' mod.py")
+    _, reward, terminated, _, info = env.step("submit")
+    assert terminated and reward == 1.0 and info["success"]
+
+
+def test_a_forked_task_continues_from_the_same_hidden_state(make_task):
+    env = make_task("agentenv/GuessNumber-v0")
+    first, _ = env.reset(seed=21)
+    forks = env.fork(2)
+    try:
+        answers = [[e.step(str(g))[0] for g in range(8)] for e in (env, *forks)]
+        assert answers[0] == answers[1] == answers[2]
+    finally:
+        for f in forks:
+            f.close()
