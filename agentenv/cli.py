@@ -70,7 +70,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "experimental": bool(version.get("Experimental")),
         "sandbox_user": probe.auto_user if probe else None,
         "can_checkpoint_other_uids": probe.can_checkpoint_other_uids if probe else None,
-        "probe": probe.detail if probe else "not probed: build the base image first (`agentenv images build`)",
+        "probe": probe.detail if probe else "not probed: build the base image first (agentenv images build)",
     }
 
     def human() -> None:
@@ -293,7 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
     except docker.errors.DockerException as e:
-        print(f"{PROG}: error: Docker: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"{PROG}: error: Docker: {first}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

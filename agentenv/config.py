@@ -59,6 +59,7 @@ class SandboxConfig:
     output_limit_bytes: int
     file_limit_bytes: int
     lock_timeout_s: float
+    fork_parallelism: int
     labels: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -72,7 +73,7 @@ class SandboxConfig:
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except FileNotFoundError:
-            raise ConfigError(f"sandbox config {path} does not exist (set AGENTENV_CONFIG to another file)") from None
+            raise ConfigError(f"sandbox config {path} does not exist (set AGENTENV_CONFIG)") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"sandbox config {path} is not valid YAML: {e}") from None
         if not isinstance(data, dict):
@@ -94,6 +95,7 @@ class SandboxConfig:
         try:
             d["cpus"] = float(d["cpus"])
             d["pids_limit"] = int(d["pids_limit"])
+            d["fork_parallelism"] = int(d["fork_parallelism"])
             d["exec_timeout_s"] = float(d["exec_timeout_s"])
             d["lock_timeout_s"] = float(d["lock_timeout_s"])
             d["output_limit_bytes"] = parse_size(d["output_limit_bytes"], "output_limit_bytes")
@@ -116,7 +118,7 @@ class SandboxConfig:
         return SandboxConfig.from_dict(d)
 
     def with_assignments(self, assignments: list[str]) -> SandboxConfig:
-        """Apply CLI `key=value` strings; values are parsed as YAML (`read_only=false`, `cap_add=[NET_RAW]`)."""
+        """Apply CLI `key=value` strings, values parsed as YAML (`read_only=false`, `cap_add=[NET_RAW]`)."""
         d = self.to_dict()
         for item in assignments:
             key, sep, raw = item.partition("=")
@@ -149,6 +151,8 @@ class SandboxConfig:
             raise ConfigError(f"cpus must be > 0, got {self.cpus}")
         if self.pids_limit < 8:
             raise ConfigError(f"pids_limit must be at least 8, got {self.pids_limit}")
+        if not 1 <= self.fork_parallelism <= 64:
+            raise ConfigError(f"fork_parallelism must be from 1 to 64, got {self.fork_parallelism}")
         if self.exec_timeout_s <= 0 or self.lock_timeout_s <= 0:
             raise ConfigError("exec_timeout_s and lock_timeout_s must be positive")
         if not self.workspace.startswith("/") or self.workspace.rstrip("/") in ("", "/"):

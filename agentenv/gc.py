@@ -57,7 +57,7 @@ def collect_garbage(dry_run: bool = False, stale_s: float = 600.0) -> GcReport:
                     report.closed.append(rec.id)
                     if not dry_run:
                         rt.backend.remove(ref)
-                        rt.registry.update_sandbox(rec.id, state="closed", reason="its container was gone (gc)")
+                        rt.registry.update_sandbox(rec.id, state="closed", reason="container gone (gc)")
                 elif rec.state == "running" and not st.running:
                     report.broken.append(rec.id)
                     if not dry_run:

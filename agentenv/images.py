@@ -91,6 +91,8 @@ def _local_image(tag: str) -> dict | None:
         return None
     except docker.errors.APIError as e:
         raise ImageError(f"cannot inspect image {tag}: {e.explanation or e}") from None
+    except BackendUnavailable:
+        raise
     except Exception as e:  # connection refused and friends
         raise docker_client.unavailable(e) from None
 
@@ -128,7 +130,8 @@ def _run(cmd: list[str], quiet: bool, what: str) -> None:
         raise BackendUnavailable(f"{what}: {e.filename} is not installed; run `make bootstrap`") from None
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout or "").splitlines()[-15:])
-        raise ImageError(f"{what} failed (exit {proc.returncode})" + (f"; last output:\n{tail}" if tail else ""))
+        last = f"; last output:\n{tail}" if tail else ""
+        raise ImageError(f"{what} failed (exit {proc.returncode}){last}")
 
 
 def build(name: str = "base", force: bool = False, quiet: bool = False) -> ImageInfo:

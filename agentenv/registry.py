@@ -37,7 +37,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     sandbox_id  TEXT NOT NULL,
     path        TEXT NOT NULL,            -- the CRIU image directory on local disk
     bytes       INTEGER NOT NULL,
-    marker      TEXT NOT NULL,            -- nonce written into the sandbox before the dump; checked after restore
+    marker      TEXT NOT NULL,            -- nonce written before the dump, checked after restore
     duration_s  REAL NOT NULL,
     created_at  REAL NOT NULL
 );

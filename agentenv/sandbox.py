@@ -13,6 +13,7 @@ import shlex
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,7 +105,7 @@ class Sandbox:
     @classmethod
     def create(cls, image: str | None = None, memory: str | None = None, cpus: float | None = None,
                config: SandboxConfig | None = None, labels: Mapping[str, str] | None = None) -> Sandbox:
-        """Start a new sandbox. `image`/`memory`/`cpus` override `config` (default: conf/sandbox/default.yaml)."""
+        """Start a new sandbox; `image`/`memory`/`cpus` override `config` (conf/sandbox/default.yaml)."""
         rt = runtime()
         cfg = (config or SandboxConfig.load()).replace(image=image, memory=memory, cpus=cpus)
         tag = rt.backend.resolve_image(cfg.image)
@@ -136,7 +137,7 @@ class Sandbox:
                                       "(`agentenv ls` lists them)")
             if len(matches) > 1:
                 ids = ", ".join(m.id for m in matches[:5])
-                raise SandboxNotFound(f"sandbox id prefix {sandbox_id!r} is ambiguous ({ids}); give more of it")
+                raise SandboxNotFound(f"sandbox id prefix {sandbox_id!r} is ambiguous ({ids}); give more")
             rec = matches[0]
         return cls(rec, rt)
 
@@ -236,7 +237,8 @@ class Sandbox:
             oom = self._check_oom(rec)
         result = raw.decoded(oom_killed=oom)
         if result.timed_out and raise_on_timeout:
-            raise ExecTimeout(f"command timed out after {timeout_s:g} s in sandbox {self.id}: {cmd!r}", result)
+            raise ExecTimeout(f"command timed out after {timeout_s:g} s in sandbox {self.id}: {cmd!r}",
+                              result)
         return result
 
     def _backend_exec(self, rec: SandboxRecord, argv: list[str], **kw):
@@ -278,7 +280,7 @@ class Sandbox:
 
     # ---- files -------------------------------------------------------------------------------
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
-        """Write a file below the work dir (parents created); `..`, other absolutes and symlinks out refused."""
+        """Write a file below the work dir (parents created); paths leading out of it are refused."""
         rec = self._record()
         if rec.state != "running":
             raise _state_error(rec, "write files in")
@@ -288,10 +290,12 @@ class Sandbox:
         if not isinstance(payload, bytes | bytearray):
             raise AgentEnvError(f"data must be bytes or str, got {type(data).__name__}")
         if len(payload) > cfg.file_limit_bytes:
-            raise AgentEnvError(f"file of {len(payload)} bytes exceeds file_limit_bytes={cfg.file_limit_bytes}")
+            raise AgentEnvError(f"file of {len(payload)} bytes exceeds file_limit_bytes="
+                                f"{cfg.file_limit_bytes}")
         if not isinstance(mode, int) or not 0 <= mode <= 0o7777:
             raise AgentEnvError(f"mode must be an int permission like 0o644, got {mode!r}")
-        script = _confine(cfg.workspace) + 'mkdir -p -- "$(dirname -- "$p")" && cat > "$p" && chmod "$2" -- "$p"'
+        script = _confine(cfg.workspace) + (
+            'mkdir -p -- "$(dirname -- "$p")" && cat > "$p" && chmod "$2" -- "$p"')
         raw = self._backend_exec(rec, ["sh", "-c", script, "sh", full, format(mode, "o")],
                                  timeout_s=cfg.exec_timeout_s, output_limit=64 * 1024, stdin=bytes(payload))
         self._file_error(raw, path, "write")
@@ -305,7 +309,8 @@ class Sandbox:
         full = workspace_path(path, cfg.workspace)
         script = _confine(cfg.workspace) + (
             f'[ -f "$p" ] || {{ echo "no such file: $p" >&2; exit 2; }}; '
-            f'[ "$(stat -c %s -- "$p")" -le {cfg.file_limit_bytes} ] || exit {_EXIT_TOO_BIG}; exec cat -- "$p"')
+            f'[ "$(stat -c %s -- "$p")" -le {cfg.file_limit_bytes} ] || exit {_EXIT_TOO_BIG}; '
+            'exec cat -- "$p"')
         raw = self._backend_exec(rec, ["sh", "-c", script, "sh", full], timeout_s=cfg.exec_timeout_s,
                                  output_limit=cfg.file_limit_bytes)
         self._file_error(raw, path, "read")
@@ -319,7 +324,8 @@ class Sandbox:
             raise PathOutsideWorkspace(f"{verb} {path!r} refused: {msg}")
         if raw.exit_code == _EXIT_TOO_BIG:
             raise AgentEnvError(f"{path!r} is bigger than file_limit_bytes={self.config.file_limit_bytes}")
-        raise AgentEnvError(f"could not {verb} {path!r} in sandbox {self.id}: {msg or f'exit {raw.exit_code}'}")
+        msg = msg or f"exit {raw.exit_code}"
+        raise AgentEnvError(f"could not {verb} {path!r} in sandbox {self.id}: {msg}")
 
     # ---- pause / resume / fork ----------------------------------------------------------------
     def pause(self) -> None:
@@ -362,7 +368,7 @@ class Sandbox:
     def _resume_locked(self, rec: SandboxRecord) -> None:
         row = self._rt.registry.latest_checkpoint(self.id)
         if row is None:
-            self._rt.registry.update_sandbox(self.id, state="broken", reason="paused but no checkpoint recorded")
+            self._rt.registry.update_sandbox(self.id, state="broken", reason="paused without a checkpoint")
             raise CheckpointError(f"sandbox {self.id} is paused but has no checkpoint in the registry")
         ck = _checkpoint(row)
         try:
@@ -370,7 +376,7 @@ class Sandbox:
         except CheckpointError as e:
             # The checkpoint stays on disk and the sandbox stays paused: retry, fork, or remove it.
             self._rt.registry.update_sandbox(self.id, reason=f"last resume failed: {e}")
-            raise CheckpointError(f"sandbox {self.id}: {e}; it stays paused (retry, or `agentenv rm`)") from None
+            raise CheckpointError(f"sandbox {self.id}: {e}; it stays paused (retry or remove it)") from None
         self._rt.backend.discard_checkpoint(self._ref(rec), ck)
         self._rt.registry.delete_checkpoint(ck.id)
         self._rt.registry.update_sandbox(self.id, state="running", reason=None)
@@ -390,36 +396,49 @@ class Sandbox:
             if row is None:
                 raise CheckpointError(f"sandbox {self.id} is paused but has no checkpoint in the registry")
             try:
-                return self._fork_from(self._record(), _checkpoint(row), n)
-            finally:
+                forks = self._fork_from(self._record(), _checkpoint(row), n)
+            except BaseException:
                 if was_running:
                     self._resume_locked(self._record())
+                raise
+            if was_running:
+                try:
+                    self._resume_locked(self._record())
+                except CheckpointError as e:
+                    ids = ", ".join(f.id for f in forks)
+                    raise CheckpointError(f"forks {ids} were created, but {e}") from None
+            return forks
 
     def _fork_from(self, rec: SandboxRecord, ck: Checkpoint, n: int) -> list[Sandbox]:
+        """Restore `ck` into n new sandboxes, a few at a time; all or nothing."""
         cfg = self.config
-        made: list[tuple[str, ContainerRef | None]] = []
-        try:
-            for _ in range(n):
-                sid = secrets.token_hex(6)
-                self._rt.registry.insert_sandbox(id=sid, state="creating", image=rec.image, user=rec.user,
-                                                 config=rec.config, labels=rec.labels, parent_id=rec.id,
-                                                 parent_checkpoint=ck.id)
-                made.append((sid, None))
-                spec = ContainerSpec(sid, rec.image, rec.user, cfg, {**rec.labels, LABEL_HOME: str(self._rt.home)})
-                ref = self._rt.backend.fork(self._ref(rec), ck, spec)
-                made[-1] = (sid, ref)
-                self._rt.registry.update_sandbox(sid, state="running", container=ref.container,
-                                                 volume=ref.volume)
-        except BaseException:
-            for sid, ref in made:  # all or nothing
-                if ref is not None:
-                    self._rt.backend.remove(ref)
+        ids = [secrets.token_hex(6) for _ in range(n)]
+        for sid in ids:  # rows first, so that gc sees forks in progress as 'creating'
+            self._rt.registry.insert_sandbox(id=sid, state="creating", image=rec.image, user=rec.user,
+                                             config=rec.config, labels=rec.labels, parent_id=rec.id,
+                                             parent_checkpoint=ck.id)
+
+        def one(sid: str) -> ContainerRef:
+            labels = {**rec.labels, LABEL_HOME: str(self._rt.home)}
+            spec = ContainerSpec(sid, rec.image, rec.user, cfg, labels)
+            ref = self._rt.backend.fork(self._ref(rec), ck, spec)
+            self._rt.registry.update_sandbox(sid, state="running", container=ref.container, volume=ref.volume)
+            return ref
+
+        with ThreadPoolExecutor(max_workers=min(n, cfg.fork_parallelism)) as pool:
+            futures = [pool.submit(one, sid) for sid in ids]
+            wait(futures)
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            for sid, fut in zip(ids, futures, strict=True):
+                if fut.exception() is None:
+                    self._rt.backend.remove(fut.result())
                 self._rt.registry.delete_sandbox(sid)
-            raise
-        return [Sandbox.get(sid) for sid, _ in made]
+            raise errors[0]
+        return [Sandbox.get(sid) for sid in ids]
 
     def close(self) -> None:
-        """Remove the container, its volume and checkpoints (idempotent). The registry keeps a 'closed' row."""
+        """Remove the container, its volume and checkpoints (idempotent); the registry keeps the row."""
         with self._lock("close"):
             rec = self._record()
             if rec.state == "closed":
@@ -441,7 +460,8 @@ class Sandbox:
         rss, cpu, pids, _oom = (0, 0.0, 0, 0) if rec.state == "closed" else \
             self._rt.backend.usage(self._ref(rec))
         row = self._rt.registry.latest_checkpoint(self.id)
-        return SandboxStats(id=self.id, state=rec.state, rss_bytes=rss, cpu_seconds=rec.cpu_seconds_before + cpu,
+        return SandboxStats(id=self.id, state=rec.state, rss_bytes=rss,
+                            cpu_seconds=rec.cpu_seconds_before + cpu,
                             checkpoint_bytes=row.bytes if row else 0, pids=pids,
                             memory_limit_bytes=self.config.memory_bytes, user=rec.user)
 

@@ -32,8 +32,7 @@ import docker
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agentenv.fastpath import FastPath  # noqa: E402
-from agentenv.fastpath import dockerlink  # noqa: E402
+from agentenv.fastpath import FastPath, dockerlink  # noqa: E402
 from agentenv.fastpath.clone import remove_container  # noqa: E402
 from agentenv.fastpath.procs import memory_bytes  # noqa: E402
 
@@ -156,7 +155,8 @@ class Bench:
 
     def _mounts(self, cid: str) -> list[dict]:
         try:
-            return [m for m in self.api.inspect_container(cid).get("Mounts") or [] if m.get("Type") == "volume"]
+            mounts = self.api.inspect_container(cid).get("Mounts") or []
+            return [m for m in mounts if m.get("Type") == "volume"]
         except docker.errors.NotFound:
             return []
 
@@ -186,7 +186,8 @@ class Bench:
         res = self.api._post(self.api._url("/containers/{0}/start", cid), params={"checkpoint": name})
         self.api._raise_for_status(res)
         resume = time.perf_counter() - t
-        self.api._raise_for_status(self.api._delete(self.api._url("/containers/{0}/checkpoints/{1}", cid, name)))
+        url = self.api._url("/containers/{0}/checkpoints/{1}", cid, name)
+        self.api._raise_for_status(self.api._delete(url))
         dockerlink.remove_unpacked_copies(self.fp.settings.containerd_tmp, {token})
         return pause, resume
 
@@ -242,22 +243,12 @@ class Bench:
         self.fp.pause(cid)
         warm, fork8 = Samples(), Samples()
         for _ in range(self.args.fork_reps):
-            ids: list[str] = []
-
-            def fork1() -> None:
-                ids.extend(self.fp.fork(cid, 1))
-
-            warm.add(timed(fork1))
-            for f in ids:
-                self.remove(f)
-            ids.clear()
-
-            def fork_n() -> None:
-                ids.extend(self.fp.fork(cid, 8))
-
-            fork8.add(timed(fork_n))
-            for f in ids:
-                self.remove(f)
+            for n, samples in ((1, warm), (8, fork8)):
+                t = time.perf_counter()
+                ids = self.fp.fork(cid, n)
+                samples.add(time.perf_counter() - t)
+                for f in ids:
+                    self.remove(f)
         out.update(warm=warm, fork8=fork8)
         self.remove(cid)
         return out
@@ -295,7 +286,7 @@ def ratio(a: Samples, b: Samples) -> str:
     return f"{a.p50 / b.p50:.2f}×" if a.values and b.values else "–"
 
 
-def render(results: dict[int, dict], dens: dict | None, args: argparse.Namespace, load: tuple, cmd: str) -> str:
+def render(results: dict[int, dict], dens: dict | None, load: tuple, cmd: str) -> str:
     lines = [
         f"Command: `{cmd}`  ",
         f"Machine: {platform.node()}, {os.cpu_count()} cores, Docker 20.10 + containerd 1.6 + runc 1.1 + "
@@ -303,16 +294,20 @@ def render(results: dict[int, dict], dens: dict | None, args: argparse.Namespace
         f"{load[0]:.2f} / {load[1]:.2f}"
         + (" — **taken under load** (other jobs shared the cores)." if max(load) > 0.7 else "."),
         "",
-        "Seconds, median / p90 of the repetitions; ratio = fast path ÷ Docker's checkpoint path (target ≤ 0.3×).",
+        "Seconds, median / p90 of the repetitions; ratio = fast path ÷ Docker's checkpoint path "
+        "(target ≤ 0.3×).",
         "",
-        "| memory | fast pause | Docker checkpoint | ratio | fast resume | Docker restore | ratio | "
+        "| touched memory (RSS) | fast pause | Docker checkpoint | ratio | fast resume | Docker restore "
+        "| ratio | "
         "fork(8) | warm start (fork 1) | cold start (run + rebuild) | docker pause / unpause | "
         "RSS paused: fast / docker pause | image on disk |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mb, r in results.items():
         lines.append(
-            f"| {mb} MiB | {r['fp_pause'].fmt()} | {r['dk_pause'].fmt()} | {ratio(r['fp_pause'], r['dk_pause'])} | "
+            f"| {mb} MiB (RSS {r['running_rss'] / MiB:.0f} MiB) | {r['fp_pause'].fmt()} | "
+            f"{r['dk_pause'].fmt()} | "
+            f"{ratio(r['fp_pause'], r['dk_pause'])} | "
             f"{r['fp_resume'].fmt()} | {r['dk_resume'].fmt()} | {ratio(r['fp_resume'], r['dk_resume'])} | "
             f"{r['fork8'].fmt()} | {r['warm'].fmt()} | {r['cold'].fmt()} | "
             f"{r['fz_pause'].p50:.3f} / {r['fz_resume'].p50:.3f} | "
@@ -326,20 +321,21 @@ def render(results: dict[int, dict], dens: dict | None, args: argparse.Namespace
             f"{ratio(r['fp_resume'], r['dk_resume'])} of Docker's path; warm start "
             f"{ratio(r['warm'], r['cold'])} of cold start (target ≤ 0.5×); fork(8) = "
             f"{r['fork8'].p50 / one:.1f}× one resume (target ≤ 3×); pause rate "
-            f"{r['fp_pause'].p50 / (mb / 1024):.2f} s/GiB (target at 512 MiB ≤ 2 s/GiB)."
+            f"{r['fp_pause'].p50 / (r['image'] / 2**30):.2f} s per GiB of image "
+            "(target at 512 MiB ≤ 2 s/GiB)."
         )
     if dens:
         per = dens["running_total"] / dens["n"]
-        budget = dens["budget"]
+        budget, cap, disk = dens["budget"], FastPathHost.disk_cap, dens["disk"]
         lines += [
             "",
-            f"Density at 128 MiB, memory budget {budget / 2**30:.0f} GiB: {dens['n']} sandboxes forked from one "
-            f"template held {dens['running_total'] / MiB:.0f} MiB running ({per / MiB:.0f} MiB each) and "
-            f"{dens['paused_total'] / MiB:.0f} MiB paused ({dens['disk'] / MiB:.0f} MiB of disk each); each paused "
-            f"one was reachable again in {dens['reach'].fmt()} s (resume p50 / p90). Running, the budget holds "
-            f"{int(budget // per)} sandboxes; paused it holds any number (bounded by disk: "
-            f"{int(FastPathHost.disk_cap // dens['disk'])} at the {FastPathHost.disk_cap / 2**30:.0f} GiB disk cap), "
-            f"each within one resume; with a pool keeping k active, k·{per / MiB:.0f} MiB of RAM is all it takes.",
+            f"Density at 128 MiB, memory budget {budget / 2**30:.0f} GiB: {dens['n']} sandboxes forked "
+            f"from one template held {dens['running_total'] / MiB:.0f} MiB running ({per / MiB:.0f} MiB "
+            f"each) and {dens['paused_total'] / MiB:.0f} MiB paused ({disk / MiB:.0f} MiB of disk each); "
+            f"each paused one was reachable again in {dens['reach'].fmt()} s (resume p50 / p90). Running, "
+            f"the budget holds {int(budget // per)} sandboxes; paused, the number is bounded by disk, not "
+            f"memory ({int(cap // disk)} at the {cap / 2**30:.0f} GiB disk cap), each one resume away; a "
+            f"pool keeping k active needs k × {per / MiB:.0f} MiB of RAM.",
         ]
     lines += [
         "",
@@ -381,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="16 and 128 MiB, fewer repetitions (~3 min)")
     ap.add_argument("--sizes", default=None, help="comma-separated MiB (default 16,128,512; quick 16,128)")
     ap.add_argument("--reps", type=int, default=None, help="pause/resume repetitions per size")
-    ap.add_argument("--rows", type=int, default=400_000, help="SQLite rows the workload builds (cold-start cost)")
+    ap.add_argument("--rows", type=int, default=400_000, help="SQLite rows the workload builds (cold start)")
     ap.add_argument("--density", type=int, default=None, help="sandboxes in the density run (0 = skip)")
     ap.add_argument("--budget-gib", type=float, default=4.0, help="memory budget of the density figure")
     ap.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
@@ -412,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         bench.cleanup()
     cmd = "python bench/sandbox.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = render(results, dens, args, (load0, os.getloadavg()[0]), cmd.strip())
+    text = render(results, dens, (load0, os.getloadavg()[0]), cmd.strip())
     print(text)
     if not args.no_write:
         write_section(text)

@@ -2,7 +2,8 @@
 
 Per KDA layer: the recurrent state S [B, H, dk, dv] (fp32) and the last (kernel-1) inputs of the q, k and v
 short convolutions. Per MLA layer: the normalised latent c_kv [B, S, kv_lora] and the shared unrotated key
-dims k_extra [B, S, rope] (576 values per token at full size), stored in a buffer that grows by doubling.
+dims k_extra [B, S, rope] (576 values per token at full size), side by side in one buffer that grows by
+doubling.
 `K3Cache.key_mask` [B, S] remembers which cached positions are real tokens (left padding).
 """
 
@@ -32,43 +33,45 @@ class KDALayerCache:
 
 @dataclass
 class MLALayerCache:
-    """Latent KV of one MLA layer, with amortised O(1) appends."""
+    """Latent KV of one MLA layer in one buffer [B, capacity, kv_lora + rope], with amortised O(1) appends.
 
-    c_kv: torch.Tensor | None = None  # [B, capacity, kv_lora]
-    k_extra: torch.Tensor | None = None  # [B, capacity, rope]
+    Keeping c_kv and k_extra side by side makes the absorbed (MQA) key a view of the buffer, no copy.
+    """
+
+    latent: torch.Tensor | None = None  # [B, capacity, kv_lora + rope]
+    kv_lora_rank: int = 0
     length: int = 0
 
-    def append(self, c_kv: torch.Tensor, k_extra: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append [B, T, *] latents; return views of everything cached so far."""
+    def append(self, c_kv: torch.Tensor, k_extra: torch.Tensor) -> torch.Tensor:
+        """Append [B, T, kv_lora] and [B, T, rope]; return all cached so far, [B, S, kv_lora + rope]."""
         new = c_kv.shape[1]
-        if self.c_kv is None or self.length + new > self.c_kv.shape[1]:
+        if self.latent is None or self.length + new > self.latent.shape[1]:
             capacity = max(2 * (self.length + new), 16)
-            self.c_kv = _grow(self.c_kv, c_kv, capacity, self.length)
-            self.k_extra = _grow(self.k_extra, k_extra, capacity, self.length)
-        self.c_kv[:, self.length : self.length + new] = c_kv
-        self.k_extra[:, self.length : self.length + new] = k_extra
+            buf = c_kv.new_zeros(c_kv.shape[0], capacity, c_kv.shape[2] + k_extra.shape[2])
+            if self.latent is not None and self.length:
+                buf[:, : self.length] = self.latent[:, : self.length]
+            self.latent, self.kv_lora_rank = buf, c_kv.shape[2]
+        self.latent[:, self.length : self.length + new, : self.kv_lora_rank] = c_kv
+        self.latent[:, self.length : self.length + new, self.kv_lora_rank :] = k_extra
         self.length += new
-        return self.c_kv[:, : self.length], self.k_extra[:, : self.length]
+        return self.latent[:, : self.length]
+
+    @property
+    def c_kv(self) -> torch.Tensor | None:
+        return None if self.latent is None else self.latent[:, : self.length, : self.kv_lora_rank]
+
+    @property
+    def k_extra(self) -> torch.Tensor | None:
+        return None if self.latent is None else self.latent[:, : self.length, self.kv_lora_rank :]
 
     def select(self, index: torch.Tensor) -> None:
-        if self.c_kv is not None:
-            self.c_kv = self.c_kv.index_select(0, index)
-            self.k_extra = self.k_extra.index_select(0, index)
+        if self.latent is not None:
+            self.latent = self.latent.index_select(0, index)
 
     def nbytes(self) -> int:
-        if self.c_kv is None:
+        if self.latent is None:
             return 0
-        return self.length * (
-            self.c_kv.shape[0] * self.c_kv.shape[2] * self.c_kv.element_size()
-            + self.k_extra.shape[0] * self.k_extra.shape[2] * self.k_extra.element_size()
-        )
-
-
-def _grow(old: torch.Tensor | None, like: torch.Tensor, capacity: int, length: int) -> torch.Tensor:
-    buf = like.new_zeros(like.shape[0], capacity, like.shape[2])
-    if old is not None and length:
-        buf[:, :length] = old[:, :length]
-    return buf
+        return self.latent.shape[0] * self.length * self.latent.shape[2] * self.latent.element_size()
 
 
 class K3Cache:
@@ -115,4 +118,4 @@ class K3Cache:
 def _device_of(layer: KDALayerCache | MLALayerCache) -> torch.device | None:
     if isinstance(layer, KDALayerCache):
         return layer.state.device if layer.state is not None else None
-    return layer.c_kv.device if layer.c_kv is not None else None
+    return layer.latent.device if layer.latent is not None else None

@@ -153,6 +153,13 @@ class K3ForCausalLM(nn.Module):
         layers = [KDALayerCache() if layer.is_kda else MLALayerCache() for layer in self.model.layers]
         return K3Cache(layers, batch_size)
 
+    def invalidate_weight_caches(self) -> None:
+        """Drop the stacked expert weights reused across decode steps (needed only after writing weights
+        through `param.data`; optimizer steps, `load_state_dict` and `param.copy_` are detected)."""
+        for layer in self.model.layers:
+            if layer.is_moe:
+                layer.block_sparse_moe.invalidate_weight_cache()
+
     def moe_routers(self) -> list[TopKRouter]:
         """The router of every MoE layer, in layer order (for `update_bias` after each learner step)."""
         return [layer.block_sparse_moe.gate for layer in self.model.layers if layer.is_moe]

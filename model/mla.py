@@ -76,10 +76,11 @@ class MultiHeadLatentAttention(nn.Module):
         past = 0
         if cache is not None:
             past = cache.length
-            c_kv, k_extra = cache.append(c_kv, k_extra)
+            latent = cache.append(c_kv, k_extra)  # [B, S, kv_lora + rope]
+            c_kv, k_extra = latent[..., : self.kv_lora_rank], latent[..., self.kv_lora_rank :]
         mask = self._mask(B, T, past, key_valid, x.device)  # [B, 1, T, S] bool, True = attend
         if cache is not None and past > 0:
-            o = self._attend_absorbed(q, c_kv, k_extra, mask)
+            o = self._attend_absorbed(q, latent, mask)
         else:
             o = self._attend_expanded(q, c_kv, k_extra, mask)
         o = o.flatten(-2)  # [B, T, H*v]
@@ -109,8 +110,9 @@ class MultiHeadLatentAttention(nn.Module):
         )
         return o.transpose(1, 2)
 
-    def _attend_absorbed(self, q, c_kv, k_extra, mask) -> torch.Tensor:
-        """Absorbed (MQA) form on the latent cache: q~ = W_UK^T q_nope; o = W_UV (softmax . c_kv)."""
+    def _attend_absorbed(self, q, latent, mask) -> torch.Tensor:
+        """Absorbed (MQA) form on the latent cache [B, S, kv_lora + rope]: q~ = W_UK^T q_nope;
+        score = [q~; q_extra] . [c_kv; k_extra]; o = W_UV (softmax . c_kv)."""
         w = self.kv_b_proj.weight.unflatten(
             0, (self.num_heads, self.nope + self.v_dim)
         )  # [H, nope+v, kv_lora]
@@ -118,9 +120,9 @@ class MultiHeadLatentAttention(nn.Module):
         q_nope, q_extra = q.split([self.nope, self.extra], dim=-1)
         q_lat = torch.einsum("bthn,hnc->bhtc", q_nope, w_uk)  # [B, H, T, kv_lora]
         query = torch.cat([q_lat, q_extra.transpose(1, 2)], dim=-1)
-        key = torch.cat([c_kv, k_extra], dim=-1).unsqueeze(1)  # [B, 1, S, kv_lora + rope]
+        key = latent.unsqueeze(1)  # [B, 1, S, kv_lora + rope]: one key head shared by all query heads
         scores = (query @ key.transpose(-1, -2)).float() * self.scale  # [B, H, T, S]
         scores = scores.masked_fill(~mask, float("-inf"))
-        p = torch.softmax(scores, dim=-1).to(c_kv.dtype)
-        o_lat = p @ c_kv.unsqueeze(1)  # [B, H, T, kv_lora]
+        p = torch.softmax(scores, dim=-1).to(latent.dtype)
+        o_lat = p @ key[..., : self.kv_lora_rank]  # [B, H, T, kv_lora]
         return torch.einsum("bhtc,hvc->bthv", o_lat, w_uv)

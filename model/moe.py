@@ -122,15 +122,40 @@ class LatentMoE(nn.Module):
         return y.reshape(shape), stats
 
     def _routed(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        w_gate = torch.stack([e.w1.weight for e in self.experts])  # [E, I, l]
-        w_up = torch.stack([e.w3.weight for e in self.experts])
-        w_down = torch.stack([e.w2.weight for e in self.experts])  # [E, l, I]
+        w_gate, w_up, w_down = self._stacked_expert_weights()
         if self.cfg.hidden_act == "situ":
             return moe_experts(
                 h, ids, weights.to(h.dtype), w_gate, w_up, w_down,
                 self.cfg.activation_situ_beta, self.cfg.activation_situ_linear_beta,
             )  # fmt: skip
         return _experts_loop(h, ids, weights.to(h.dtype), w_gate, w_up, w_down, self.activation)
+
+    def _stacked_expert_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The experts' weights as [E, I, l], [E, I, l], [E, l, I] for `kernels.moe_experts`.
+
+        The per-expert modules keep the checkpoint names (and `named_parameters()` yields them, as weight
+        sync needs). With autograd on, the stack is rebuilt each call so gradients reach every expert;
+        without it (decoding) the stack is reused until a weight changes: in-place updates through the
+        parameter (optimizer steps, `load_state_dict`, `p.copy_` under no_grad) bump its version and are
+        seen; writes through `p.data` are not, so call `K3ForCausalLM.invalidate_weight_caches()` after them.
+        """
+        params = [p for e in self.experts for p in (e.w1.weight, e.w3.weight, e.w2.weight)]
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            self._stack_cache = None
+            return self._stack(params)
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        cached = getattr(self, "_stack_cache", None)
+        if cached is None or cached[0] != key:
+            cached = (key, self._stack(params))
+            self._stack_cache = cached
+        return cached[1]
+
+    def invalidate_weight_cache(self) -> None:
+        self._stack_cache = None
+
+    @staticmethod
+    def _stack(params: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return tuple(torch.stack(params[i::3]) for i in range(3))  # type: ignore[return-value]
 
 
 def _experts_loop(h, ids, weights, w_gate, w_up, w_down, activation) -> torch.Tensor:

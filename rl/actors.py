@@ -9,6 +9,7 @@ for another version than the one it holds (`StaleWeights`).
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import ray
@@ -34,25 +35,38 @@ class RolloutWorker:
         self.index = index
         self.tokenizer = build_tokenizer(cfg["tokenizer"])
         self.model = build_policy(cfg["model"], int(cfg["seed"]))
-        self.engine = build_engine(cfg["rollout"], self.model, self.tokenizer)
+        self.engine = build_engine(
+            cfg["rollout"], self.model, self.tokenizer, cfg["env"].get("action_vocabulary")
+        )
         self.runner = EpisodeRunner(cfg["env"], cfg["rollout"], self.engine, self.tokenizer)
         self.version = -1
         self.restarted = False
         if ray.is_initialized() and ray.get_runtime_context().get_actor_id():
-            self.restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
+            with warnings.catch_warnings():  # the property is fine; its implementation warns internally
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self.restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
     def ready(self) -> bool:
         return True
 
     def load_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> int:
         if version < self.version:
-            raise StaleWeights(f"worker {self.index} holds weights v{self.version}; refusing older v{version}")
+            raise StaleWeights(
+                f"worker {self.index} holds weights v{self.version}; refusing older v{version}"
+            )
         self.model.load_state_dict(state_dict)
         self.version = version
         return version
 
-    def rollout(self, seeds: list[int], group_size: int, first_group: int, sample_seed: int,
-                expected_version: int, iteration: int):
+    def rollout(
+        self,
+        seeds: list[int],
+        group_size: int,
+        first_group: int,
+        sample_seed: int,
+        expected_version: int,
+        iteration: int,
+    ):
         """Episodes of the groups started from ``seeds``; sampling is seeded by ``sample_seed``."""
         if self.version != expected_version:
             raise StaleWeights(
@@ -80,4 +94,3 @@ class LearnerActor(Learner):
     def publish(self):
         """``(version, state_dict)`` as two Ray objects (call with ``num_returns=2``)."""
         return self.weights()
-

@@ -5,6 +5,7 @@ Run before any actor or sandbox starts, so that a typo costs a second, not a Ray
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import gymnasium
@@ -24,29 +25,58 @@ def _require(condition: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
+def _registered(env_id: str) -> bool:
+    """True if ``env_id`` (or ``module:env_id``, gymnasium's import-then-lookup form) is registered."""
+    if ":" in env_id:
+        module, env_id = env_id.split(":", 1)
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f"env.id: cannot import module {module!r}: {exc}") from None
+    return env_id in gymnasium.registry
+
+
 def validate(cfg: dict[str, Any]) -> None:
     """Check a resolved config (plain dict, see ``OmegaConf.to_container``); raise `ConfigError`."""
     for section in ("algo", "env", "rollout", "trainer", "model", "tokenizer"):
         _require(isinstance(cfg.get(section), dict), section, "missing config section")
     algo, env, rollout, trainer = cfg["algo"], cfg["env"], cfg["rollout"], cfg["trainer"]
 
-    _require(algo.get("name") in ALGO_ADVANTAGES, "algo.name",
-             f"{algo.get('name')!r} is unknown; choose one of {sorted(ALGO_ADVANTAGES)}")
-    _require(algo.get("advantage") in ("grpo", "rloo", "gae"), "algo.advantage",
-             f"{algo.get('advantage')!r} is unknown; use grpo, rloo or gae")
+    _require(
+        algo.get("name") in ALGO_ADVANTAGES,
+        "algo.name",
+        f"{algo.get('name')!r} is unknown; choose one of {sorted(ALGO_ADVANTAGES)}",
+    )
+    _require(
+        algo.get("advantage") in ("grpo", "rloo", "gae"),
+        "algo.advantage",
+        f"{algo.get('advantage')!r} is unknown; use grpo, rloo or gae",
+    )
     group, episodes = int(algo["group_size"]), int(algo["episodes_per_step"])
     if algo["advantage"] in ("grpo", "rloo"):
-        _require(group >= 2, "algo.group_size",
-                 f"{algo['advantage'].upper()} needs groups of at least 2 episodes to compare, got {group}")
+        _require(
+            group >= 2,
+            "algo.group_size",
+            f"{algo['advantage'].upper()} needs groups of at least 2 episodes to compare, got {group}",
+        )
     _require(group >= 1, "algo.group_size", f"must be >= 1, got {group}")
-    _require(episodes >= 1 and episodes % group == 0, "algo.episodes_per_step",
-             f"{episodes} episodes per step cannot be split into groups of algo.group_size={group}")
+    _require(
+        episodes >= 1 and episodes % group == 0,
+        "algo.episodes_per_step",
+        f"{episodes} episodes per step cannot be split into groups of algo.group_size={group}",
+    )
     for key in ("clip_low", "clip_high"):
         _require(0 < float(algo[key]) < 1, f"algo.{key}", f"must be in (0, 1), got {algo[key]}")
-    _require(algo["loss_aggregation"] in LOSS_AGGREGATIONS, "algo.loss_aggregation",
-             f"{algo['loss_aggregation']!r} is unknown; choose one of {list(LOSS_AGGREGATIONS)}")
-    _require(algo["kl_estimator"] in KL_ESTIMATORS, "algo.kl_estimator",
-             f"{algo['kl_estimator']!r} is unknown; choose one of {list(KL_ESTIMATORS)}")
+    _require(
+        algo["loss_aggregation"] in LOSS_AGGREGATIONS,
+        "algo.loss_aggregation",
+        f"{algo['loss_aggregation']!r} is unknown; choose one of {list(LOSS_AGGREGATIONS)}",
+    )
+    _require(
+        algo["kl_estimator"] in KL_ESTIMATORS,
+        "algo.kl_estimator",
+        f"{algo['kl_estimator']!r} is unknown; choose one of {list(KL_ESTIMATORS)}",
+    )
     _require(float(algo["lr"]) > 0, "algo.lr", f"must be > 0, got {algo['lr']}")
     _require(float(algo["kl_coef"]) >= 0, "algo.kl_coef", f"must be >= 0, got {algo['kl_coef']}")
     if algo.get("tis_cap") is not None:
@@ -55,16 +85,29 @@ def validate(cfg: dict[str, Any]) -> None:
         for key in ("gamma", "lam"):
             _require(0 <= float(algo[key]) <= 1, f"algo.{key}", f"must be in [0, 1], got {algo[key]}")
 
-    _require(env.get("id") in gymnasium.registry, "env.id",
-             f"{env.get('id')!r} is not a registered gymnasium env (import the module that registers it)")
-    _require(env.get("group_start") in ("fork", "seed"), "env.group_start",
-             f"{env.get('group_start')!r}; use 'fork' (reset once, fork the sandbox) or 'seed'")
+    _require(
+        _registered(str(env.get("id"))),
+        "env.id",
+        f"{env.get('id')!r} is not a registered gymnasium env; register it with gymnasium.register and "
+        "name it as 'your_module:Name-v0' so that the module is imported first",
+    )
+    _require(
+        env.get("group_start") in ("fork", "seed"),
+        "env.group_start",
+        f"{env.get('group_start')!r}; use 'fork' (reset once, fork the sandbox) or 'seed'",
+    )
     _require(int(env["max_new_tokens"]) >= 1, "env.max_new_tokens", "must be >= 1")
-    _require(int(env["max_episode_tokens"]) > int(env["max_new_tokens"]), "env.max_episode_tokens",
-             "must be larger than env.max_new_tokens")
+    _require(
+        int(env["max_episode_tokens"]) > int(env["max_new_tokens"]),
+        "env.max_episode_tokens",
+        "must be larger than env.max_new_tokens",
+    )
 
-    _require(rollout.get("engine") in ("torch", "vllm"), "rollout.engine",
-             f"{rollout.get('engine')!r} is unknown; use torch or vllm")
+    _require(
+        rollout.get("engine") in ("torch", "vllm"),
+        "rollout.engine",
+        f"{rollout.get('engine')!r} is unknown; use torch or vllm",
+    )
     if rollout["engine"] == "vllm":
         from rl.generation import EngineUnavailable, check_vllm_available
 
@@ -74,19 +117,26 @@ def validate(cfg: dict[str, Any]) -> None:
             raise ConfigError(f"rollout.engine: {exc}") from None
     _require(float(rollout["temperature"]) > 0, "rollout.temperature", "must be > 0")
     _require(int(rollout["num_workers"]) >= 1, "rollout.num_workers", "must be >= 1")
-    _require(0 <= float(rollout["max_failed_fraction"]) <= 1, "rollout.max_failed_fraction",
-             "must be in [0, 1]")
+    _require(
+        0 <= float(rollout["max_failed_fraction"]) <= 1, "rollout.max_failed_fraction", "must be in [0, 1]"
+    )
     if rollout.get("pause_idle_s") is not None:
         _require(float(rollout["pause_idle_s"]) >= 0, "rollout.pause_idle_s", "must be >= 0 or null")
 
     _require(int(trainer["iterations"]) >= 1, "trainer.iterations", "must be >= 1")
     if trainer.get("ray_address") is None:
         needed = float(trainer["learner_cpus"]) + int(rollout["num_workers"]) * float(rollout["worker_cpus"])
-        _require(needed <= float(trainer["num_cpus"]), "trainer.num_cpus",
-                 f"the learner ({trainer['learner_cpus']}) and {rollout['num_workers']} worker(s) of "
-                 f"{rollout['worker_cpus']} CPU need {needed} CPUs but local Ray gets {trainer['num_cpus']}")
+        _require(
+            needed <= float(trainer["num_cpus"]),
+            "trainer.num_cpus",
+            f"the learner ({trainer['learner_cpus']}) and {rollout['num_workers']} worker(s) of "
+            f"{rollout['worker_cpus']} CPU need {needed} CPUs but local Ray gets {trainer['num_cpus']}",
+        )
 
     vocab = int(cfg["model"]["vocab_size"])
     tok_vocab = int(cfg["tokenizer"].get("vocab_size", vocab))
-    _require(vocab >= tok_vocab, "model.vocab_size",
-             f"{vocab} is smaller than the tokenizer's vocabulary ({tok_vocab})")
+    _require(
+        vocab >= tok_vocab,
+        "model.vocab_size",
+        f"{vocab} is smaller than the tokenizer's vocabulary ({tok_vocab})",
+    )

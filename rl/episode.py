@@ -22,11 +22,15 @@ class Episode:
     action_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)  # sampling log-prob of action tokens, 0 elsewhere
     step_rewards: list[tuple[int, float]] = field(default_factory=list)  # (token index, reward)
-    first_observation: str = ""
+    observations: list[str] = field(default_factory=list)  # every observation text, the last one included
     turns: int = 0
     success: bool = False
     truncated: bool = False
     error: str | None = None
+
+    @property
+    def first_observation(self) -> str:
+        return self.observations[0] if self.observations else ""
 
     @property
     def reward(self) -> float:

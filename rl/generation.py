@@ -31,6 +31,26 @@ class Generation:
     ended: bool  # emitted the end-of-turn token (else it hit max_new_tokens)
 
 
+MASKED_LOGIT = -1e9  # finite, so that masked entries give exp() = 0 and 0 * logit = 0 (no NaN)
+
+
+def disallowed_tokens(tokenizer: Tokenizer, action_vocabulary: str | None, vocab_size: int):
+    """Bool mask ``[vocab]`` of the ids an action may not use, or None when actions are unconstrained.
+
+    ``action_vocabulary`` (``env.action_vocabulary``) lists the characters an action may contain; their
+    token ids and the end-of-turn token stay allowed (constrained decoding, as grammar-guided sampling
+    does in inference servers). The learner applies the same mask, so log-probs agree.
+    """
+    if not action_vocabulary:
+        return None
+    allowed = {tokenizer.end_id}
+    for char in action_vocabulary:
+        allowed.update(tokenizer.encode(char))
+    mask = torch.ones(vocab_size, dtype=torch.bool)
+    mask[sorted(allowed)] = False
+    return mask
+
+
 class EngineUnavailable(RuntimeError):
     """The configured generation engine cannot run on this host."""
 
@@ -38,12 +58,15 @@ class EngineUnavailable(RuntimeError):
 class TorchEngine:
     """Batched sampling with a ``K3ForCausalLM`` (see the module docstring)."""
 
-    def __init__(self, model, tokenizer: Tokenizer, temperature: float = 1.0) -> None:
+    def __init__(
+        self, model, tokenizer: Tokenizer, temperature: float = 1.0, action_vocabulary: str | None = None
+    ) -> None:
         if temperature <= 0:
             raise ValueError(f"rollout.temperature must be > 0, got {temperature}")
         self.model = model
         self.tokenizer = tokenizer
         self.temperature = temperature
+        self.disallowed = disallowed_tokens(tokenizer, action_vocabulary, model.config.vocab_size)
         self.expert_loads: dict[int, torch.Tensor] = {}  # layer -> tokens routed to each expert
         self.generated_tokens = 0
 
@@ -61,8 +84,8 @@ class TorchEngine:
         ids = torch.full((batch, width), pad, dtype=torch.long)
         mask = torch.zeros((batch, width), dtype=torch.long)
         for row, context in enumerate(contexts):
-            ids[row, width - len(context):] = torch.tensor(context, dtype=torch.long)
-            mask[row, width - len(context):] = 1
+            ids[row, width - len(context) :] = torch.tensor(context, dtype=torch.long)
+            mask[row, width - len(context) :] = 1
         cache = self.model.new_cache(batch)
         out = self.model(ids, attention_mask=mask, cache=cache)
         self._record_loads(out.router_stats)
@@ -71,7 +94,10 @@ class TorchEngine:
         done = torch.zeros(batch, dtype=torch.bool)
         end = self.tokenizer.end_id
         for step in range(max_new_tokens):
-            logp = torch.log_softmax(out.logits[:, -1].float() / self.temperature, dim=-1)
+            logits = out.logits[:, -1].float() / self.temperature
+            if self.disallowed is not None:
+                logits = logits.masked_fill(self.disallowed, MASKED_LOGIT)
+            logp = torch.log_softmax(logits, dim=-1)
             sampled = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
             chosen = logp.gather(-1, sampled[:, None]).squeeze(-1)
             for row in torch.nonzero(~done).flatten().tolist():
@@ -97,11 +123,11 @@ class TorchEngine:
         return loads
 
 
-def build_engine(rollout_cfg, model, tokenizer: Tokenizer):
+def build_engine(rollout_cfg, model, tokenizer: Tokenizer, action_vocabulary: str | None = None):
     """The generation engine named by ``rollout.engine``."""
     engine = rollout_cfg["engine"]
     if engine == "torch":
-        return TorchEngine(model, tokenizer, temperature=float(rollout_cfg["temperature"]))
+        return TorchEngine(model, tokenizer, float(rollout_cfg["temperature"]), action_vocabulary)
     if engine == "vllm":
         check_vllm_available()
     raise EngineUnavailable(f"rollout.engine={engine!r} is unknown; use 'torch' or 'vllm'")

@@ -37,6 +37,7 @@ from rl.algos import (
     zero_variance_groups,
 )
 from rl.episode import Batch, Episode, collate
+from rl.generation import MASKED_LOGIT, disallowed_tokens
 
 
 def build_policy(model_cfg: dict, seed: int) -> K3ForCausalLM:
@@ -56,6 +57,13 @@ class Learner:
         self.algo = cfg["algo"]
         self.pad_id = int(cfg["tokenizer"]["pad_id"])
         self.temperature = float(cfg["rollout"]["temperature"])
+        from rl.tokenizer import build_tokenizer
+
+        self.disallowed = disallowed_tokens(
+            build_tokenizer(cfg["tokenizer"]),
+            cfg["env"].get("action_vocabulary"),
+            int(cfg["model"]["vocab_size"]),
+        )
         self.model = build_policy(cfg["model"], int(cfg["seed"]))
         self.value_head: nn.Linear | None = None
         if self.algo["advantage"] == "gae":
@@ -69,11 +77,15 @@ class Learner:
         if self.value_head is not None:
             params += list(self.value_head.parameters())
         self.optimizer = torch.optim.AdamW(
-            params, lr=float(self.algo["lr"]), weight_decay=float(self.algo["weight_decay"]),
+            params,
+            lr=float(self.algo["lr"]),
+            weight_decay=float(self.algo["weight_decay"]),
             betas=(0.9, 0.99),
         )
         warmup = max(1, int(self.algo["warmup_steps"]))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup)
+        )
         self.version = 0
         self.steps = 0
 
@@ -83,12 +95,19 @@ class Learner:
         return self.version, {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
 
     # ------------------------------------------------------------------ training
-    def advantages(self, batch: Batch, values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def advantages(
+        self, batch: Batch, values: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token advantages ``[B, T-1]`` (and PPO returns)."""
         kind, group = self.algo["advantage"], int(self.algo["group_size"])
         if kind == "gae":
-            adv, returns = gae(batch.token_rewards, values.detach(), batch.action_mask,
-                               float(self.algo["gamma"]), float(self.algo["lam"]))
+            adv, returns = gae(
+                batch.token_rewards,
+                values.detach(),
+                batch.action_mask,
+                float(self.algo["gamma"]),
+                float(self.algo["lam"]),
+            )
             if self.algo.get("normalize_advantages", True):
                 mean, std = masked_mean(adv, batch.action_mask), None
                 var = masked_mean((adv - mean) ** 2, batch.action_mask)
@@ -103,6 +122,14 @@ class Learner:
             raise ValueError(f"algo.advantage={kind!r} is unknown; use grpo, rloo or gae")
         return broadcast_to_tokens(per_episode, batch.action_mask), None
 
+    def action_logits(self, logits: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+        """Temperature-scaled logits, with the rollout's action-vocabulary mask on action positions."""
+        logits = logits / self.temperature
+        if self.disallowed is None:
+            return logits
+        where = action_mask.bool()[..., None] & self.disallowed.to(logits.device)
+        return logits.masked_fill(where, MASKED_LOGIT)
+
     def train_step(self, episodes: list[Episode]) -> dict[str, float]:
         """One optimizer step on ``episodes`` (laid out group after group); returns metrics."""
         self.model.train()
@@ -111,9 +138,10 @@ class Learner:
             keep = ~zero_variance_groups(batch.rewards, int(self.algo["group_size"]))
             batch.action_mask = batch.action_mask * keep[:, None].float()
         mask = batch.action_mask
-        out = self.model(batch.input_ids, attention_mask=batch.attention_mask,
-                         return_hidden=self.value_head is not None)
-        logits = out.logits[:, :-1] / self.temperature
+        out = self.model(
+            batch.input_ids, attention_mask=batch.attention_mask, return_hidden=self.value_head is not None
+        )
+        logits = self.action_logits(out.logits[:, :-1], mask)
         targets = batch.input_ids[:, 1:]
         logp = token_log_probs(logits, targets)
         values = None
@@ -125,21 +153,28 @@ class Learner:
         if self.algo.get("tis_cap"):
             is_weights = truncated_is_weights(old_logp, batch.rollout_logprobs, float(self.algo["tis_cap"]))
         policy_loss, stats = clipped_policy_loss(
-            logp, old_logp, advantages, mask, clip_low=float(self.algo["clip_low"]),
-            clip_high=float(self.algo["clip_high"]), aggregation=self.algo["loss_aggregation"],
+            logp,
+            old_logp,
+            advantages,
+            mask,
+            clip_low=float(self.algo["clip_low"]),
+            clip_high=float(self.algo["clip_high"]),
+            aggregation=self.algo["loss_aggregation"],
             is_weights=is_weights,
         )
         loss = policy_loss
         metrics: dict[str, float] = {}
         if values is not None:
-            value_loss = clipped_value_loss(values, values.detach(), returns, mask, float(self.algo["value_clip"]))
+            value_loss = clipped_value_loss(
+                values, values.detach(), returns, mask, float(self.algo["value_clip"])
+            )
             loss = loss + float(self.algo["value_coef"]) * value_loss
             metrics["value_loss"] = value_loss.item()
         kl = torch.zeros(())
         if self.reference is not None:
             with torch.no_grad():
                 ref_logits = self.reference(batch.input_ids, attention_mask=batch.attention_mask).logits
-            ref_logp = token_log_probs(ref_logits[:, :-1] / self.temperature, targets)
+            ref_logp = token_log_probs(self.action_logits(ref_logits[:, :-1], mask), targets)
             kl = masked_mean(kl_estimate(logp, ref_logp, self.algo["kl_estimator"]), mask)
             loss = loss + float(self.algo["kl_coef"]) * kl
         entropy = masked_mean(entropy_from_logits(logits.detach()), mask)
@@ -156,12 +191,20 @@ class Learner:
         self.steps += 1
         self.version += 1
         mismatch = masked_mean((old_logp - batch.rollout_logprobs).abs(), mask)
-        metrics.update({
-            "loss": loss.item(), "policy_loss": policy_loss.item(), "kl": kl.item(), "entropy": entropy.item(),
-            "clip_fraction": stats.clip_fraction, "grad_norm": float(grad_norm),
-            "lr": self.scheduler.get_last_lr()[0], "rollout_logprob_gap": mismatch.item(),
-            "trained_tokens": float(mask.sum()), "weights_version": float(self.version),
-        })
+        metrics.update(
+            {
+                "loss": loss.item(),
+                "policy_loss": policy_loss.item(),
+                "kl": kl.item(),
+                "entropy": entropy.item(),
+                "clip_fraction": stats.clip_fraction,
+                "grad_norm": float(grad_norm),
+                "lr": self.scheduler.get_last_lr()[0],
+                "rollout_logprob_gap": mismatch.item(),
+                "trained_tokens": float(mask.sum()),
+                "weights_version": float(self.version),
+            }
+        )
         return metrics
 
     @torch.no_grad()
@@ -182,15 +225,22 @@ class Learner:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(directory / "policy")
-        torch.save({
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
-            "reference": self.reference.state_dict() if self.reference is not None else None,
-            "version": self.version,
-            "steps": self.steps,
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
-        }, directory / "learner.pt")
+        torch.save(
+            {
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "value_head": self.value_head.state_dict() if self.value_head is not None else None,
+                "reference": self.reference.state_dict() if self.reference is not None else None,
+                "version": self.version,
+                "steps": self.steps,
+                "rng": {
+                    "torch": torch.get_rng_state(),
+                    "numpy": np.random.get_state(),
+                    "python": random.getstate(),
+                },
+            },
+            directory / "learner.pt",
+        )
 
     def load(self, directory: str | Path) -> None:
         directory = Path(directory)

@@ -11,8 +11,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-PLOTTED = (("success", "success rate"), ("reward", "mean episode reward"), ("kl", "KL to reference"),
-           ("maxvio", "MaxVio (mean over MoE layers)"))
+PLOTTED = (
+    ("success", "success rate"),
+    ("reward", "mean episode reward"),
+    ("kl", "KL to reference"),
+    ("maxvio", "MaxVio (mean over MoE layers)"),
+)
 
 
 class MetricsLogger:

@@ -19,8 +19,10 @@ disk and resumed on demand; counts and latencies are reported.
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import gymnasium
@@ -86,6 +88,8 @@ class EpisodeRunner:
         self.tokenizer = tokenizer
         self.pool: list[SandboxTask] = []
         self._generator = torch.Generator()
+        self.parked: set[int] = set()  # ids of pooled envs whose sandboxes this runner paused
+        self._stats_lock = threading.Lock()
         self.last_used: dict[int, float] = {}
         self.threads = ThreadPoolExecutor(max_workers=int(rollout_cfg.get("env_threads", 8)))
 
@@ -120,8 +124,14 @@ class EpisodeRunner:
         if self.pause_idle_s is None:
             return
         now = time.perf_counter()
-        idle = [e for e in self.pool
-                if not e.paused and e.sandbox is not None and now - self.last_used.get(id(e), now) >= self.pause_idle_s]
+        idle = [e for e in self.pool if now - self.last_used.get(id(e), now) >= self.pause_idle_s]
+        for env in self._park(idle, stats):
+            self.pool.remove(env)
+            self._discard(env)
+
+    def _park(self, envs: list[SandboxTask], stats: RolloutStats) -> list[SandboxTask]:
+        """Pause the sandboxes of ``envs`` (in parallel); returns the envs whose pause failed."""
+        envs = [e for e in envs if e is not None and id(e) not in self.parked and e.sandbox is not None]
 
         def pause(env: SandboxTask) -> float | None:
             try:
@@ -129,28 +139,57 @@ class EpisodeRunner:
             except Exception:
                 return None
 
-        for env, seconds in zip(idle, self.threads.map(pause, idle), strict=True):
+        failed = []
+        for env, seconds in zip(envs, self.threads.map(pause, envs), strict=True):
             if seconds is None:
-                self.pool.remove(env)
-                self._discard(env)
-            else:
+                failed.append(env)
+                continue
+            self.parked.add(id(env))
+            with self._stats_lock:
                 stats.pauses += 1
                 stats.pause_s += seconds
+        return failed
+
+    @contextmanager
+    def _parking_while_waiting(self, envs: list[SandboxTask], stats: RolloutStats):
+        """While the policy generates, pause ``envs`` once the wait exceeds ``pause_idle_s``.
+
+        Their steps resume them on demand. A failed pause leaves the env running (its step will tell).
+        """
+        if self.pause_idle_s is None:
+            yield
+            return
+        timer = threading.Timer(float(self.pause_idle_s), self._park, args=(envs, stats))
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            timer.join()
 
     def _resume_if_paused(self, env: SandboxTask, stats: RolloutStats) -> None:
-        if env.paused:
-            stats.resume_s += env.resume()
+        """Resume a sandbox this runner parked (tracked here: no registry query per step)."""
+        if id(env) not in self.parked:
+            return
+        self.parked.discard(id(env))
+        seconds = env.resume()
+        with self._stats_lock:
+            stats.resume_s += seconds
             stats.resumes += 1
 
     # ------------------------------------------------------------------ episodes
-    def run(self, seeds: list[int], group_size: int, generator: torch.Generator,
-            first_group: int = 0) -> tuple[list[Episode], RolloutStats]:
+    def run(
+        self, seeds: list[int], group_size: int, generator: torch.Generator, first_group: int = 0
+    ) -> tuple[list[Episode], RolloutStats]:
         """One episode per group member for each seed; episodes come back group after group."""
         stats = RolloutStats()
         started = time.perf_counter()
         self._generator = generator
-        episodes = [Episode(self.env_id, seed, first_group + g) for g, seed in enumerate(seeds)
-                    for _ in range(group_size)]
+        episodes = [
+            Episode(self.env_id, seed, first_group + g)
+            for g, seed in enumerate(seeds)
+            for _ in range(group_size)
+        ]
         t0 = time.perf_counter()
         envs, owned_forks = self._start_groups(seeds, group_size, episodes, stats)
         stats.reset_s += time.perf_counter() - t0
@@ -205,8 +244,9 @@ class EpisodeRunner:
                 forks = env.fork(group_size - 1)
             except Exception as exc:
                 return obs, exc, []
-            stats.fork_s += time.perf_counter() - t
-            stats.forks += group_size - 1
+            with self._stats_lock:
+                stats.fork_s += time.perf_counter() - t
+                stats.forks += group_size - 1
             return obs, None, forks
 
         for g, (obs, err, forks) in enumerate(self.threads.map(fork, zip(jobs, results, strict=True))):
@@ -222,17 +262,21 @@ class EpisodeRunner:
             episode.fail(error)
             return
         tok = self.tokenizer
-        episode.first_observation = observation
-        episode.append([tok.bos_id, tok.observation_id, *tok.encode(observation), tok.end_id, tok.action_id],
-                       trained=False)
+        episode.observations.append(observation)
+        episode.append(
+            [tok.bos_id, tok.observation_id, *tok.encode(observation), tok.end_id, tok.action_id],
+            trained=False,
+        )
 
     def _play(self, episodes: list[Episode], envs: list, stats: RolloutStats) -> None:
         tok = self.tokenizer
         active = [i for i, e in enumerate(episodes) if e.error is None]
         while active:
             t = time.perf_counter()
-            generations = self.engine.generate([episodes[i].tokens for i in active], self.max_new_tokens,
-                                               self._generator)
+            with self._parking_while_waiting([envs[i] for i in active], stats):
+                generations = self.engine.generate(
+                    [episodes[i].tokens for i in active], self.max_new_tokens, self._generator
+                )
             stats.generate_s += time.perf_counter() - t
             actions, last_action_token = [], {}
             for i, gen in zip(active, generations, strict=True):
@@ -261,14 +305,16 @@ class EpisodeRunner:
                     episode.fail(error)
                     continue
                 observation, reward, terminated, truncated, info = result
+                episode.observations.append(observation)
                 episode.turns += 1
                 episode.step_rewards.append((last_action_token[i], float(reward)))
                 episode.success = episode.success or bool(info.get("success", False))
                 if terminated or truncated:
                     episode.truncated = bool(truncated)
                     continue
-                episode.append([tok.observation_id, *tok.encode(observation), tok.end_id, tok.action_id],
-                               trained=False)
+                episode.append(
+                    [tok.observation_id, *tok.encode(observation), tok.end_id, tok.action_id], trained=False
+                )
                 if len(episode.tokens) + self.max_new_tokens > self.max_episode_tokens:
                     episode.truncated = True
                     continue

@@ -51,7 +51,8 @@ class ByteTokenizer:
     def __post_init__(self) -> None:
         if self.vocab_size < BYTE_VOCAB + len(SPECIAL_TOKENS):
             raise ValueError(
-                f"byte tokenizer needs vocab_size >= {BYTE_VOCAB + len(SPECIAL_TOKENS)}, got {self.vocab_size}"
+                f"byte tokenizer needs vocab_size >= {BYTE_VOCAB + len(SPECIAL_TOKENS)}, "
+                f"got {self.vocab_size}"
             )
 
     def encode(self, text: str) -> list[int]:
@@ -77,7 +78,9 @@ class HFTokenizer:
                 "tokenizer.kind=hf needs the `transformers` package; install it or use tokenizer.kind=bytes"
             ) from exc
         self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        missing = [name for name in ("pad", "bos", "observation", "action", "end") if name not in special_tokens]
+        missing = [
+            name for name in ("pad", "bos", "observation", "action", "end") if name not in special_tokens
+        ]
         if missing:
             raise ValueError(f"tokenizer.special_tokens is missing {missing} for the HF tokenizer at {path}")
         ids = {name: self._tok.convert_tokens_to_ids(tok) for name, tok in special_tokens.items()}

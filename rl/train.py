@@ -70,9 +70,11 @@ def _hydra_main(cfg: DictConfig) -> None:
         print(f"\nk3rl-train: interrupted; metrics and the plot so far are in {run_dir}", file=sys.stderr)
         raise SystemExit(130) from None
     target = cfg.trainer.stop_at_success
-    print(f"\nsuccess: {result.start_success:.2f} at the start -> {result.end_success:.2f} "
-          f"(mean of the last {cfg.trainer.success_window} iterations) after {result.iterations} iterations, "
-          f"{result.wall_s / 60:.1f} min")
+    print(
+        f"\nsuccess: {result.start_success:.2f} at the start -> {result.end_success:.2f} "
+        f"(mean of the last {cfg.trainer.success_window} iterations) after {result.iterations} iterations, "
+        f"{result.wall_s / 60:.1f} min"
+    )
     if target is not None:
         print(f"target success {target}: {'reached' if result.reached_target else 'NOT reached'}")
     print(f"learning curve: {result.plot}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -119,9 +120,15 @@ class Trainer:
     def _start_ray(self) -> None:
         if ray.is_initialized():
             return
+        # Ray runs its workers at niceness 15 by default; the actors ARE the training job here, so on a
+        # shared machine they would crawl behind any other process. Run them at normal priority.
+        os.environ.setdefault("RAY_worker_niceness", "0")
         address = self.tcfg.get("ray_address")
-        kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING,
-                                  "configure_logging": False}
+        kwargs: dict[str, Any] = {
+            "include_dashboard": False,
+            "logging_level": logging.WARNING,
+            "configure_logging": False,
+        }
         if address:
             ray.init(address=address, **kwargs)
         else:
@@ -136,7 +143,10 @@ class Trainer:
             max_restarts=int(self.rollout_cfg["max_worker_restarts"]),
         )
         self.workers = [worker_cls.remote(self.cfg, i) for i in range(int(self.rollout_cfg["num_workers"]))]
-        ray.get([w.ready.remote() for w in self.workers] + [self.learner.publish.options(num_returns=2).remote()[0]])
+        ray.get(
+            [w.ready.remote() for w in self.workers]
+            + [self.learner.publish.options(num_returns=2).remote()[0]]
+        )
 
     def _publish(self) -> float:
         """Learner → object store → every worker; returns seconds taken."""
@@ -153,8 +163,11 @@ class Trainer:
         results: dict[int, Any] = {}
         attempts = 0
         while len(results) < len(shares):
-            pending = {w: self._submit(w, iteration, offset, chunk)
-                       for w, (offset, chunk) in enumerate(shares) if w not in results}
+            pending = {
+                w: self._submit(w, iteration, offset, chunk)
+                for w, (offset, chunk) in enumerate(shares)
+                if w not in results
+            }
             for w, ref in pending.items():
                 try:
                     results[w] = ray.get(ref)
@@ -167,8 +180,11 @@ class Trainer:
                         raise RolloutWorkerLost(
                             f"rollout worker {w} failed {attempts} times in iteration {iteration}: {exc}"
                         ) from None
-                    log.warning("rollout worker %d lost (%s); waiting for its restart and retrying", w,
-                                type(exc).__name__)
+                    log.warning(
+                        "rollout worker %d lost (%s); waiting for its restart and retrying",
+                        w,
+                        type(exc).__name__,
+                    )
                     self._reload_worker(w)
         episodes, stats, rollout_maxvio = [], RolloutStats(), {}
         for w in range(len(shares)):
@@ -180,8 +196,12 @@ class Trainer:
         return episodes, stats, {k: float(np.mean(v)) for k, v in rollout_maxvio.items()}
 
     def _submit(self, w: int, iteration: int, offset: int, chunk: list[int]):
-        sample_seed = int(np.random.SeedSequence([int(self.cfg["seed"]), iteration, 1, w]).generate_state(1)[0])
-        return self.workers[w].rollout.remote(chunk, self.group_size, offset, sample_seed, self.version, iteration)
+        sample_seed = int(
+            np.random.SeedSequence([int(self.cfg["seed"]), iteration, 1, w]).generate_state(1)[0]
+        )
+        return self.workers[w].rollout.remote(
+            chunk, self.group_size, offset, sample_seed, self.version, iteration
+        )
 
     def _reload_worker(self, w: int, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -191,7 +211,9 @@ class Trainer:
                 return
             except (RayActorError, ray.exceptions.GetTimeoutError):
                 if time.monotonic() > deadline:
-                    raise RolloutWorkerLost(f"rollout worker {w} did not come back within {timeout_s} s") from None
+                    raise RolloutWorkerLost(
+                        f"rollout worker {w} did not come back within {timeout_s} s"
+                    ) from None
                 time.sleep(0.5)
 
     # ------------------------------------------------------------------ checkpoints
@@ -230,8 +252,11 @@ class Trainer:
                 record = self._iteration(iteration, started)
                 self.metrics.log(iteration, record)
                 progress.update(1)
-                progress.set_postfix(success=f"{record['success']:.2f}", reward=f"{record['reward']:.2f}",
-                                     tok_s=f"{record['generated_tokens_per_s']:.0f}")
+                progress.set_postfix(
+                    success=f"{record['success']:.2f}",
+                    reward=f"{record['reward']:.2f}",
+                    tok_s=f"{record['generated_tokens_per_s']:.0f}",
+                )
                 every = int(self.tcfg["checkpoint_every"])
                 if every and (iteration + 1) % every == 0:
                     checkpoint = self._save(iteration)
@@ -244,7 +269,9 @@ class Trainer:
                     log.warning("trainer.time_limit_s=%s reached; stopping", limit)
                     break
             progress.close()
-            if iteration >= first and (checkpoint is None or not checkpoint.name.endswith(f"{iteration:05d}")):
+            if iteration >= first and (
+                checkpoint is None or not checkpoint.name.endswith(f"{iteration:05d}")
+            ):
                 checkpoint = self._save(iteration)
         finally:
             plot = self.metrics.plot()
@@ -253,10 +280,14 @@ class Trainer:
         history = self.metrics.history
         window_success = [r["success"] for r in history[-window:]]
         return TrainResult(
-            run_dir=self.run_dir, iterations=len(history),
+            run_dir=self.run_dir,
+            iterations=len(history),
             start_success=float(history[0]["success"]) if history else float("nan"),
             end_success=float(np.mean(window_success)) if window_success else float("nan"),
-            reached_target=reached, wall_s=time.perf_counter() - started, checkpoint=checkpoint, plot=plot,
+            reached_target=reached,
+            wall_s=time.perf_counter() - started,
+            checkpoint=checkpoint,
+            plot=plot,
             history=history,
         )
 
@@ -278,18 +309,28 @@ class Trainer:
             "reward": float(np.mean([e.reward for e in usable])),
             "turns": float(np.mean([e.turns for e in usable])),
             "episode_tokens": float(np.mean([len(e.tokens) for e in usable])),
-            "episodes": stats.episodes, "failed_episodes": stats.failed,
-            "env_steps": stats.env_steps, "generated_tokens": stats.generated_tokens,
+            "episodes": stats.episodes,
+            "failed_episodes": stats.failed,
+            "env_steps": stats.env_steps,
+            "generated_tokens": stats.generated_tokens,
             "env_steps_per_s": stats.env_steps / max(rollout_s, 1e-9),
             "generated_tokens_per_s": stats.generated_tokens / max(stats.generate_s, 1e-9),
-            "rollout_s": rollout_s, "learner_s": learner_s, "weight_sync_s": sync_s, "iteration_s": iteration_s,
+            "rollout_s": rollout_s,
+            "learner_s": learner_s,
+            "weight_sync_s": sync_s,
+            "iteration_s": iteration_s,
             "learner_wait_fraction": rollout_s / max(iteration_s, 1e-9),
-            "reset_s": stats.reset_s, "generate_s": stats.generate_s, "env_step_s": stats.env_step_s,
-            "sandbox_pauses": stats.pauses, "sandbox_resumes": stats.resumes, "sandbox_forks": stats.forks,
+            "reset_s": stats.reset_s,
+            "generate_s": stats.generate_s,
+            "env_step_s": stats.env_step_s,
+            "sandbox_pauses": stats.pauses,
+            "sandbox_resumes": stats.resumes,
+            "sandbox_forks": stats.forks,
             "sandbox_pause_latency_s": stats.pause_s / stats.pauses if stats.pauses else 0.0,
             "sandbox_resume_latency_s": stats.resume_s / stats.resumes if stats.resumes else 0.0,
             "sandbox_fork_latency_s": stats.fork_s / stats.forks if stats.forks else 0.0,
-            "sandboxes_created": stats.sandboxes_created, "worker_restarts": self.worker_restarts,
+            "sandboxes_created": stats.sandboxes_created,
+            "worker_restarts": self.worker_restarts,
             "elapsed_s": time.perf_counter() - started,
             **{f"rollout_maxvio/layer{k}": v for k, v in rollout_maxvio.items()},
             **learner_metrics,

@@ -123,7 +123,7 @@ class SandboxBackend(abc.ABC):
 
     @abc.abstractmethod
     def restore(self, ref: ContainerRef, checkpoint: Checkpoint, *, sandbox_id: str) -> None:
-        """Restore the container from its checkpoint and verify it really restored (CheckpointError if not)."""
+        """Restore the container from its checkpoint; verify it really restored (else CheckpointError)."""
 
     @abc.abstractmethod
     def fork(self, source: ContainerRef, checkpoint: Checkpoint, spec: ContainerSpec) -> ContainerRef:

@@ -25,8 +25,11 @@ def daemon_url() -> str:
 
 
 def unavailable(error: Exception | str) -> BackendUnavailable:
+    why = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if len(why) > 160:
+        why = why[:160] + "..."
     return BackendUnavailable(
-        f"no Docker daemon answers at {daemon_url()} ({error}); run `make bootstrap` "
+        f"no Docker daemon answers at {daemon_url()} ({why}); run `make bootstrap` "
         "(or scripts/ensure_dockerd.sh) to start one"
     )
 

@@ -340,7 +340,9 @@ class DockerCriuBackend(SandboxBackend):
         # fails with "already exists" when the same bytes are still there (the blob that `checkpoint
         # create` left until containerd's next garbage collection). A fresh nonce file makes every
         # upload unique; CRIU ignores files it does not know.
-        (Path(checkpoint.path) / RESTORE_NONCE_FILE).write_text(secrets.token_hex(16))
+        nonce = Path(checkpoint.path) / RESTORE_NONCE_FILE
+        nonce.unlink(missing_ok=True)  # a fork's folder is hard-linked: never write through a shared inode
+        nonce.write_text(secrets.token_hex(16))
         try:
             res = self.api._post(self.api._url("/containers/{0}/start", ref.container),
                                  params={"checkpoint": checkpoint.id})

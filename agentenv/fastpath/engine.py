@@ -54,6 +54,7 @@ from agentenv.fastpath.store import RECORD_FILE, CheckpointRecord, CheckpointSto
 log = logging.getLogger(__name__)
 
 RESTORE_OK = "Restore finished successfully"
+HOST_TIMENS_IMAGE = "timens-0.img"  # clock values of the host time namespace (see pause())
 _MIN_RESERVATION = 8 * 2**20
 
 
@@ -159,6 +160,11 @@ class FastPath:
                     f"{r.stderr.strip()[-300:]}\n{_log_tail(work / 'dump.log')}"
                 )
             self.api.wait(cid, condition="not-running", timeout=int(self.settings.op_timeout_s))
+            # CRIU restores a container into a new time namespace when the dump carries clock values;
+            # processes that `docker exec` starts later stay in the host's, and the next restore then
+            # fails ("Can't restore sub-task in NS"). Without the host-clock image the restored
+            # processes stay in the host's time namespace: monotonic clocks advance across a pause.
+            (path / HOST_TIMENS_IMAGE).unlink(missing_ok=True)
             record = CheckpointRecord(
                 container_id=cid,
                 name=path.name,

@@ -365,9 +365,8 @@ class SandboxPool:
             if self.settings.strict_budget:
                 raise PoolBudgetExceeded(
                     f"pool {self.name!r}: {used / 2**20:.0f} MiB running + {need / 2**20:.0f} MiB needed "
-                    "exceed "
-                    f"the budget of {budget / 2**20:.0f} MiB and no member has been idle for "
-                    f"{self.settings.idle_after_s:g} s; close sandboxes or raise memory_budget"
+                    f"exceed the budget of {budget / 2**20:.0f} MiB, and no member that is not in use has "
+                    f"been idle for {self.settings.idle_after_s:g} s; close sandboxes or raise memory_budget"
                 )
             return used
 

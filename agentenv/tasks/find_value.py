@@ -34,8 +34,14 @@ def build_tree(seed: int, num_dirs: int = 3, files_per_dir: int = 3) -> tuple[di
 class FindValue(SandboxTask):
     """Find the hidden value in the sandbox's file tree and ``submit`` it (see the module docstring)."""
 
-    def __init__(self, max_turns: int = 8, num_dirs: int = 3, files_per_dir: int = 3,
-                 max_output_chars: int = 512, **kwargs):
+    def __init__(
+        self,
+        max_turns: int = 8,
+        num_dirs: int = 3,
+        files_per_dir: int = 3,
+        max_output_chars: int = 512,
+        **kwargs,
+    ):
         super().__init__(max_turns=max_turns, **kwargs)
         self.num_dirs, self.files_per_dir = num_dirs, files_per_dir
         self.max_output_chars = max_output_chars
@@ -55,7 +61,7 @@ class FindValue(SandboxTask):
     def act(self, action: str) -> Outcome:
         action = action.strip()
         if action.startswith("submit"):
-            submitted = action[len("submit"):].strip()
+            submitted = action[len("submit") :].strip()
             success = submitted == self._answer
             return Outcome("correct" if success else "wrong", done=True, success=success)
         command = f"cd /workspace/tree && timeout 5 sh -c {shlex.quote(action)}"

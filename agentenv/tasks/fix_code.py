@@ -35,7 +35,7 @@ PROBLEMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
 )
 
-RUNNER = '''import importlib, sys
+RUNNER = """import importlib, sys
 sys.path.insert(0, ".")
 TESTS = {tests!r}
 passed = 0
@@ -47,7 +47,7 @@ for expr in TESTS:
     except Exception:
         pass
 print(f"passed {{passed}} of {{len(TESTS)}}")
-'''
+"""
 
 
 def problem_index(seed: int) -> int:
@@ -88,8 +88,12 @@ class FixCode(SandboxTask):
             if action != "submit":
                 observation = self._shell(action)
             passed, total = self.score()
-            return Outcome(f"{observation}passed {passed} of {total}", done=True,
-                           success=passed == total, info={"passed_fraction": passed / total})
+            return Outcome(
+                f"{observation}passed {passed} of {total}",
+                done=True,
+                success=passed == total,
+                info={"passed_fraction": passed / total},
+            )
         return Outcome(self._shell(action))
 
     def _shell(self, action: str) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import secrets
 import shlex
-import socket
 import struct
 import time
 from dataclasses import dataclass
@@ -45,7 +44,13 @@ class ShellSession:
         self._nonce = secrets.token_hex(8)
         self._marker = f"__K3RL_END_{self._nonce}__"
         exec_id = docker_client.api.exec_create(
-            container_id, ["sh"], stdin=True, stdout=True, stderr=True, tty=False, user=user or "",
+            container_id,
+            ["sh"],
+            stdin=True,
+            stdout=True,
+            stderr=True,
+            tty=False,
+            user=user or "",
             workdir=workdir,
         )["Id"]
         self._socket = docker_client.api.exec_start(exec_id, socket=True)._sock
@@ -62,7 +67,7 @@ class ShellSession:
             self._socket.settimeout(timeout)
             self._socket.sendall(line.encode())
             output = self._read_until_marker(started + timeout)
-        except (OSError, socket.timeout) as exc:
+        except (TimeoutError, OSError) as exc:
             self.close()
             raise SessionError(f"shell session failed while running {command[:80]!r}: {exc}") from exc
         body, _, tail = output.rpartition(f"\n{self._marker} ")
@@ -79,7 +84,7 @@ class ShellSession:
         while True:
             payload = self._read_frame(deadline)
             chunks.append(payload)
-            tail = (tail + payload)[-(len(marker) + 16):]
+            tail = (tail + payload)[-(len(marker) + 16) :]
             if marker in tail and tail.endswith(b"\n"):
                 return b"".join(chunks).decode("utf-8", errors="replace")
 

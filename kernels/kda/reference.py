@@ -41,6 +41,7 @@ SUB_TILE = 16
 # exp(88.7) overflows fp32; the fast path's factors stay below exp(60) (sums of K ≤ 256 such terms are safe)
 SAFE_EXPONENT = 60.0
 CHUNKS_PER_GROUP = 8
+FACTORED_SUB_TILES = (32, 16)
 
 
 def kda_step(
@@ -109,40 +110,70 @@ def intra_chunk_decayed_scores(
     return torch.cat(row_blocks, dim=-2)
 
 
+def _factored_scores(q, k, G, sub_tile: int):
+    """``(Akk, Aqk)`` through a reference point per row sub-tile, or None when an exponent would be unsafe.
+
+    For the rows ``t`` of a sub-tile with middle token ``m`` and every column ``i`` up to the
+    sub-tile's end: ``exp(G_t − G_i) = exp(G_t − G_m)·exp(G_m − G_i)``, one matmul per sub-tile.
+    """
+    C = q.shape[-2]
+    Akk = q.new_zeros(*q.shape[:-1], C)
+    Aqk = q.new_zeros(*q.shape[:-1], C)
+    for r in range(C // sub_tile):
+        rows = slice(r * sub_tile, (r + 1) * sub_tile)
+        end = (r + 1) * sub_tile
+        G_mid = G[..., r * sub_tile + sub_tile // 2, :].unsqueeze(-2)  # [..., 1, K]
+        row_exp = G[..., rows, :] - G_mid
+        col_exp = G_mid - G[..., :end, :]
+        if max(float(row_exp.detach().max()), float(col_exp.detach().max())) > SAFE_EXPONENT:
+            return None
+        row_decay = row_exp.exp()
+        k_cols = (k[..., :end, :] * col_exp.exp()).transpose(-1, -2)  # [..., K, end]
+        Akk[..., rows, :end] = (k[..., rows, :] * row_decay) @ k_cols
+        Aqk[..., rows, :end] = (q[..., rows, :] * row_decay) @ k_cols
+    # above the diagonal a row factor before m meets a column factor after m: their product may
+    # overflow, so those entries are selected away (never multiplied by 0, which would give NaN)
+    lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    zero = q.new_zeros(())
+    return torch.where(lower.tril(-1), Akk, zero), torch.where(lower, Aqk, zero)
+
+
 def intra_chunk_scores(
-    q: torch.Tensor, k: torch.Tensor, G: torch.Tensor, sub_tile: int = SUB_TILE
+    q: torch.Tensor, k: torch.Tensor, G: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Both score matrices of a chunk: ``(Akk, Aqk)`` = decayed ``k·k`` (strictly lower), ``q·k`` (lower).
 
-    Fast path: one matmul per 16-token row sub-tile, factoring every decay through the sub-tile's
-    middle token ``m``: ``exp(G_t − G_i) = exp(G_t − G_m)·exp(G_m − G_i)``. The only positive
-    exponents then span at most half a sub-tile (8 tokens), so this is used when they stay below
-    ``SAFE_EXPONENT`` (always for K3's gate, g > −5); otherwise (e.g. an unbounded Kimi-Linear gate)
-    the overflow-free :func:`intra_chunk_decayed_scores` runs.
+    Fast path: one matmul per row sub-tile (32 tokens, else 16), factoring every decay through the
+    sub-tile's middle token, so positive exponents span at most half a sub-tile; it is taken when they
+    stay below ``SAFE_EXPONENT`` (16-token sub-tiles: always for K3's gate, g > −5). Otherwise (e.g.
+    an unbounded Kimi-Linear gate) the overflow-free :func:`intra_chunk_decayed_scores` runs.
     """
-    C = q.shape[-2]
-    n_sub = C // sub_tile
-    G_sub = G.unflatten(-2, (n_sub, sub_tile))  # [..., NS, S, K]
-    G_mid = G_sub[..., sub_tile // 2, :].unsqueeze(-1)  # [..., NS, K, 1]
-    row_exp = G_sub - G_mid.transpose(-1, -2)
-    col_exp = G_mid - G.transpose(-1, -2).unsqueeze(-3)  # [..., NS, K, C]: column token i → middle token
-    # columns after a row sub-tile never contribute; zero their (positive) exponents
-    sub_idx = torch.arange(n_sub, device=G.device)[:, None]
-    unreachable = torch.arange(C, device=G.device) >= (sub_idx + 1) * sub_tile  # [NS, C]
-    col_exp = col_exp.masked_fill(unreachable.unsqueeze(-2), 0.0)
-    largest = max(float(row_exp.detach().max()), float(col_exp.detach().max())) if G.numel() else 0.0
-    if largest > SAFE_EXPONENT:
-        return (
-            intra_chunk_decayed_scores(k, k, G, include_diagonal=False, sub_tile=sub_tile),
-            intra_chunk_decayed_scores(q, k, G, include_diagonal=True, sub_tile=sub_tile),
-        )
-    k_cols = k.transpose(-1, -2).unsqueeze(-3) * col_exp.exp()  # [..., NS, K, C]
-    rows = torch.cat([k.unflatten(-2, (n_sub, sub_tile)), q.unflatten(-2, (n_sub, sub_tile))], dim=-2)
-    scores = (rows * row_exp.exp().repeat(*([1] * (row_exp.dim() - 2)), 2, 1)) @ k_cols  # [..., NS, 2S, C]
-    Akk = scores[..., :sub_tile, :].flatten(-3, -2)
-    Aqk = scores[..., sub_tile:, :].flatten(-3, -2)
-    lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    return Akk * lower.tril(-1), Aqk * lower
+    for sub_tile in FACTORED_SUB_TILES:
+        if q.shape[-2] % sub_tile == 0 and (scores := _factored_scores(q, k, G, sub_tile)) is not None:
+            return scores
+    return (
+        intra_chunk_decayed_scores(k, k, G, include_diagonal=False),
+        intra_chunk_decayed_scores(q, k, G, include_diagonal=True),
+    )
+
+
+def unit_lower_inverse(A: torch.Tensor, leaf: int = SUB_TILE) -> torch.Tensor:
+    """``(I + A)⁻¹`` for strictly lower-triangular ``A [..., n, n]``, by 2×2 block recursion.
+
+    ``[[A₁₁, 0], [A₂₁, A₂₂]]⁻¹ = [[A₁₁⁻¹, 0], [−A₂₂⁻¹ A₂₁ A₁₁⁻¹, A₂₂⁻¹]]``; the 16×16 leaves go to
+    ``solve_triangular``. Batched matmuls make this about twice as fast on CPU as one triangular solve
+    with the WY right-hand sides.
+    """
+    n = A.shape[-1]
+    if n <= leaf or n % 2:
+        eye = torch.eye(n, dtype=A.dtype, device=A.device)
+        return torch.linalg.solve_triangular(A + eye, eye.expand_as(A), upper=False, unitriangular=True)
+    h = n // 2
+    inv11 = unit_lower_inverse(A[..., :h, :h], leaf)
+    inv22 = unit_lower_inverse(A[..., h:, h:], leaf)
+    inv21 = -(inv22 @ (A[..., h:, :h] @ inv11))
+    top = torch.cat([inv11, torch.zeros_like(inv11)], dim=-1)
+    return torch.cat([top, torch.cat([inv21, inv22], dim=-1)], dim=-2)
 
 
 def _prepare_chunks(q, k, v, g, beta):
@@ -151,16 +182,16 @@ def _prepare_chunks(q, k, v, g, beta):
     Inputs ``[B, H, n, C, *]`` (q already scaled, beta ``[B, H, n, C, 1]``). Returns the WY products
     ``U, W``, the scores ``Aqk``, the decayed queries and keys and each chunk's total decay.
     """
-    V = v.shape[-1]
     G = g.cumsum(dim=-2)
     Akk, Aqk = intra_chunk_scores(q, k, G)
     eG = G.exp()
-    rhs = torch.cat([beta * v, beta * k * eG], dim=-1)
-    UW = torch.linalg.solve_triangular(beta * Akk, rhs, upper=False, unitriangular=True)
+    M = unit_lower_inverse(beta * Akk)  # (I + diag(β) Akk)⁻¹
+    U = M @ (beta * v)
+    W = M @ (beta * k * eG)
     G_last = G[..., -1:, :]
     k_to_end = k * (G_last - G).exp()
     chunk_decay = G_last.transpose(-1, -2).exp()  # [B, H, n, K, 1]
-    return UW[..., :V], UW[..., V:], Aqk, q * eG, k_to_end, chunk_decay
+    return U, W, Aqk, q * eG, k_to_end, chunk_decay
 
 
 def _chunk_single(q, k, v, g, beta, scale, state, chunk_size=CHUNK_SIZE, chunks_per_group=CHUNKS_PER_GROUP):
@@ -187,11 +218,16 @@ def _chunk_single(q, k, v, g, beta, scale, state, chunk_size=CHUNK_SIZE, chunks_
         U, W, Aqk, q_dec, k_to_end, chunk_decay = _prepare_chunks(
             q[:, :, group], k[:, :, group], v[:, :, group], g[:, :, group], beta[:, :, group]
         )
-        for n in range(U.shape[2]):
+        k_to_end_t = k_to_end.transpose(-1, -2).contiguous()
+        W = W.contiguous()
+        starts, pseudo_values = [], []
+        for n in range(U.shape[2]):  # the only sequential part: two small matmuls per chunk
             u = U[:, :, n] - W[:, :, n] @ state
-            outputs.append(q_dec[:, :, n] @ state + Aqk[:, :, n] @ u)
-            state = chunk_decay[:, :, n] * state + k_to_end[:, :, n].transpose(-1, -2) @ u
-    o = torch.stack(outputs, dim=2).reshape(B, H, N * chunk_size, V)[:, :, :T]
+            starts.append(state)
+            pseudo_values.append(u)
+            state = chunk_decay[:, :, n] * state + k_to_end_t[:, :, n] @ u
+        outputs.append(q_dec @ torch.stack(starts, dim=2) + Aqk @ torch.stack(pseudo_values, dim=2))
+    o = torch.cat(outputs, dim=2).reshape(B, H, N * chunk_size, V)[:, :, :T]
     return o, state
 
 

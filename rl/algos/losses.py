@@ -20,7 +20,9 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp_min(1.0)
 
 
-def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, norm_length: int | None = None) -> torch.Tensor:
+def aggregate(
+    loss: torch.Tensor, mask: torch.Tensor, mode: str, norm_length: int | None = None
+) -> torch.Tensor:
     """Reduce a per-token loss ``[B, T]`` to a scalar.
 
     - ``token_mean``: every token of the batch weighs the same (DAPO's choice, no length bias).

@@ -14,14 +14,15 @@ SMALL = {"memory": "128m", "cpus": 1.0, "pids_limit": 64, "tmpfs": {"/tmp": "siz
          "exec_timeout_s": 30.0, "lock_timeout_s": 60.0}
 
 
-
-def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 120,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The real `agentenv` command in a subprocess (same interpreter, same $AGENTENV_HOME)."""
     return subprocess.run([sys.executable, "-m", "agentenv.cli", *args], input=stdin, capture_output=True,
-                          timeout=timeout, env=os.environ.copy())
+                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
-COUNTER = "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done' >/dev/null 2>&1 &"
+COUNTER = ("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done' "
+           ">/dev/null 2>&1 &")
 
 
 def count(sb) -> int:

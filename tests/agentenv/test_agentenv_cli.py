@@ -43,7 +43,8 @@ def test_transcript_state_survives_pause_and_resume(cli, created):
     assert {"id", "state", "rss_bytes", "cpu_seconds", "checkpoint_bytes"} <= set(stats)
     assert "paused" in ok(cli("stats", sid))  # the human table
     ok(cli("resume", sid))
-    out = ok(cli("exec", sid, "--", "sh", "-c", "echo $(( $(cat /tmp/value) + 1 )); ps -eo args | grep -c '^sleep 1000$'"))
+    script = "echo $(( $(cat /tmp/value) + 1 )); ps -eo args | grep -c '^sleep 1000$'"
+    out = ok(cli("exec", sid, "--", "sh", "-c", script))
     assert out == "42\n1\n"
     assert json.loads(ok(cli("stats", sid, "--json")))["rss_bytes"] > 0
 
@@ -88,6 +89,12 @@ def test_bad_input_gets_one_clear_line_and_a_non_zero_exit(cli, base_image, args
     one_line_error(cli(*args), expected)
 
 
+def test_no_daemon_is_one_line_that_says_what_to_do(cli, tmp_path):
+    err = one_line_error(cli("create", env={"DOCKER_HOST": f"unix://{tmp_path}/none.sock"}),
+                         f"no Docker daemon answers at unix://{tmp_path}/none.sock")
+    assert "make bootstrap" in err
+
+
 def test_bad_input_on_a_real_sandbox(cli, created, tmp_path):
     one_line_error(cli("put", created, "-", "../escape", stdin=b"x"), "outside the sandbox work dir")
     one_line_error(cli("put", created, str(tmp_path / "missing"), "x"), "cannot read local file")
@@ -130,6 +137,7 @@ def test_images_ls_and_info(cli, base_image):
     rows = json.loads(ok(cli("images", "ls", "--json")))
     base = next(r for r in rows if r["name"] == "base")
     assert base["built"] and base["tag"] == base_image
-    assert ok(cli("images", "build", "base", "--quiet")).strip() == base_image  # content hash unchanged: no rebuild
+    # unchanged content hash: returns the existing tag without rebuilding
+    assert ok(cli("images", "build", "base", "--quiet")).strip() == base_image
     info = json.loads(ok(cli("info", "--json")))
     assert info["sandbox_user"] in ("agent", "root") and info["experimental"] is True

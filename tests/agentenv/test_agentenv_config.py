@@ -20,7 +20,8 @@ OVERRIDES = {
     "image": "k3rl/other:1", "user": "agent", "memory": "1g", "cpus": 2.5, "pids_limit": 99,
     "network": "bridge", "cap_drop": ["NET_RAW"], "cap_add": ["CHOWN"], "no_new_privileges": False,
     "read_only": False, "tmpfs": {"/scratch": "size=1m"}, "workspace": "/work", "exec_timeout_s": 7.0,
-    "output_limit_bytes": 4096, "file_limit_bytes": 8192, "lock_timeout_s": 3.0, "labels": {"team": "rl"},
+    "output_limit_bytes": 4096, "file_limit_bytes": 8192, "lock_timeout_s": 3.0, "fork_parallelism": 2,
+    "labels": {"team": "rl"},
 }
 
 

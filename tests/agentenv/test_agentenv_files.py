@@ -21,7 +21,8 @@ def test_files_round_trip_with_mode_and_parent_dirs(sandbox):
     assert sandbox.read_file("run.sh") == b"short"
 
 
-@pytest.mark.parametrize("path", ["../etc/passwd", "/etc/passwd", "a/../../etc/shadow", "/workspace/../root/x"])
+@pytest.mark.parametrize("path", ["../etc/passwd", "/etc/passwd", "a/../../etc/shadow",
+                                  "/workspace/../root/x"])
 def test_paths_outside_the_workspace_are_refused(sandbox, path):
     with pytest.raises(PathOutsideWorkspace, match="outside"):
         sandbox.write_file(path, "x")

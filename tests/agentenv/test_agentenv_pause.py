@@ -43,7 +43,8 @@ def test_python_keeps_its_variables(sandbox):
     sandbox.exec("echo 'x = 41; import os; pid = os.getpid()' > /tmp/py.in")
     sandbox.pause()
     sandbox.resume()
-    sandbox.exec("echo 'open(\"/workspace/answer\", \"w\").write(f\"{x + 1} {pid == os.getpid()}\")' > /tmp/py.in")
+    code = 'open("/workspace/answer", "w").write(f"{x + 1} {pid == os.getpid()}")'
+    sandbox.exec(f"echo '{code}' > /tmp/py.in")
     deadline = time.monotonic() + 10
     while sandbox.exec("test -s /workspace/answer").exit_code != 0:
         assert time.monotonic() < deadline, sandbox.exec("cat /tmp/py.out").stdout

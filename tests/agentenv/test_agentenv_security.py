@@ -25,7 +25,8 @@ def test_default_profile_inside_the_sandbox(sandbox):
     assert _status(sandbox, "CapEff") == "0000000000000000"
     assert _status(sandbox, "CapBnd") == "0000000000000000"
     assert _status(sandbox, "NoNewPrivs") == "1"
-    interfaces = [ln.split(":")[0].strip() for ln in sandbox.exec("cat /proc/net/dev").stdout.splitlines()[2:]]
+    net_dev = sandbox.exec("cat /proc/net/dev").stdout.splitlines()[2:]
+    interfaces = [ln.split(":")[0].strip() for ln in net_dev]
     assert interfaces == ["lo"]
     refused = sandbox.exec("touch /etc/x /usr/x")
     assert refused.exit_code != 0 and "Read-only file system" in refused.stderr

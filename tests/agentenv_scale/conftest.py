@@ -108,3 +108,52 @@ def make_container(docker_client: docker.DockerClient, base_image: str, fastpath
     for v in docker_client.volumes.list(filters={"dangling": True}):
         if v.name.startswith("agentenv-scale-test-"):
             v.remove(force=True)
+
+
+@pytest.fixture(scope="session")
+def agentenv_scale_home(tmp_path_factory, docker_client, base_image) -> Iterator[Path]:
+    """A private $AGENTENV_HOME (registry, locks, pools) for the Sandbox-level tests; its containers and
+    volumes are removed at the end."""
+    import os
+
+    home = tmp_path_factory.mktemp("agentenv-scale-home").resolve()
+    old = os.environ.get("AGENTENV_HOME")
+    os.environ["AGENTENV_HOME"] = str(home)
+    from agentenv import images
+
+    images.build("base", quiet=True)
+    yield home
+    if old is None:
+        os.environ.pop("AGENTENV_HOME", None)
+    else:
+        os.environ["AGENTENV_HOME"] = old
+    label = f"org.k3rl.agentenv.home={home}"
+    for c in docker_client.containers.list(all=True, filters={"label": label}):
+        c.remove(force=True, v=True)
+    for v in docker_client.volumes.list(filters={"label": label}):
+        v.remove(force=True)
+
+
+@pytest.fixture
+def pool_factory(agentenv_scale_home):
+    """Pools with small sandboxes; every pool made is closed (members and templates) after the test."""
+    from agentenv import SandboxConfig
+    from agentenv.pool import SandboxPool
+
+    config = SandboxConfig.load(
+        memory="128m",
+        pids_limit=64,
+        tmpfs={"/tmp": "size=32m,mode=1777"},
+        exec_timeout_s=60.0,
+        lock_timeout_s=120.0,
+    )
+    made: list[SandboxPool] = []
+
+    def make(name: str, **overrides) -> SandboxPool:
+        pool = SandboxPool(f"{name}-{uuid.uuid4().hex[:6]}", config=config, **overrides)
+        made.append(pool)
+        return pool
+
+    yield make
+    for pool in made:
+        pool.close()

@@ -60,8 +60,9 @@ def test_varlen_equals_separate_sequences() -> None:
         torch.testing.assert_close(s[n : n + 1], s_n, atol=FP32_TOL, rtol=FP32_TOL)
 
 
-def test_chunked_reference_gradients_match_recurrence() -> None:
-    x = make_kda_inputs(1, 80, 2, 8, 8, dtype=torch.float64)
+@pytest.mark.parametrize("g_min", [-5.0, -50.0])  # factored fast path; overflow-free pairwise path
+def test_chunked_reference_gradients_match_recurrence(g_min: float) -> None:
+    x = make_kda_inputs(1, 80, 2, 8, 8, dtype=torch.float64, g_min=g_min)
     grads = []
     for fn in (naive_recurrent_kda, chunk_kda_reference):
         leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}

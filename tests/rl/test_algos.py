@@ -41,7 +41,9 @@ def test_grpo_gives_zero_advantage_to_a_group_with_equal_rewards():
 def test_rloo_subtracts_the_mean_of_the_other_members():
     adv = rloo_advantages(REWARDS, group_size=4)
     third = 1 / 3
-    expected = torch.tensor([1, -third, -third, -third, 0.5 + 1 / 6, 0.5 + 1 / 6, -(0.5 + 1 / 6), -(0.5 + 1 / 6)])
+    expected = torch.tensor(
+        [1, -third, -third, -third, 0.5 + 1 / 6, 0.5 + 1 / 6, -(0.5 + 1 / 6), -(0.5 + 1 / 6)]
+    )
     # member 4 of group 2: 1 - mean(1, 0, 0) = 2/3
     torch.testing.assert_close(adv, expected)
 

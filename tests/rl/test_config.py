@@ -10,18 +10,23 @@ def test_default_config_composes_and_validates():
     cfg = compose()
     assert cfg["algo"]["name"] == "grpo" and cfg["env"]["id"] == "agentenv/GuessNumber-v0"
     assert cfg["model"]["vocab_size"] == cfg["tokenizer"]["vocab_size"] == 272
-    assert cfg["env"]["kwargs"]["sandbox"]["config"]["network"] == "none"  # the sandbox group reaches the task
+    assert (
+        cfg["env"]["kwargs"]["sandbox"]["config"]["network"] == "none"
+    )  # the sandbox group reaches the task
 
 
-@pytest.mark.parametrize("overrides, key", [
-    (["algo.group_size=1"], "algo.group_size"),
-    (["algo.episodes_per_step=10"], "algo.episodes_per_step"),
-    (["algo.loss_aggregation=sum"], "algo.loss_aggregation"),
-    (["env.id=agentenv/Nope-v0"], "env.id"),
-    (["env.group_start=clone"], "env.group_start"),
-    (["rollout.num_workers=3"], "trainer.num_cpus"),
-    (["model.vocab_size=200"], "model.vocab_size"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["algo.group_size=1"], "algo.group_size"),
+        (["algo.episodes_per_step=10"], "algo.episodes_per_step"),
+        (["algo.loss_aggregation=sum"], "algo.loss_aggregation"),
+        (["env.id=agentenv/Nope-v0"], "env.id"),
+        (["env.group_start=clone"], "env.group_start"),
+        (["rollout.num_workers=3"], "trainer.num_cpus"),
+        (["model.vocab_size=200"], "model.vocab_size"),
+    ],
+)
 def test_bad_values_name_their_key(overrides, key):
     with pytest.raises(ConfigError, match=f"^{key}:"):
         compose(*overrides)

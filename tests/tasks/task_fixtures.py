@@ -15,14 +15,22 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # Small sandboxes: the whole suite shares 2 cores.
-SANDBOX = {"memory": "128m", "cpus": 1.0, "pids_limit": 64, "tmpfs": {"/tmp": "size=32m,mode=1777"},
-           "exec_timeout_s": 30.0, "lock_timeout_s": 60.0}
+SANDBOX = {
+    "memory": "128m",
+    "cpus": 1.0,
+    "pids_limit": 64,
+    "tmpfs": {"/tmp": "size=32m,mode=1777"},
+    "exec_timeout_s": 30.0,
+    "lock_timeout_s": 60.0,
+}
 
 
 def _remove_labelled(home: Path) -> None:
     label = f"label=org.k3rl.agentenv.home={home.resolve()}"
     for kind in (["ps", "-aq"], ["volume", "ls", "-q"]):
-        ids = subprocess.run(["docker", *kind, "--filter", label], capture_output=True, text=True).stdout.split()
+        ids = subprocess.run(
+            ["docker", *kind, "--filter", label], capture_output=True, text=True
+        ).stdout.split()
         if ids:
             rm = ["docker", "rm", "-f"] if kind[0] == "ps" else ["docker", "volume", "rm", "-f"]
             subprocess.run([*rm, *ids], capture_output=True)

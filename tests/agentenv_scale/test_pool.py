@@ -1,0 +1,101 @@
+"""SandboxPool on real sandboxes: LRU pausing under a memory budget, transparent resume on exec, warm
+starts from a template, leases that keep busy sandboxes running, and use from threads and processes."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from agentenv.pool import PoolBudgetExceeded
+
+pytestmark = pytest.mark.docker
+
+# A process whose random token lives only in memory: after a resume or in a fork it must be the same.
+TOKEN_PROCESS = (
+    'nohup python3 -c "import os,time; t=os.urandom(8).hex(); '
+    "open('/tmp/token','w').write(t); time.sleep(10**6)\" >/dev/null 2>&1 & "
+    "while [ ! -s /tmp/token ]; do sleep 0.05; done"
+)
+
+
+def token_of(sb) -> str:
+    """The token as held by the process: read from its memory-backed file (/tmp is a tmpfs)."""
+    return sb.exec("cat /tmp/token").stdout.strip()
+
+
+def test_lru_idle_member_is_paused_and_exec_resumes_it(pool_factory):
+    pool = pool_factory("lru", memory_budget=1, idle_after_s=0.0)
+    a = pool.create(template="with-token", setup=lambda s: s.exec(TOKEN_PROCESS))
+    token = token_of(a)
+    b = pool.create(template="with-token")
+    assert token_of(b) == token, "a warm start is a fork of the template: same memory"
+    # Creating b needed room: a, idle and least recently used, was paused to disk.
+    assert a.status == "paused" and b.status == "running"
+    # An exec on the paused member resumes it (and pauses b, now the LRU idle one).
+    assert token_of(a) == token
+    assert a.status == "running" and b.status == "paused"
+    m = pool.metrics()
+    assert m.pauses >= 2 and m.resumes >= 1 and m.warm_starts == 2 and m.cold_starts == 1
+    assert m.running == 1 and m.paused == 1 and m.templates == 1
+    assert math.isfinite(m.pause_p50_s) and m.pause_p90_s >= m.pause_p50_s
+    assert math.isfinite(m.resume_p50_s) and m.disk_bytes > 0 and m.over_budget >= 1
+
+
+def test_leased_member_is_never_paused_and_strict_budget_raises(pool_factory):
+    pool = pool_factory("lease", memory_budget=1, idle_after_s=0.0, strict_budget=True, warm_starts=False)
+    a = pool.create()
+    with pool.using(a):
+        with pytest.raises(PoolBudgetExceeded, match="budget"):
+            pool.ensure_budget(0)
+        assert a.status == "running"
+    pool.ensure_budget(0)  # released: now it can go
+    assert a.status == "paused"
+    with pytest.raises(PoolBudgetExceeded):  # strict: resuming it would not fit either
+        a.exec("echo back")
+    assert a.status == "paused"
+
+
+def test_concurrent_threads_share_a_tight_pool(pool_factory):
+    pool = pool_factory("threads", memory_budget="8m", idle_after_s=0.0)
+    members = [pool.create() for _ in range(3)]
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for j in range(3):
+                r = members[i].exec(f"echo {i}-{j} >> /workspace/log && cat /workspace/log | wc -l")
+                assert r.exit_code == 0 and int(r.stdout) == j + 1, r
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert not errors, errors
+    assert {m.status for m in members} <= {"running", "paused"}
+
+
+def test_second_process_sees_and_resumes_members(pool_factory, agentenv_scale_home):
+    pool = pool_factory("procs", memory_budget="1g", idle_after_s=0.0)
+    a = pool.create()
+    a.exec("echo from-parent > /workspace/note")
+    assert pool.pause(a) and a.status == "paused"
+    script = textwrap.dedent(
+        f"""
+        from agentenv.pool import SandboxPool
+        pool = SandboxPool({pool.name!r}, memory_budget="1g", idle_after_s=0.0)
+        print(pool.get({a.id!r}).exec("cat /workspace/note").stdout.strip())
+        print(len(pool.members()))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["from-parent", "1"]
+    assert a.status == "running", "the other process resumed it through the shared registry"

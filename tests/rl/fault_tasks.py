@@ -1,0 +1,50 @@
+"""Tasks that misbehave on purpose, for the fault-handling tests (registered as ``faults/<Name>-v0``)."""
+
+from __future__ import annotations
+
+import gymnasium
+
+from agentenv.tasks.base import Outcome
+from agentenv.tasks.guess_number import GuessNumber
+from agentenv.tasks.session import _docker_client
+
+
+class RaisesOnOddSeeds(GuessNumber):
+    """GuessNumber whose step raises for odd seeds (a bug in a user's task)."""
+
+    def act(self, action: str) -> Outcome:
+        if self.episode_seed % 2:
+            raise ValueError("task bug on purpose")
+        return super().act(action)
+
+
+class KillsItsSandbox(GuessNumber):
+    """GuessNumber whose sandbox container is killed from outside during the first step."""
+
+    def act(self, action: str) -> Outcome:
+        _docker_client().containers.get(self.sandbox.container_id).kill()
+        return super().act(action)
+
+
+class RandomStart(GuessNumber):
+    """The start state is random *inside the sandbox* (not derived from the seed): only a fork of one
+    reset sandbox gives a group identical starts. Each step reports that state."""
+
+    def setup(self, seed: int) -> str:
+        super().setup(seed)
+        return self.run("od -An -N6 -tx1 /dev/urandom | tr -d ' \\n' | tee /workspace/start").output
+
+    def act(self, action: str) -> Outcome:
+        return Outcome(self.run("cat /workspace/start").output, done=True)
+
+    def reward(self, outcome: Outcome) -> float:
+        return 0.0
+
+
+for _name, _cls in {
+    "RaisesOnOddSeeds": RaisesOnOddSeeds,
+    "KillsItsSandbox": KillsItsSandbox,
+    "RandomStart": RandomStart,
+}.items():
+    if f"faults/{_name}-v0" not in gymnasium.registry:
+        gymnasium.register(f"faults/{_name}-v0", entry_point=_cls, disable_env_checker=True)

@@ -1,0 +1,77 @@
+"""The learner on synthetic episodes (no sandboxes): balancing, KL, zero-weight samples, weight versions."""
+
+import random
+
+import pytest
+import torch
+from conftest import compose
+
+from rl.actors import RolloutWorker, StaleWeights
+from rl.episode import Episode
+from rl.learner import Learner
+
+
+def episodes(n=8, failed=False, seed=0):
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        e = Episode("agentenv/GuessNumber-v0", seed=i // 4, group=i // 4)
+        e.append([257, 259, *b"guess 0-7", 261, 260], trained=False)
+        for _turn in range(2):
+            e.append([48 + rng.randrange(8), 261], trained=True, logprobs=[-2.0, -1.0])
+            e.step_rewards.append((len(e.tokens) - 1, float(rng.random() < 0.5)))
+            e.append([259, *b"higher", 261, 260], trained=False)
+        if failed:
+            e.fail("RuntimeError: sandbox gone")
+        out.append(e)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return compose("algo.group_size=4", "algo.episodes_per_step=8", "trainer.learner_threads=1")
+
+
+def test_a_step_rebalances_every_router_and_logs_maxvio(cfg):
+    learner = Learner(cfg)
+    metrics = learner.train_step(episodes())
+    biases = [r.e_score_correction_bias for r in learner.model.moe_routers()]
+    assert len(biases) == 3 and all(b.abs().sum() > 0 for b in biases)  # set by quantile balancing
+    assert all(abs(float(b.mean())) < 1e-5 for b in biases)  # mean-centred
+    assert {"maxvio/layer1", "maxvio/layer2", "maxvio/layer3", "maxvio"} <= metrics.keys()
+    assert metrics["weights_version"] == 1.0 and learner.weights()[0] == 1
+
+
+def test_kl_to_the_frozen_reference_starts_at_zero_and_grows(cfg):
+    learner = Learner({**cfg, "algo": {**cfg["algo"], "kl_coef": 0.1}})
+    assert learner.train_step(episodes())["kl"] == pytest.approx(0.0, abs=1e-7)
+    assert learner.train_step(episodes(seed=1))["kl"] > 0
+
+
+def test_failed_episodes_are_zero_weight_samples(cfg):
+    learner = Learner(cfg)
+    before = {k: v.clone() for k, v in learner.model.named_parameters() if v.requires_grad}
+    metrics = learner.train_step(episodes(failed=True))
+    assert metrics["trained_tokens"] == 0.0
+    after = dict(learner.model.named_parameters())
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_ppo_learns_a_value_head(cfg):
+    ppo = compose("algo=ppo", "algo.episodes_per_step=8", "trainer.learner_threads=1")
+    learner = Learner(ppo)
+    metrics = learner.train_step(episodes())
+    assert learner.value_head is not None and metrics["value_loss"] > 0
+    assert learner.value_head.weight.abs().sum() > 0
+
+
+def test_workers_refuse_stale_weights(cfg):
+    worker = RolloutWorker(cfg, index=0)
+    learner = Learner(cfg)
+    learner.train_step(episodes())
+    version, state = learner.weights()
+    worker.load_weights(version, state)
+    with pytest.raises(StaleWeights, match="refusing older v0"):
+        worker.load_weights(0, state)
+    with pytest.raises(StaleWeights, match="holds weights v1 but the batch needs v2"):
+        worker.rollout([1], 2, 0, sample_seed=0, expected_version=2, iteration=0)

@@ -1,0 +1,137 @@
+"""`EpisodeRunner` with the tiny K3 policy and real sandboxes: token layout, group starts, faults."""
+
+import pytest
+import torch
+from conftest import compose
+
+from rl.episode import collate
+from rl.generation import TorchEngine
+from rl.learner import build_policy
+from rl.rollout import EpisodeRunner
+from rl.tokenizer import ByteTokenizer
+from rl.trainer import TooManyFailures, check_failures
+
+pytestmark = pytest.mark.docker
+TOK = ByteTokenizer()
+
+
+@pytest.fixture(scope="module")
+def policy():
+    torch.manual_seed(0)
+    return build_policy(compose()["model"], seed=0)
+
+
+def make_runner(policy, sandbox_config, env_id="agentenv/GuessNumber-v0", group_start="seed", **rollout):
+    import fault_tasks  # noqa: F401  (registers faults/*)
+
+    cfg = compose("env.kwargs.max_turns=2")
+    env_cfg = {**cfg["env"], "id": env_id, "group_start": group_start}
+    env_cfg["kwargs"] = {**env_cfg["kwargs"], "sandbox": {"config": sandbox_config}}
+    rollout_cfg = {**cfg["rollout"], "env_threads": 4, **rollout}
+    return EpisodeRunner(env_cfg, rollout_cfg, TorchEngine(policy, TOK), TOK)
+
+
+def test_episodes_keep_exact_tokens_masks_and_sampling_logprobs(policy, sandbox_config):
+    runner = make_runner(policy, sandbox_config)
+    try:
+        episodes, stats = runner.run([7, 8], group_size=2, generator=torch.Generator().manual_seed(0))
+    finally:
+        runner.close()
+    assert len(episodes) == 4 and stats.failed == 0 and stats.env_steps == sum(e.turns for e in episodes)
+    for ep in episodes:
+        assert ep.tokens[:2] == [TOK.bos_id, TOK.observation_id]
+        assert TOK.decode(ep.tokens).startswith("guess 0-7")
+        assert len(ep.tokens) == len(ep.action_mask) == len(ep.logprobs)
+        assert 1 <= ep.turns <= 2 and len(ep.step_rewards) == ep.turns
+        trained = [t for t, m in zip(ep.tokens, ep.action_mask, strict=True) if m]
+        assert len(trained) <= 2 * ep.turns  # max_new_tokens = 2 per action
+    # The sampling log-probs are the policy's own: recomputing them in one forward gives the same values.
+    batch = collate(episodes, TOK.pad_id)
+    with torch.no_grad():
+        logits = policy(batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+    logp = torch.log_softmax(logits, -1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    mask = batch.action_mask.bool()
+    torch.testing.assert_close(logp[mask], batch.rollout_logprobs[mask], atol=2e-4, rtol=0)
+
+
+def test_sandboxes_stay_alive_across_iterations(policy, sandbox_config):
+    runner = make_runner(policy, sandbox_config)
+    try:
+        _, first = runner.run([1, 2], 2, torch.Generator().manual_seed(0))
+        _, second = runner.run([3, 4], 2, torch.Generator().manual_seed(1))
+    finally:
+        runner.close()
+    assert first.sandboxes_created == 4 and second.sandboxes_created == 0
+
+
+def test_fork_group_start_gives_byte_identical_starts_even_for_random_state(policy, sandbox_config):
+    runner = make_runner(policy, sandbox_config, env_id="faults/RandomStart-v0", group_start="fork")
+    try:
+        episodes, stats = runner.run([5, 6], group_size=3, generator=torch.Generator().manual_seed(0))
+    finally:
+        runner.close()
+    assert stats.failed == 0 and stats.forks == 4
+    firsts = [e.first_observation for e in episodes]
+    assert firsts[0] == firsts[1] == firsts[2] and firsts[3] == firsts[4] == firsts[5]
+    assert firsts[0] != firsts[3] and len(firsts[0]) == 12  # 6 random bytes drawn inside the sandbox
+    # The first step reads the state back from each member's own (forked) sandbox.
+    assert [e.observations[1] for e in episodes] == firsts
+
+
+def test_seed_group_start_of_a_nondeterministic_task_differs(policy, sandbox_config):
+    runner = make_runner(policy, sandbox_config, env_id="faults/RandomStart-v0", group_start="seed")
+    try:
+        episodes, _ = runner.run([5], group_size=2, generator=torch.Generator().manual_seed(0))
+    finally:
+        runner.close()
+    assert episodes[0].first_observation != episodes[1].first_observation
+
+
+def test_an_exception_in_a_task_step_fails_only_that_episode(policy, sandbox_config):
+    runner = make_runner(policy, sandbox_config, env_id="faults/RaisesOnOddSeeds-v0")
+    try:
+        episodes, stats = runner.run([2, 3], group_size=2, generator=torch.Generator().manual_seed(0))
+        assert stats.failed == 2 and len(runner.pool) == 2  # the two broken envs were discarded
+    finally:
+        runner.close()
+    assert [e.error is not None for e in episodes] == [False, False, True, True]
+    assert "task bug on purpose" in episodes[2].error and episodes[2].weight == 0.0
+    batch = collate(episodes, TOK.pad_id)
+    assert batch.action_mask[2:].sum() == 0 and batch.action_mask[:2].sum() > 0  # zero-weight samples
+    with pytest.raises(
+        TooManyFailures, match="(?s)2 of 4 episodes failed.*2 x ValueError: task bug on purpose"
+    ):
+        check_failures(stats, max_fraction=0.25, iteration=0)
+    check_failures(stats, max_fraction=0.5, iteration=0)  # at the limit: the run goes on
+
+
+def test_a_sandbox_killed_mid_episode_fails_the_episode_and_is_replaced(policy, sandbox_config):
+    runner = make_runner(policy, sandbox_config, env_id="faults/KillsItsSandbox-v0")
+    try:
+        episodes, stats = runner.run([1], group_size=2, generator=torch.Generator().manual_seed(0))
+        assert stats.failed == 2 and all(e.error for e in episodes) and runner.pool == []
+    finally:
+        runner.close()
+
+
+def test_a_failed_resume_fails_the_episode_not_the_run(policy, sandbox_config):
+    from agentenv.sandbox import runtime
+
+    runner = make_runner(policy, sandbox_config, pause_idle_s=0.0)
+    try:
+        _, first = runner.run([1], group_size=2, generator=torch.Generator().manual_seed(0))
+        # parked while the policy generated (and resumed for each step), and again at the end of the run
+        assert first.pauses >= 4 and first.resumes >= 2 and first.failed == 0
+        assert all(env.paused for env in runner.pool)
+        broken = runner.pool[0]
+        checkpoint = runtime().registry.latest_checkpoint(broken.sandbox.id)
+        import shutil
+
+        shutil.rmtree(checkpoint.path)  # the checkpoint is lost: resuming this sandbox must fail
+        episodes, second = runner.run([2], group_size=2, generator=torch.Generator().manual_seed(1))
+    finally:
+        runner.close()
+    assert second.resumes >= 1 and second.failed == 1
+    assert sum(e.error is not None for e in episodes) == 1
+    failed = next(e for e in episodes if e.error)
+    assert "checkpoint" in failed.error.lower()
