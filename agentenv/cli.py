@@ -59,15 +59,12 @@ def _kv_pairs(items: Sequence[str] | None, what: str) -> dict[str, str]:
 # ---- commands -------------------------------------------------------------------------------------
 def cmd_info(args: argparse.Namespace) -> int:
     rt = runtime()
-    api = rt.backend.api  # type: ignore[attr-defined]
-    version = api.version()
     base = images.info("base") if "base" in images.recipe_names() else None
     probe = rt.backend.probe(base.tag) if base and base.built else None
     data = {
         "home": str(rt.home),
         "backend": rt.backend.name,
-        "docker": version.get("Version"),
-        "experimental": bool(version.get("Experimental")),
+        **rt.backend.describe(),
         "sandbox_user": probe.auto_user if probe else None,
         "can_checkpoint_other_uids": probe.can_checkpoint_other_uids if probe else None,
         "probe": probe.detail if probe else "not probed: build the base image first (agentenv images build)",

@@ -3,7 +3,8 @@
 - containers and volumes labelled with this `$AGENTENV_HOME` whose sandbox is unknown or closed
   (e.g. a process died between creating the container and recording it) are removed;
 - sandboxes whose container is gone are closed; running ones whose container stopped become broken;
-- rows still 'creating' after `stale_s` (their creator died) are removed with their containers.
+- rows still 'creating' after `stale_s` (their creator died) are removed with their containers;
+- leftovers of the runtime older than `stale_s` (containerd's unpacked checkpoint copies) are deleted.
 Each sandbox is reconciled under its lock, so gc never races a pause or a fork in progress.
 """
 
@@ -25,6 +26,7 @@ class GcReport:
     closed: list[str] = field(default_factory=list)
     broken: list[str] = field(default_factory=list)
     skipped_busy: list[str] = field(default_factory=list)
+    removed_checkpoint_copies: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,4 +85,5 @@ def collect_garbage(dry_run: bool = False, stale_s: float = 600.0) -> GcReport:
         report.removed_volumes.append(volume)
         if not dry_run:
             rt.backend.remove(ContainerRef("", volume))
+    report.removed_checkpoint_copies = rt.backend.collect_leftovers(dry_run=dry_run, older_than_s=stale_s)
     return report

@@ -20,6 +20,7 @@ from pathlib import Path
 from agentenv.backend import default_backend
 from agentenv.backend.base import (
     LABEL_HOME,
+    UIDS,
     Checkpoint,
     ContainerNotRunning,
     ContainerRef,
@@ -178,6 +179,11 @@ class Sandbox:
         return self._rec.user
 
     @property
+    def docker_user(self) -> str:
+        """The `uid:gid` the sandbox's processes run as (for callers that open their own docker exec)."""
+        return UIDS[self._rec.user]
+
+    @property
     def parent_id(self) -> str | None:
         return self._rec.parent_id
 
@@ -228,8 +234,11 @@ class Sandbox:
         data = stdin.encode() if isinstance(stdin, str) else stdin
         if data is not None and not isinstance(data, bytes | bytearray):
             raise AgentEnvError(f"stdin must be bytes or str, got {type(stdin).__name__}")
-        if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise AgentEnvError("env must map str to str")
+        if env is not None and not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k
+                                       and "\0" not in k + v for k, v in env.items()):
+            raise AgentEnvError("env must map names (non-empty, without '=') to str values")
+        if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
+            raise AgentEnvError(f"workdir must be an absolute path, got {workdir!r}")
         raw = self._backend_exec(rec, argv, timeout_s=timeout_s, output_limit=cfg.output_limit_bytes,
                                  stdin=bytes(data) if data is not None else None, env=env, workdir=workdir)
         oom = False
@@ -478,10 +487,12 @@ def _argv(cmd: str | Sequence[str]) -> list[str]:
     if isinstance(cmd, str):
         if not cmd.strip():
             raise AgentEnvError("empty command")
-        return ["sh", "-c", cmd]
+        cmd = ["sh", "-c", cmd]
     argv = list(cmd) if isinstance(cmd, Sequence) else None
     if not argv or not all(isinstance(a, str) for a in argv):
         raise AgentEnvError(f"cmd must be a string or a non-empty list of strings, got {cmd!r}")
+    if any("\0" in a for a in argv):
+        raise AgentEnvError("cmd must not contain NUL bytes")
     return argv
 
 

@@ -10,14 +10,14 @@ Measures, each against a baseline taken in the same run:
   * cache bytes per token of context vs a standard multi-head attention cache of the same model size
     (every layer storing K and V of width heads x head_dim), measured from the live K3Cache;
   * MaxVio over 20 steps of Quantile Balancing vs the sign update (u = 1e-3), on router scores the
-    k3_small model produces for fresh batches of byte-level text (this repository's sources) at each step.
+    model produces (k3_tiny with --quick, else k3_small) for 20 fresh batches of byte-level text (this
+    repository's sources); both methods route the same recorded scores, each with its own bias state.
 Rewrites only the `model` section of docs/benchmarks.md (between its markers) unless --no-write.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import platform
 import statistics
 import sys
@@ -30,7 +30,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from model import K3Config, K3ForCausalLM, count_parameters  # noqa: E402
-from model.balancing import max_violation, quantile_balance, sign_update  # noqa: E402
+from model.balancing import (  # noqa: E402
+    expert_loads,
+    max_violation,
+    quantile_balance,
+    route_top_k,
+    sign_update,
+)
 
 CONFIGS = {"k3_tiny": ROOT / "conf/model/k3_tiny.yaml", "k3_small": ROOT / "conf/model/k3_small.yaml"}
 MARK_START, MARK_END = "<!-- bench:model:start -->", "<!-- bench:model:end -->"
@@ -121,27 +127,32 @@ def text_batches(batch: int, length: int, steps: int, seed: int = 0) -> list[tor
 
 
 @torch.no_grad()
-def balancing_curves(model: K3ForCausalLM, batches: list[torch.Tensor]) -> dict[str, list[float]]:
-    """MaxVio per step (mean over MoE layers) for QB and the sign update, each on its own copy of `model`.
+def recorded_router_scores(model: K3ForCausalLM, batches: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Router scores [tokens, n] of every MoE layer (inner list) for each batch (outer list)."""
+    return [[s.scores for s in model(ids).router_stats] for ids in batches]
 
-    At step t the batch is routed with the bias computed from steps < t, so every figure is measured on
-    tokens the bias has not seen.
+
+def balancing_curves(scores: list[list[torch.Tensor]], k: int) -> dict[str, list[float]]:
+    """MaxVio per step (mean over MoE layers) for Quantile Balancing and the sign update.
+
+    Both methods route the same recorded scores: at step t, batch t is routed (top-k of s + b) with the
+    bias computed from batches < t, so every figure is measured on tokens that bias has not seen.
     """
+    n = scores[0][0].shape[1]
     curves = {}
     for method in ("quantile", "sign"):
-        m = copy.deepcopy(model)
-        routers = m.moe_routers()
-        k = m.config.num_experts_per_token
+        biases = [torch.zeros(n) for _ in scores[0]]
         vio = []
-        for ids in batches:
-            stats = m(ids).router_stats
-            vio.append(statistics.mean(max_violation(s.loads) for s in stats))
-            for router, s in zip(routers, stats, strict=True):
-                bias = router.e_score_correction_bias
+        for step_scores in scores:
+            per_layer = []
+            for j, s in enumerate(step_scores):
+                loads = expert_loads(route_top_k(s, biases[j], k), n)
+                per_layer.append(max_violation(loads))
                 if method == "quantile":
-                    router.update_bias(quantile_balance(s.scores, k, bias))
+                    biases[j] = quantile_balance(s, k, biases[j])
                 else:
-                    router.update_bias(sign_update(s.loads, bias))
+                    biases[j] = sign_update(loads, biases[j], u=1e-3)
+            vio.append(statistics.mean(per_layer))
         curves[method] = vio
     return curves
 
@@ -204,16 +215,20 @@ def run(quick: bool, threads: int) -> str:
     add(f"| k3 (full, from config) | {ours:,} values | 69 x 96 x 128 x 128 state | {mha:,} values | "
         f"{mha / ours:.0f}x |")
 
-    bal_model = models["k3_small"]
+    bal_name = "k3_tiny" if quick else "k3_small"  # k3_small's forward is ~100x dearer on a shared CPU
+    bal_model = models[bal_name]
     cfg = bal_model.config
-    batch, length = (32, 128) if quick else (64, 128)
+    batch, length = 32, 128
     tokens = batch * length
-    curves = balancing_curves(bal_model, text_batches(batch, length, 20))
+    curves = balancing_curves(
+        recorded_router_scores(bal_model, text_batches(batch, length, 20)), cfg.num_experts_per_token
+    )
     floor = noise_floor(tokens, cfg.num_experts, cfg.num_experts_per_token)
-    add(f"\n### Router balancing on k3_small scores ({cfg.num_experts} experts, "
+    add(f"\n### Router balancing on {bal_name} scores ({cfg.num_experts} experts, "
         f"top-{cfg.num_experts_per_token}, {tokens} byte-text tokens per step in {batch} windows "
         f"of {length}, "
-        f"a fresh batch each step; MaxVio averaged over the {len(bal_model.moe_routers())} MoE layers)\n")
+        f"a fresh batch each step, routed with the bias from earlier steps; MaxVio averaged over the "
+        f"{len(bal_model.moe_routers())} MoE layers)\n")
     add("| method | step 0 | step 1 | step 2 | step 3 | step 5 | step 10 | step 19 | steps to <= 2x floor |")
     add("|---|---|---|---|---|---|---|---|---|")
     for method, curve in curves.items():

@@ -146,6 +146,14 @@ class SandboxBackend(abc.ABC):
         """(rss_bytes, cpu_seconds since last start, pids, oom_kills since last start); zeros when stopped."""
 
     @abc.abstractmethod
+    def describe(self) -> dict[str, object]:
+        """Facts about the runtime for `agentenv info` (versions, features)."""
+
+    def collect_leftovers(self, dry_run: bool = False, older_than_s: float = 600.0) -> list[str]:
+        """Delete files the runtime left behind from old restores; returns what was (or would be) removed."""
+        return []
+
+    @abc.abstractmethod
     def list_owned(self, home: str) -> dict[str, list[str]]:
         """{'containers': [...], 'volumes': [...]} labelled as belonging to the registry at `home`."""
 

@@ -132,6 +132,43 @@ def _copy_tree(src: Path, dst: Path, hardlink: bool = False) -> None:
         raise CheckpointError(f"copying {src} to {dst} failed: {proc.stderr.strip()[:300]}")
 
 
+def containerd_tmp_dirs() -> list[Path]:
+    """Where the running containerd processes unpack checkpoints ($TMPDIR of each, default /tmp)."""
+    dirs: set[Path] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if (proc / "comm").read_text().strip() != "containerd":
+                continue
+            env = dict(kv.split("=", 1) for kv in (proc / "environ").read_text().split("\0") if "=" in kv)
+            dirs.add(Path(env.get("TMPDIR") or "/tmp"))
+    return sorted(dirs) or [Path("/tmp")]
+
+
+def remove_containerd_copies(nonce: str | None = None, older_than_s: float | None = None,
+                             dry_run: bool = False) -> list[str]:
+    """Delete the copies of our checkpoints that containerd unpacks for every restore and never removes
+    (`<tmp>/ctrd-checkpoint*`, containerd #10166; each is as big as the checkpoint). Ours carry the
+    restore nonce file: with `nonce`, the copy of that restore; with `older_than_s`, every stale one."""
+    removed = []
+    now = time.time()
+    for tmp in containerd_tmp_dirs():
+        for copy in tmp.glob("ctrd-checkpoint*"):
+            marker = copy / RESTORE_NONCE_FILE
+            try:
+                if nonce is not None and marker.read_text() != nonce:
+                    continue
+                if older_than_s is not None and now - marker.stat().st_mtime < older_than_s:
+                    continue
+            except OSError:
+                continue
+            if not dry_run:
+                shutil.rmtree(copy, ignore_errors=True)
+            removed.append(str(copy))
+    return removed
+
+
 class DockerCriuBackend(SandboxBackend):
     name = "docker-criu"
 
@@ -168,6 +205,12 @@ class DockerCriuBackend(SandboxBackend):
                 "the Docker daemon runs without experimental features, so it cannot checkpoint; restart it "
                 "as `dockerd --experimental` (scripts/ensure_dockerd.sh does)"
             )
+
+    @_docker_errors
+    def describe(self) -> dict[str, object]:
+        version = self.api.version()
+        return {"docker": version.get("Version"), "experimental": bool(version.get("Experimental")),
+                "docker_root": str(self.docker_root())}
 
     @_docker_errors
     def probe(self, image: str, refresh: bool = False) -> HostProbe:
@@ -340,9 +383,9 @@ class DockerCriuBackend(SandboxBackend):
         # fails with "already exists" when the same bytes are still there (the blob that `checkpoint
         # create` left until containerd's next garbage collection). A fresh nonce file makes every
         # upload unique; CRIU ignores files it does not know.
-        nonce = Path(checkpoint.path) / RESTORE_NONCE_FILE
-        nonce.unlink(missing_ok=True)  # a fork's folder is hard-linked: never write through a shared inode
-        nonce.write_text(secrets.token_hex(16))
+        nonce, nonce_file = secrets.token_hex(16), Path(checkpoint.path) / RESTORE_NONCE_FILE
+        nonce_file.unlink(missing_ok=True)  # a fork's folder is hard-linked: never write through its inode
+        nonce_file.write_text(nonce)
         try:
             res = self.api._post(self.api._url("/containers/{0}/start", ref.container),
                                  params={"checkpoint": checkpoint.id})
@@ -350,6 +393,8 @@ class DockerCriuBackend(SandboxBackend):
         except docker.errors.APIError as e:
             why = _criu_log_errors(str(e.explanation or e)) or f": {_first_line(e)}"
             raise CheckpointError(f"CRIU could not restore checkpoint {checkpoint.id}{why}") from None
+        finally:
+            remove_containerd_copies(nonce=nonce)
         try:
             found = self._write_identity(ref, sandbox_id)
         except ContainerNotRunning as e:
@@ -441,6 +486,9 @@ class DockerCriuBackend(SandboxBackend):
         containers = [c["Id"] for c in self.api.containers(all=True, filters=flt)]
         volumes = [v["Name"] for v in (self.api.volumes(filters=flt).get("Volumes") or [])]
         return {"containers": containers, "volumes": volumes}
+
+    def collect_leftovers(self, dry_run: bool = False, older_than_s: float = 600.0) -> list[str]:
+        return remove_containerd_copies(older_than_s=older_than_s, dry_run=dry_run)
 
     def sandbox_of_container(self, container: str) -> str | None:
         try:

@@ -11,6 +11,8 @@ switched) are still restored by Docker's path.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import secrets
 import time
 from pathlib import Path
@@ -20,9 +22,13 @@ import docker
 from agentenv.backend import docker_client
 from agentenv.backend.base import RUNTIME_DIR, Checkpoint, ContainerNotRunning, ContainerRef, ContainerSpec
 from agentenv.backend.docker_criu import DockerCriuBackend, _copy_tree
-from agentenv.errors import CheckpointError
+from agentenv.errors import CheckpointError, ConfigError
 from agentenv.fastpath.engine import FastPath
+from agentenv.fastpath.errors import FastPathUnavailable
+from agentenv.fastpath.host import probe
 from agentenv.fastpath.settings import FastPathSettings
+
+log = logging.getLogger(__name__)
 
 
 class FastPathBackend(DockerCriuBackend):
@@ -108,3 +114,33 @@ class FastPathBackend(DockerCriuBackend):
         super().remove(ref)
         if ref.container:
             self.fastpath.discard(ref.container)
+
+    def reclaim_images(self) -> dict[str, int]:
+        """`agentenv gc`: images of containers Docker no longer has, and containerd's restore leftovers."""
+        report = self.fastpath.gc()
+        return {
+            "checkpoint_dirs_removed": report.orphan_containers,
+            "checkpoint_bytes_freed": report.freed_bytes,
+            "restore_copies_removed": report.unpacked_copies,
+        }
+
+
+BACKENDS = ("fastpath", "docker-criu")
+
+
+def select_backend(home: Path) -> DockerCriuBackend:
+    """The backend this process uses: `$AGENTENV_BACKEND`, else `enabled` in conf/agentenv/fastpath.yaml.
+
+    The fast path falls back to Docker's checkpoint path (with a warning) on hosts that cannot run it.
+    """
+    settings = FastPathSettings.load()
+    choice = os.environ.get("AGENTENV_BACKEND") or ("fastpath" if settings.enabled else "docker-criu")
+    if choice not in BACKENDS:
+        raise ConfigError(f"AGENTENV_BACKEND must be one of {BACKENDS}, got {choice!r}")
+    if choice == "fastpath":
+        try:
+            probe(settings)
+            return FastPathBackend(home, settings)
+        except FastPathUnavailable as e:
+            log.warning("AgentENV fast path unavailable (%s); using Docker's checkpoint path", e)
+    return DockerCriuBackend(home)

@@ -29,6 +29,7 @@ def default_settings_path() -> Path:
 class FastPathSettings:
     """See conf/agentenv/fastpath.yaml for the meaning of each field."""
 
+    enabled: bool
     store_dir: Path
     disk_cap: int
     pause_headroom: float
@@ -67,6 +68,7 @@ class FastPathSettings:
             )
         try:
             settings = cls(
+                enabled=_bool(data["enabled"], "enabled"),
                 store_dir=Path(str(data["store_dir"])).expanduser(),
                 disk_cap=parse_size(data["disk_cap"], "disk_cap"),
                 pause_headroom=float(data["pause_headroom"]),

@@ -43,6 +43,11 @@ from kernels.kda.inputs import check_kda_inputs, sequence_bounds
 
 CHUNK = 64
 SUB = 16
+# Launch options, chosen by compiling for sm_90 (``python -m kernels.compile_check``): 8 warps keep the
+# [64, 128] fp32 tiles from spilling much; two pipeline stages keep the state passes within shared memory.
+TILE_LAUNCH = {"num_warps": 8}
+STATE_LAUNCH = {"num_warps": 8, "num_stages": 2}
+SUB_TILE_LAUNCH = {"num_warps": 4}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -247,18 +252,20 @@ def _output_fwd_kernel(
     H,
     K: tl.constexpr,
     V: tl.constexpr,
+    BV: tl.constexpr,
     C: tl.constexpr,
 ):
-    """o = (scale·q ⊙ e^G) S_chunk + Aqk u, for one chunk."""
+    """o = (scale·q ⊙ e^G) S_chunk + Aqk u, for one chunk and one block of BV value channels."""
     c = tl.program_id(0)
     h = tl.program_id(1)
+    vb = tl.program_id(2)
     start = tl.load(chunk_start_ptr + c).to(tl.int64)
     end = tl.load(chunk_end_ptr + c).to(tl.int64)
     loc = tl.arange(0, C)
     rows = start + loc
     row_ok = rows < end
     kk = tl.arange(0, K)
-    vv = tl.arange(0, V)
+    vv = vb * BV + tl.arange(0, BV)
     offs_k = (rows[:, None] * H + h) * K + kk[None, :]
     offs_v = (rows[:, None] * H + h) * V + vv[None, :]
     q = tl.load(q_ptr + offs_k, mask=row_ok[:, None], other=0.0).to(tl.float32) * scale
@@ -363,9 +370,13 @@ def _chunk_bwd_kernel(
     H,
     K: tl.constexpr,
     V: tl.constexpr,
+    BV: tl.constexpr,
     C: tl.constexpr,
 ):
-    """One chunk's gradients through o, the WY products and the triangular inverse (see module doc)."""
+    """One chunk's gradients through o, the WY products and the triangular inverse (see module doc).
+
+    The value channels are visited in blocks of BV so that no [K, V] tile is ever held whole.
+    """
     c = tl.program_id(0)
     h = tl.program_id(1)
     start = tl.load(chunk_start_ptr + c).to(tl.int64)
@@ -373,55 +384,65 @@ def _chunk_bwd_kernel(
     loc = tl.arange(0, C)
     rows = start + loc
     row_ok = rows < end
-    kk = tl.arange(0, K)
-    vv = tl.arange(0, V)
-    offs_k = (rows[:, None] * H + h) * K + kk[None, :]
-    offs_v = (rows[:, None] * H + h) * V + vv[None, :]
-    offs_c = (rows[:, None] * H + h) * C + loc[None, :]
-    offs_state = (c * H + h) * K * V + kk[:, None] * V + vv[None, :]
     rmask = row_ok[:, None]
+    kk = tl.arange(0, K)
+    offs_c = (rows[:, None] * H + h) * C + loc[None, :]
+    beta = tl.load(beta_ptr + rows * H + h, mask=row_ok, other=0.0).to(tl.float32)
+    M = tl.load(M_ptr + offs_c, mask=rmask, other=0.0)
+    Mt = tl.trans(M)
+    # o = (q e^G) S + Aqk u ;  S_end = e^{G_L} S + (k e^{G_L-G})ᵀ u ;  u = U − W S ;  U = M (β v)
+    dAqk = tl.zeros([C, C], dtype=tl.float32)
+    dM = tl.zeros([C, C], dtype=tl.float32)
+    d_qdec = tl.zeros([C, K], dtype=tl.float32)
+    d_kte = tl.zeros([C, K], dtype=tl.float32)
+    dW = tl.zeros([C, K], dtype=tl.float32)
+    dG_last_state = tl.zeros([K], dtype=tl.float32)
+    dbeta = tl.zeros([C], dtype=tl.float32)
+    for v0 in tl.static_range(0, V, BV):
+        vv = v0 + tl.arange(0, BV)
+        offs_v = (rows[:, None] * H + h) * V + vv[None, :]
+        offs_state = (c * H + h) * K * V + kk[:, None] * V + vv[None, :]
+        state = tl.load(h_ptr + offs_state)
+        dstate = tl.load(dh_ptr + offs_state)
+        u = tl.load(u_ptr + offs_v, mask=rmask, other=0.0)
+        du = tl.load(du_ptr + offs_v, mask=rmask, other=0.0)
+        do = tl.load(do_ptr + offs_v, mask=rmask, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + offs_v, mask=rmask, other=0.0).to(tl.float32)
+        dAqk += tl.dot(do, tl.trans(u))
+        d_qdec += tl.dot(do, tl.trans(state))
+        d_kte += tl.dot(u, tl.trans(dstate))
+        dW -= tl.dot(du, tl.trans(state))
+        dG_last_state += tl.sum(state * dstate, axis=1)
+        dR1 = tl.dot(Mt, du)
+        dbeta += tl.sum(dR1 * v, axis=1)
+        dM += tl.dot(du, tl.trans(v * beta[:, None]))
+        tl.store(dv_ptr + offs_v, dR1 * beta[:, None], mask=rmask)
+    offs_k = (rows[:, None] * H + h) * K + kk[None, :]
     q = tl.load(q_ptr + offs_k, mask=rmask, other=0.0).to(tl.float32) * scale
     k = tl.load(k_ptr + offs_k, mask=rmask, other=0.0).to(tl.float32)
-    v = tl.load(v_ptr + offs_v, mask=rmask, other=0.0).to(tl.float32)
-    beta = tl.load(beta_ptr + rows * H + h, mask=row_ok, other=0.0).to(tl.float32)
     G = tl.load(G_ptr + offs_k, mask=rmask, other=0.0)
     G_last = tl.load(G_ptr + ((end - 1) * H + h) * K + kk)
-    Akk = tl.load(Akk_ptr + offs_c, mask=rmask, other=0.0)
-    M = tl.load(M_ptr + offs_c, mask=rmask, other=0.0)
-    u = tl.load(u_ptr + offs_v, mask=rmask, other=0.0)
-    du = tl.load(du_ptr + offs_v, mask=rmask, other=0.0)
-    do = tl.load(do_ptr + offs_v, mask=rmask, other=0.0).to(tl.float32)
-    state = tl.load(h_ptr + offs_state)
-    dstate = tl.load(dh_ptr + offs_state)
     eG = tl.exp(G)
-    k_to_end = k * tl.exp(tl.where(rmask, G_last[None, :] - G, 0.0))
+    to_end = tl.exp(tl.where(rmask, G_last[None, :] - G, 0.0))
+    k_to_end = k * to_end
+    R2 = k * eG * beta[:, None]
+    dR2 = tl.dot(Mt, dW)
+    dM += tl.dot(dW, tl.trans(R2))
     lower_incl = (loc[:, None] >= loc[None, :]) & rmask
     lower_strict = (loc[:, None] > loc[None, :]) & rmask
-    # o = (q e^G) S + Aqk u   and   S_end = e^{G_L} S + (k e^{G_L-G})ᵀ u
-    dAqk = tl.where(lower_incl, tl.dot(do, tl.trans(u)), 0.0)
-    d_qdec = tl.dot(do, tl.trans(state))
-    d_kte = tl.dot(u, tl.trans(dstate))
-    dG_last = tl.sum(state * dstate, axis=1) * tl.exp(G_last) + tl.sum(d_kte * k_to_end, axis=0)
-    # u = U − W S,  U = M (β v),  W = M (β k e^G),  M = (I + β Akk)⁻¹
-    dW = -tl.dot(du, tl.trans(state))
-    R1 = v * beta[:, None]
-    R2 = k * eG * beta[:, None]
-    Mt = tl.trans(M)
-    dR1 = tl.dot(Mt, du)
-    dR2 = tl.dot(Mt, dW)
-    dM = tl.dot(du, tl.trans(R1)) + tl.dot(dW, tl.trans(R2))
-    dA = tl.where(lower_strict, -tl.dot(Mt, tl.dot(dM, Mt)), 0.0)
-    dbeta = tl.sum(dA * Akk, axis=1) + tl.sum(dR1 * v, axis=1) + tl.sum(dR2 * k * eG, axis=1)
+    dA = tl.where(lower_strict, -tl.dot(Mt, tl.dot(dM, Mt)), 0.0)  # M = (I + A)⁻¹
+    Akk = tl.load(Akk_ptr + offs_c, mask=rmask, other=0.0)
+    dbeta += tl.sum(dA * Akk, axis=1) + tl.sum(dR2 * k * eG, axis=1)
+    dG_last = dG_last_state * tl.exp(G_last) + tl.sum(d_kte * k_to_end, axis=0)
     dq = d_qdec * eG
-    dk = d_kte * tl.exp(tl.where(rmask, G_last[None, :] - G, 0.0)) + dR2 * beta[:, None] * eG
+    dk = d_kte * to_end + dR2 * beta[:, None] * eG
     dG = d_qdec * q * eG - d_kte * k_to_end + dR2 * R2
     dG += tl.where((rows == end - 1)[:, None], dG_last[None, :], 0.0)
-    tl.store(dAqk_ptr + offs_c, dAqk, mask=rmask)
+    tl.store(dAqk_ptr + offs_c, tl.where(lower_incl, dAqk, 0.0), mask=rmask)
     tl.store(dAkk_ptr + offs_c, dA * beta[:, None], mask=rmask)
     tl.store(dq_ptr + offs_k, dq, mask=rmask)
     tl.store(dk_ptr + offs_k, dk, mask=rmask)
     tl.store(dG_ptr + offs_k, dG, mask=rmask)
-    tl.store(dv_ptr + offs_v, dR1 * beta[:, None], mask=rmask)
     tl.store(dbeta_ptr + rows * H + h, dbeta, mask=row_ok)
 
 
@@ -570,12 +591,17 @@ def check_head_dims(K: int, V: int) -> None:
             )
 
 
+def value_block(K: int, V: int) -> int:
+    """Value channels per program of the state passes: keeps [K, BV] fp32 tiles within shared memory."""
+    return min(V, 64 if K <= 64 else 32)
+
+
 def _chunk_cumsum(x: torch.Tensor, table: _ChunkTable, reverse: bool) -> torch.Tensor:
     T, H, D = x.shape
     out = torch.empty(T, H, D, dtype=torch.float32, device=x.device)
     if table.n_chunks:
         _chunk_cumsum_kernel[(table.n_chunks, H)](
-            x, out, table.chunk_start, table.chunk_end, H, D=D, C=CHUNK, REVERSE=reverse
+            x, out, table.chunk_start, table.chunk_end, H, D=D, C=CHUNK, REVERSE=reverse, **TILE_LAUNCH
         )
     return out
 
@@ -594,14 +620,40 @@ def kda_chunk_forward(q, k, v, g, beta, scale, h0, store_final, table: _ChunkTab
     states = torch.empty(table.n_chunks, H, K, V, **f32)
     final = torch.empty(table.n_seqs, H, K, V, **f32) if store_final else None
     o = torch.empty(T, H, V, dtype=v.dtype, device=dev)
-    BV = min(V, 64)
+    BV = value_block(K, V)
     if table.n_chunks:
         grid_sub = (table.n_chunks * (CHUNK // SUB), H)
         _intra_scores_fwd_kernel[grid_sub](
-            q, k, G, Akk, Aqk, table.chunk_start, table.chunk_end, scale, H, K=K, C=CHUNK, S=SUB
+            q,
+            k,
+            G,
+            Akk,
+            Aqk,
+            table.chunk_start,
+            table.chunk_end,
+            scale,
+            H,
+            K=K,
+            C=CHUNK,
+            S=SUB,
+            **SUB_TILE_LAUNCH,
         )
         _solve_wy_kernel[(table.n_chunks, H)](
-            Akk, beta, k, v, G, M, U, W, table.chunk_start, table.chunk_end, H, K=K, V=V, C=CHUNK
+            Akk,
+            beta,
+            k,
+            v,
+            G,
+            M,
+            U,
+            W,
+            table.chunk_start,
+            table.chunk_end,
+            H,
+            K=K,
+            V=V,
+            C=CHUNK,
+            **TILE_LAUNCH,
         )
     _state_fwd_kernel[(table.n_seqs, H, V // BV)](
         k,
@@ -622,10 +674,25 @@ def kda_chunk_forward(q, k, v, g, beta, scale, h0, store_final, table: _ChunkTab
         C=CHUNK,
         HAS_H0=h0 is not None,
         STORE_HT=store_final,
+        **STATE_LAUNCH,
     )
     if table.n_chunks:
-        _output_fwd_kernel[(table.n_chunks, H)](
-            q, G, Aqk, u, states, o, table.chunk_start, table.chunk_end, scale, H, K=K, V=V, C=CHUNK
+        _output_fwd_kernel[(table.n_chunks, H, V // BV)](
+            q,
+            G,
+            Aqk,
+            u,
+            states,
+            o,
+            table.chunk_start,
+            table.chunk_end,
+            scale,
+            H,
+            K=K,
+            V=V,
+            BV=BV,
+            C=CHUNK,
+            **TILE_LAUNCH,
         )
     saved = dict(G=G, Akk=Akk, Aqk=Aqk, M=M, W=W, u=u, states=states)
     return o, final, saved
@@ -639,7 +706,7 @@ def kda_chunk_backward(q, k, v, beta, scale, saved, do, dht, need_dh0, table: _C
     du = torch.empty(T, H, V, **f32)
     dstates = torch.empty(table.n_chunks, H, K, V, **f32)
     dh0 = torch.empty(table.n_seqs, H, K, V, **f32) if need_dh0 else None
-    BV = min(V, 64)
+    BV = value_block(K, V)
     G = saved["G"]
     _state_bwd_kernel[(table.n_seqs, H, V // BV)](
         q,
@@ -663,6 +730,7 @@ def kda_chunk_backward(q, k, v, beta, scale, saved, do, dht, need_dh0, table: _C
         C=CHUNK,
         HAS_DHT=dht is not None,
         STORE_DH0=need_dh0,
+        **STATE_LAUNCH,
     )
     dAqk, dAkk = torch.empty(T, H, CHUNK, **f32), torch.empty(T, H, CHUNK, **f32)
     dq, dk, dG = torch.empty(T, H, K, **f32), torch.empty(T, H, K, **f32), torch.empty(T, H, K, **f32)
@@ -694,7 +762,9 @@ def kda_chunk_backward(q, k, v, beta, scale, saved, do, dht, need_dh0, table: _C
             H,
             K=K,
             V=V,
+            BV=BV,
             C=CHUNK,
+            **TILE_LAUNCH,
         )
         _intra_scores_bwd_kernel[(table.n_chunks * (CHUNK // SUB), H)](
             q,
@@ -712,6 +782,7 @@ def kda_chunk_backward(q, k, v, beta, scale, saved, do, dht, need_dh0, table: _C
             K=K,
             C=CHUNK,
             S=SUB,
+            **SUB_TILE_LAUNCH,
         )
     dg = _chunk_cumsum(dG, table, reverse=True)
     return dq * scale, dk, dv, dg, dbeta, dh0

@@ -70,6 +70,13 @@ def test_bad_exec_inputs_get_clear_errors(sandbox):
         sandbox.exec("true", timeout=-1)
     with pytest.raises(AgentEnvError, match="env must map"):
         sandbox.exec("true", env={"A": 1})
+    with pytest.raises(AgentEnvError, match="env must map"):
+        sandbox.exec("true", env={"A=B": "x"})
+    with pytest.raises(AgentEnvError, match="NUL"):
+        sandbox.exec("echo a\0b")
+    with pytest.raises(AgentEnvError, match="workdir must be an absolute path"):
+        sandbox.exec("true", workdir="relative")
+    assert sandbox.exec("pwd", workdir="/nope").exit_code == 126  # the runtime's own refusal
     with pytest.raises(SandboxNotFound, match="no sandbox"):
         Sandbox.get("ffffffffffff")
 

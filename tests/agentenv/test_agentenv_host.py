@@ -84,7 +84,8 @@ def test_images_are_tagged_by_content_hash_and_layer_on_base(base_image, tmp_pat
     assert images.tag_of("hello-task") != v1.tag  # changed content, new tag
     api = docker_client.api()
     try:
-        cid = api.create_container(v1.tag, command=["cat", "/opt/hello.txt"])["Id"]
+        cid = api.create_container(v1.tag, command=["cat", "/opt/hello.txt"],
+                                   host_config=api.create_host_config(network_mode="none"))["Id"]
         api.start(cid)
         api.wait(cid, timeout=30)
         assert api.logs(cid) == b"hello v1\n"

@@ -11,6 +11,7 @@ from agentenv_testutil import count, start_counter
 from agentenv import CheckpointError, Sandbox, SandboxStateError
 from agentenv.backend import docker_client
 from agentenv.backend.cgroups import CGROUP_ROOT
+from agentenv.backend.docker_criu import containerd_tmp_dirs
 from agentenv.sandbox import runtime
 
 pytestmark = pytest.mark.docker
@@ -82,6 +83,18 @@ def test_repeated_cycles_keep_the_state(sandbox):
         seen.append(count(sandbox))
     assert seen == sorted(seen) and seen[0] > 0
     assert sandbox.exec("cat /run/agentenv/sandbox-id").stdout == sandbox.id
+
+
+def test_restores_leave_no_unpacked_checkpoint_copies_behind(sandbox):
+    """containerd unpacks every restored checkpoint into <tmp>/ctrd-checkpoint* and never deletes it
+    (containerd #10166): a leak of one checkpoint per resume or fork unless AgentENV removes it."""
+    sandbox.pause()
+    sandbox.resume()
+    (fork,) = sandbox.fork(1)
+    volumes = {f"agentenv-{sandbox.id}-ws".encode(), f"agentenv-{fork.id}-ws".encode()}
+    left = [copy for tmp in containerd_tmp_dirs() for copy in tmp.glob("ctrd-checkpoint*")
+            if any(v in img.read_bytes() for img in copy.glob("mountpoints-*.img") for v in volumes)]
+    assert left == []
 
 
 def test_state_errors_name_the_problem(sandbox):

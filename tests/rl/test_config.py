@@ -1,7 +1,7 @@
 """Config validation: bad values stop the run up front with the key in the message."""
 
 import pytest
-from conftest import compose
+from rl_testutil import compose
 
 from rl.config import ConfigError
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 import torch
-from conftest import compose
+from rl_testutil import compose
 
 from rl.actors import RolloutWorker, StaleWeights
 from rl.episode import Episode

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import compose
+from rl_testutil import compose
 
 from rl.episode import collate
 from rl.generation import TorchEngine

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TINY, compose
+from rl_testutil import TINY, compose
 from safetensors.torch import load_file
 
 from rl.trainer import Trainer

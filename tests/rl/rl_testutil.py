@@ -1,0 +1,33 @@
+"""Helpers of the trainer tests (imported by name; pytest puts this folder on sys.path)."""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def compose(*overrides: str) -> dict:
+    """The resolved run config (as `rl.train` builds it) for the given Hydra overrides."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from rl.train import resolve_config
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return resolve_config(hydra_compose("config", overrides=list(overrides)))
+
+
+# A run small enough for the test budget: 2 groups of 2 episodes, 2-turn games, no progress bar.
+TINY = (
+    "algo.group_size=2",
+    "algo.episodes_per_step=4",
+    "env.kwargs.max_turns=2",
+    "trainer.iterations=2",
+    "trainer.stop_at_success=null",
+    "trainer.progress_bar=false",
+    "trainer.tensorboard=true",
+    "trainer.learner_threads=1",
+    "rollout.env_threads=4",
+    "trainer.time_limit_s=null",
+    "sandbox.memory=128m",
+    "sandbox.pids_limit=64",
+)
