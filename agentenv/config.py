@@ -39,6 +39,19 @@ def parse_size(value: str | int, what: str = "size") -> int:
     return n
 
 
+def read_yaml_mapping(path: Path, what: str, hint: str = "") -> dict[str, Any]:
+    """The mapping in a YAML file, or a ConfigError naming `what` and the file (for every agentenv config)."""
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist" + (f" ({hint})" if hint else "")) from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what} {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {path} must be a mapping of keys to values")
+    return data
+
+
 @dataclass(frozen=True)
 class SandboxConfig:
     """One sandbox's profile. Build it with `SandboxConfig.load(**overrides)` (YAML defaults + overrides)."""
@@ -70,14 +83,7 @@ class SandboxConfig:
     def load(cls, path: str | Path | None = None, **overrides: Any) -> SandboxConfig:
         """Defaults from `path` (default: conf/sandbox/default.yaml), then `overrides` on top."""
         path = Path(path) if path is not None else default_config_path()
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"sandbox config {path} does not exist (set AGENTENV_CONFIG)") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"sandbox config {path} is not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"sandbox config {path} must be a mapping of keys to values")
+        data = read_yaml_mapping(path, "sandbox config", "set AGENTENV_CONFIG to another file")
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(data)
 

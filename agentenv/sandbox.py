@@ -101,6 +101,7 @@ class Sandbox:
     def __init__(self, record: SandboxRecord, rt: _Runtime | None = None) -> None:
         self._rt = rt or runtime()
         self._rec = record
+        self._config: SandboxConfig | None = None  # fixed at creation: parsed once per handle
 
     # ---- finding and creating -----------------------------------------------------------------
     @classmethod
@@ -193,7 +194,9 @@ class Sandbox:
 
     @property
     def config(self) -> SandboxConfig:
-        return SandboxConfig.from_dict(self._rec.config)
+        if self._config is None:
+            self._config = SandboxConfig.from_dict(self._rec.config)
+        return self._config
 
     @property
     def container_id(self) -> str | None:

@@ -5,9 +5,9 @@
 
 Triton lowers each kernel to PTX and runs the bundled ``ptxas``, so compile errors, shared-memory
 overruns and register spills show up on a machine without a GPU (the interpreter used by the tests
-accepts programs that the compiler would reject). Prints one line per kernel: shared memory, registers
-per thread and spilled bytes (from ``cuobjdump --dump-resource-usage``). Exits non-zero when a kernel
-fails to compile or needs more shared memory than the target has.
+accepts programs that the compiler would reject). Prints one line per kernel: shared memory,
+registers per thread and stack (spill) bytes per thread (from ``cuobjdump --dump-resource-usage``).
+Exits non-zero when a kernel fails to compile or needs more shared memory than the target has.
 
 Must run with ``TRITON_INTERPRET`` unset (kernels decorated for the interpreter cannot be compiled).
 """
@@ -38,10 +38,10 @@ class KernelSpec:
 
 def kernel_specs(head_dim: int, dtype: str) -> list[KernelSpec]:
     """Every Triton kernel of the package, specialised as ``bench/kernels.py`` launches it."""
+    from kernels import situ_glu_triton
     from kernels.kda import chunk as kda_chunk
     from kernels.kda import fused_recurrent
     from kernels.moe import grouped
-    from kernels import situ_glu_triton
 
     K = V = head_dim
     BV = kda_chunk.value_block(K, V)
@@ -49,7 +49,7 @@ def kernel_specs(head_dim: int, dtype: str) -> list[KernelSpec]:
     x, f32, i32 = f"*{dtype}", "*fp32", "*i32"
     chunk_idx = {"chunk_start_ptr": i32, "chunk_end_ptr": i32}
     seq_idx = {"seq_start_ptr": i32, "seq_end_ptr": i32}
-    return [
+    specs = [
         KernelSpec(
             kda_chunk._chunk_cumsum_kernel,
             {"x_ptr": f32, "out_ptr": f32, **chunk_idx, "H": "i32"},
@@ -262,6 +262,19 @@ def kernel_specs(head_dim: int, dtype: str) -> list[KernelSpec]:
             {"BP": 64, "BQ": 64, "BR": 32},
         ),
     ]
+    kda_launch = {
+        "_chunk_cumsum_kernel": kda_chunk.TILE_LAUNCH,
+        "_intra_scores_fwd_kernel": kda_chunk.SUB_TILE_LAUNCH,
+        "_solve_wy_kernel": kda_chunk.TILE_LAUNCH,
+        "_state_fwd_kernel": kda_chunk.STATE_LAUNCH,
+        "_output_fwd_kernel": kda_chunk.TILE_LAUNCH,
+        "_state_bwd_kernel": kda_chunk.STATE_LAUNCH,
+        "_chunk_bwd_kernel": kda_chunk.TILE_LAUNCH,
+        "_intra_scores_bwd_kernel": kda_chunk.SUB_TILE_LAUNCH,
+    }
+    for spec in specs:
+        spec.launch = spec.launch or kda_launch.get(spec.fn.__name__)
+    return specs
 
 
 def resource_usage(cubin: bytes) -> dict[str, int]:
@@ -303,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             compiled = triton.compile(
                 ASTSource(fn=spec.fn, signature=ordered, constexprs=spec.constexprs),
                 target=target,
-                options={"num_warps": spec.num_warps},
+                options=dict(spec.launch or {}),
             )
         except Exception as exc:  # report every kernel, then fail
             failures += 1
@@ -313,9 +326,10 @@ def main(argv: list[str] | None = None) -> int:
         usage = resource_usage(compiled.asm["cubin"])
         status = "ok" if shared <= limit else "FAIL (shared memory)"
         failures += shared > limit
+        spilled = usage.get("STACK", 0) + usage.get("LOCAL", 0)
         print(
             f"{status:4} {name:32} shared {shared / 1024:6.1f} KiB  regs {usage.get('REG', -1):3}  "
-            f"spill {usage.get('LOCAL', 0)} B  warps {spec.num_warps}"
+            f"stack/spill {spilled:5} B/thread  {spec.launch or {}}"
         )
     return 1 if failures else 0
 

@@ -11,6 +11,9 @@ Facts this backend is built around (Docker 20.10, CRIU 4.1; see docs/agentenv.md
 - Docker may report a successful restore while starting the container afresh. Before every dump a
   random marker is written into a root-owned tmpfs (/run/agentenv, dumped with the processes); after
   every restore it must be there, or the restore failed (CheckpointError).
+- Docker uploads a checkpoint into containerd for every restore; a nonce file makes each upload unique
+  (an identical blob left by `checkpoint create` fails the commit) and lets us delete the copy containerd
+  unpacks into its TMPDIR and never removes (containerd #10166).
 - The container's init is a POSIX `sh` loop that reaps orphans (docker's `--init` binary is a host bind
   mount that breaks restores into another container), never a TTY (CRIU cannot dump one).
 This backend needs root on the Docker host: it reads cgroups and Docker's data directory directly.
@@ -123,9 +126,8 @@ def _first_line(e: docker.errors.APIError) -> str:
 def _copy_tree(src: Path, dst: Path, hardlink: bool = False) -> None:
     """cp -a (xattrs, owners, device nodes such as overlay whiteouts); -l hard-links instead of copying."""
     dst.mkdir(parents=True, exist_ok=True)
-    flags = "-al" if hardlink else "-a"
-    proc = subprocess.run(["cp", flags, "--reflink=auto" if not hardlink else "--no-dereference",
-                           f"{src}/.", f"{dst}/"], capture_output=True, text=True)
+    flags = ["-a", "-l"] if hardlink else ["-a", "--reflink=auto"]
+    proc = subprocess.run(["cp", *flags, f"{src}/.", f"{dst}/"], capture_output=True, text=True)
     if proc.returncode != 0 and hardlink:  # other filesystem: copy instead
         proc = subprocess.run(["cp", "-a", f"{src}/.", f"{dst}/"], capture_output=True, text=True)
     if proc.returncode != 0:

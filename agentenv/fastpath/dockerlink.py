@@ -63,10 +63,13 @@ def materialize(images: Path, docker_checkpoint_dir: Path, link_pages: bool) -> 
     return token
 
 
-def remove_unpacked_copies(containerd_tmp: Path, tokens: set[str]) -> int:
-    """Delete containerd's unpacked copies of the restores with these tokens; returns how many."""
+def remove_unpacked_copies(containerd_tmp: Path, tokens: set[str], token_file_name: str = TOKEN_FILE) -> int:
+    """Delete containerd's unpacked copies of the restores with these tokens; returns how many.
+
+    `token_file_name` names the file in the checkpoint folder whose content identifies the restore.
+    """
     removed = 0
-    for token_file in containerd_tmp.glob(f"ctrd-checkpoint*/{TOKEN_FILE}"):
+    for token_file in containerd_tmp.glob(f"ctrd-checkpoint*/{token_file_name}"):
         try:
             if token_file.read_text().strip() in tokens:
                 shutil.rmtree(token_file.parent, ignore_errors=True)
@@ -76,11 +79,13 @@ def remove_unpacked_copies(containerd_tmp: Path, tokens: set[str]) -> int:
     return removed
 
 
-def stale_unpacked_copies(containerd_tmp: Path, older_than_s: float) -> list[Path]:
+def stale_unpacked_copies(
+    containerd_tmp: Path, older_than_s: float, token_file_name: str = TOKEN_FILE
+) -> list[Path]:
     """Unpacked copies of our restores older than `older_than_s` (their restore is long over)."""
     now = time.time()
     out = []
-    for token_file in containerd_tmp.glob(f"ctrd-checkpoint*/{TOKEN_FILE}"):
+    for token_file in containerd_tmp.glob(f"ctrd-checkpoint*/{token_file_name}"):
         try:
             if now - token_file.stat().st_mtime > older_than_s:
                 out.append(token_file.parent)

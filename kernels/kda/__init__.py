@@ -11,7 +11,12 @@ from __future__ import annotations
 import torch
 
 from kernels.dispatch import use_triton
-from kernels.kda.reference import chunk_kda_reference, fused_recurrent_kda_reference, naive_recurrent_kda
+from kernels.kda.reference import (
+    CPU_CHUNK_SIZE,
+    chunk_kda_reference,
+    fused_recurrent_kda_reference,
+    naive_recurrent_kda,
+)
 
 __all__ = ["chunk_kda", "fused_recurrent_kda", "naive_recurrent_kda", "chunk_kda_reference"]
 
@@ -27,12 +32,17 @@ def chunk_kda(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chunkwise-parallel KDA: Triton on CUDA, the chunked PyTorch reference elsewhere."""
+    """Chunkwise-parallel KDA: Triton on CUDA, the chunked PyTorch reference elsewhere.
+
+    Elsewhere means CPU, where the reference runs with 32-token chunks (its fastest setting there).
+    """
     if use_triton(q):
         from kernels.kda.chunk import chunk_kda_triton
 
         return chunk_kda_triton(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
-    return chunk_kda_reference(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+    return chunk_kda_reference(
+        q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_size=CPU_CHUNK_SIZE
+    )
 
 
 def fused_recurrent_kda(

@@ -47,7 +47,7 @@ SUB = 16
 # [64, 128] fp32 tiles from spilling much; two pipeline stages keep the state passes within shared memory.
 TILE_LAUNCH = {"num_warps": 8}
 STATE_LAUNCH = {"num_warps": 8, "num_stages": 2}
-SUB_TILE_LAUNCH = {"num_warps": 4}
+SUB_TILE_LAUNCH = {"num_warps": 8}
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -31,12 +31,15 @@ an off-diagonal one factors through the cumulative decay at the first token ``r`
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
 from kernels.kda.inputs import check_kda_inputs, sequence_bounds
 
-CHUNK_SIZE = 64
+CHUNK_SIZE = 64  # as the Triton kernels
+CPU_CHUNK_SIZE = 32  # what ``kernels.chunk_kda`` uses on CPU (see ``bench/kernels.py``)
 SUB_TILE = 16
 # exp(88.7) overflows fp32; the fast path's factors stay below exp(60) (sums of K ≤ 256 such terms are safe)
 SAFE_EXPONENT = 60.0
@@ -293,10 +296,26 @@ def chunk_kda_reference(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    chunk_size: int = CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chunkwise-parallel KDA in PyTorch (chunk 64, WY/UT transform). Shapes as ``kernels.chunk_kda``."""
+    """Chunkwise-parallel KDA in PyTorch (WY/UT transform). Shapes as ``kernels.chunk_kda``.
+
+    ``chunk_size`` (a multiple of 16) defaults to the Triton kernels' 64; ``CPU_CHUNK_SIZE`` (32) is
+    faster on CPU, where the O(C²) in-chunk work per token matters more than the number of chunks.
+    """
+    if chunk_size <= 0 or chunk_size % SUB_TILE:
+        raise ValueError(f"chunk_size must be a positive multiple of {SUB_TILE}; got {chunk_size}")
     return _run_per_sequence(
-        _chunk_single, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens
+        partial(_chunk_single, chunk_size=chunk_size),
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale,
+        initial_state,
+        output_final_state,
+        cu_seqlens,
     )
 
 

@@ -21,8 +21,9 @@ def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 120,
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
-COUNTER = ("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done' "
-           ">/dev/null 2>&1 &")
+# Counts every 50 ms into /tmp/count (written atomically, so a reader never sees it half-written).
+COUNTER = ("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; "
+           "mv /tmp/count.new /tmp/count; sleep 0.05; done' >/dev/null 2>&1 &")
 
 
 def count(sb) -> int:

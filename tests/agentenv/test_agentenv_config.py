@@ -104,3 +104,16 @@ def test_workspace_paths_are_normalised(path, expected):
 def test_paths_escaping_the_workspace_are_refused(path):
     with pytest.raises(PathOutsideWorkspace):
         workspace_path(path, "/workspace")
+
+
+def test_a_missing_or_malformed_config_file_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTENV_CONFIG", str(tmp_path / "missing.yaml"))
+    with pytest.raises(ConfigError, match="missing.yaml does not exist"):
+        SandboxConfig.load()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("memory: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        SandboxConfig.load(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        SandboxConfig.load(bad)

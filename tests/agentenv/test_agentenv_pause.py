@@ -25,7 +25,7 @@ while True:
 ' >/tmp/py.out 2>&1 &"""
 
 
-def test_a_counting_process_continues_itscount(sandbox):
+def test_a_counting_process_continues_its_count(sandbox):
     start_counter(sandbox)
     time.sleep(0.3)
     sandbox.exec("echo before > /tmp/mark")
@@ -33,7 +33,7 @@ def test_a_counting_process_continues_itscount(sandbox):
     sandbox.pause()
     sandbox.resume()
     after = count(sandbox)
-    assert before <= after < before + 40, (before, after)  # continued, not restarted at 1
+    assert after >= before > 0, (before, after)  # the same process went on counting
     time.sleep(0.3)
     assert count(sandbox) > after
     assert sandbox.exec("cat /tmp/mark").stdout == "before\n"

@@ -32,6 +32,7 @@ def _oracle(inputs: dict, **kwargs):
         (2, 37, 2, 16, 32, True),  # one partial chunk, K ≠ V
         (1, 64, 1, 32, 16, False),  # exactly one chunk, no initial state
         (1, 130, 1, 16, 16, True),  # three chunks, state carried, partial last chunk
+        (1, 70, 1, 128, 64, True),  # K3's head dim: the state passes work in two value blocks of 32
     ],
 )
 def test_chunk_triton_matches_recurrence_forward_and_backward(B, T, H, K, V, with_state) -> None:

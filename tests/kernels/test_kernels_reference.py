@@ -14,12 +14,16 @@ from kernels.situ_glu import situ_glu_reference
 FP32_TOL = 1e-5
 
 
-@pytest.mark.parametrize("T", [1, 15, 64, 65, 130, 512, 600])  # 600: two groups of 8 chunks
-@pytest.mark.parametrize("with_state", [False, True])
-def test_chunked_reference_matches_recurrence_fp32(T: int, with_state: bool) -> None:
+@pytest.mark.parametrize(
+    ("T", "with_state", "chunk_size"),  # 64: the Triton kernels' chunk; 32: what the CPU dispatch runs
+    [(1, True, 64), (15, False, 64), (64, True, 64), (65, False, 64), (130, True, 64), (512, True, 64)]
+    + [(600, False, 64)]  # 600: two groups of 8 chunks
+    + [(1, True, 32), (33, False, 32), (130, True, 32), (512, False, 32)],
+)
+def test_chunked_reference_matches_recurrence_fp32(T: int, with_state: bool, chunk_size: int) -> None:
     x = make_kda_inputs(2, T, 2, 16, 32, with_state=with_state, seed=T)
     o_ref, s_ref = naive_recurrent_kda(**x, output_final_state=True)
-    o, s = chunk_kda_reference(**x, output_final_state=True)
+    o, s = chunk_kda_reference(**x, output_final_state=True, chunk_size=chunk_size)
     assert o.dtype == torch.float32 and s.dtype == torch.float32
     torch.testing.assert_close(o, o_ref, atol=FP32_TOL, rtol=FP32_TOL)
     torch.testing.assert_close(s, s_ref, atol=FP32_TOL, rtol=FP32_TOL)

@@ -106,3 +106,10 @@ def test_unknown_key_is_rejected(tiny_dict):
 def test_missing_yaml_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         K3Config.from_yaml(tmp_path / "nope.yaml")
+
+
+def test_accepts_an_omegaconf_node_as_hydra_composes_it(tiny_dict):
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.create({"model": tiny_dict}).model
+    assert K3Config.from_dict(node) == K3Config.from_dict(tiny_dict)

@@ -245,3 +245,29 @@ def test_kimi_linear_variant_has_no_k3_modules(tiny_dict):
     names = dict(K3ForCausalLM(kimi_linear_variant(tiny_dict)).named_parameters())
     assert not any("_res_" in n or "routed_expert" in n or ".g_proj" in n for n in names)
     assert any(n.endswith("self_attn.g_a_proj.weight") for n in names)
+
+
+def test_decoding_sees_expert_weight_updates(tiny_dict):
+    """The stacked expert weights reused across no-grad calls follow in-place updates (optimizer, copy_)."""
+    model = _model(variant(tiny_dict))
+    ids = torch.randint(0, 272, (2, 16))
+    with torch.no_grad():
+        before = model(ids).logits
+        for p in model.model.layers[1].block_sparse_moe.experts.parameters():
+            p.mul_(5.0)
+        after = model(ids).logits
+        fresh = K3ForCausalLM(model.config)
+        fresh.load_state_dict(model.state_dict())
+        assert (after - before).abs().max() > 1e-3
+        assert (after - fresh(ids).logits).abs().max() <= 1e-6
+
+
+def test_bfloat16_forward_tracks_fp32(tiny_dict):
+    model = _model(variant(tiny_dict))
+    ids = torch.randint(0, 272, (2, 40))
+    with torch.no_grad():
+        ref = model(ids).logits
+        model.to(torch.bfloat16)
+        low = model(ids).logits
+    assert low.dtype == torch.float32 and torch.isfinite(low).all()
+    assert (low - ref).abs().max() <= 0.1 * ref.abs().max() + 0.05

@@ -22,8 +22,14 @@ def weights(checkpoint: Path) -> dict:
     return load_file(str(checkpoint / "policy" / "model.safetensors"))
 
 
-def test_grpo_two_iterations_survive_a_dead_rollout_worker(local_ray, tmp_path):
-    result = run(tmp_path, "grpo", "rollout.chaos.crash_worker_at_iteration=1")
+@pytest.fixture(scope="module")
+def grpo_run(local_ray, tmp_path_factory):
+    """2 GRPO iterations in which rollout worker 0 dies once (iteration 1)."""
+    return run(tmp_path_factory.mktemp("grpo"), "grpo", "rollout.chaos.crash_worker_at_iteration=1")
+
+
+def test_grpo_two_iterations_survive_a_dead_rollout_worker(grpo_run):
+    result = grpo_run
     assert result.iterations == 2
     records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in records] == [0, 1]
@@ -41,10 +47,10 @@ def test_ppo_two_iterations_with_forked_group_starts(local_ray, tmp_path):
     assert records[0]["sandbox_forks"] == 2 and "value_loss" in records[0]
 
 
-def test_resume_continues_exactly(local_ray, tmp_path):
+def test_resume_continues_exactly(grpo_run, tmp_path):
+    """4 iterations == the 2 of `grpo_run` + resume + 2 (whose retried batch was replayed identically)."""
     straight = run(tmp_path, "straight", "trainer.iterations=4")
-    first = run(tmp_path, "first", "trainer.iterations=2")
-    resumed = run(tmp_path, "resumed", "trainer.iterations=4", f"trainer.resume={first.run_dir}")
+    resumed = run(tmp_path, "resumed", "trainer.iterations=4", f"trainer.resume={grpo_run.run_dir}")
     assert [r["iteration"] for r in resumed.history] == [0, 1, 2, 3]
     a, b = weights(straight.checkpoint), weights(resumed.checkpoint)
     assert a.keys() == b.keys()
