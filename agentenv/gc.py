@@ -73,7 +73,7 @@ def collect_garbage(dry_run: bool = False, stale_s: float = 600.0) -> GcReport:
     for container in owned["containers"]:
         if container in known_containers:
             continue
-        sid = getattr(rt.backend, "sandbox_of_container", lambda c: None)(container)
+        sid = rt.backend.sandbox_of_container(container)
         if sid in creating_ids:
             continue  # its creator is still at work (or gc will close it once stale)
         report.removed_containers.append(container[:12])

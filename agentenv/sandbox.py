@@ -41,7 +41,6 @@ from agentenv.paths import agentenv_home
 from agentenv.registry import CheckpointRecord, Registry, SandboxRecord
 from agentenv.results import ExecResult, SandboxStats
 
-STATES = ("running", "paused", "closed", "broken")
 MAX_FORKS = 64
 _EXIT_REFUSED = 3   # in-container file scripts: path resolves outside the work dir
 _EXIT_TOO_BIG = 4   # in-container file scripts: file larger than file_limit_bytes

@@ -26,6 +26,7 @@ and output); forward+backward = 3 × forward (the usual convention).
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import re
 import sys
@@ -221,6 +222,11 @@ def bench_cuda_moe(quick: bool) -> list[str]:
         ids = torch.rand(M, E, device="cuda", generator=gen).topk(top_k, dim=-1).indices
         weights = torch.rand(M, top_k, device="cuda", generator=gen)
         tensors = (x, weights, w_gate, w_up, w_down)
+        with torch.no_grad():
+            y_ours = moe_experts_triton(x, ids, weights, w_gate, w_up, w_down).float()
+            y_loop = moe_experts_reference(x, ids, weights, w_gate, w_up, w_down).float()
+        rel = ((y_ours - y_loop).abs().max() / y_loop.abs().max()).item()
+        lines.insert(1, f"check at {M} tokens: max |Δy| / max |y| = {rel:.1e} (grouped vs loop, bf16)")
         for name, backward in (("fwd", False), ("fwd+bwd", True)):
             timings = []
             for fn in (moe_experts_triton, moe_experts_reference):
@@ -261,10 +267,12 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     body = [f"## Kernels\n\nCommand: `{command}`  (`make bench-kernels`)\n"]
     cpu = platform.processor() or platform.machine()
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     body += [
         f"### CPU: chunked vs token-by-token KDA ({cpu}, torch {torch.__version__})\n",
         "Forward, fp32, one thread; CPU time of the process (the machine is shared, so wall time would",
-        "count the other tenants), best of 2 runs for the recurrence and of 5 for the chunked version.\n",
+        "count the other tenants), best of 2 runs for the recurrence and of 5 for the chunked version.",
+        f"Load average when the run started: {load} (on {os.cpu_count()} cores).\n",
     ]
     body += bench_cpu_kda(args.quick)
     if torch.cuda.is_available():

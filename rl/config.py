@@ -65,6 +65,13 @@ def validate(cfg: dict[str, Any]) -> None:
         "algo.episodes_per_step",
         f"{episodes} episodes per step cannot be split into groups of algo.group_size={group}",
     )
+    for key in ("epochs", "minibatches"):
+        _require(int(algo.get(key, 1)) >= 1, f"algo.{key}", f"must be >= 1, got {algo.get(key)}")
+    _require(
+        int(algo.get("minibatches", 1)) <= episodes // group,
+        "algo.minibatches",
+        f"{algo.get('minibatches')} minibatches need at least as many groups per step ({episodes // group})",
+    )
     for key in ("clip_low", "clip_high"):
         _require(0 < float(algo[key]) < 1, f"algo.{key}", f"must be in (0, 1), got {algo[key]}")
     _require(

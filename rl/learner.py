@@ -130,56 +130,107 @@ class Learner:
         where = action_mask.bool()[..., None] & self.disallowed.to(logits.device)
         return logits.masked_fill(where, MASKED_LOGIT)
 
+    def _forward(self, batch: Batch, rows: torch.Tensor | slice = slice(None)):
+        """Policy log-probs, values (PPO), logits and router stats of ``batch[rows]``."""
+        mask = batch.action_mask[rows]
+        out = self.model(
+            batch.input_ids[rows],
+            attention_mask=batch.attention_mask[rows],
+            return_hidden=self.value_head is not None,
+        )
+        logits = self.action_logits(out.logits[:, :-1], mask)
+        logp = token_log_probs(logits, batch.input_ids[rows][:, 1:])
+        values = self.value_head(out.hidden[:, :-1]).squeeze(-1) if self.value_head is not None else None
+        return logp, values, logits, out.router_stats
+
     def train_step(self, episodes: list[Episode]) -> dict[str, float]:
-        """One optimizer step on ``episodes`` (laid out group after group); returns metrics."""
+        """Optimizer step(s) on ``episodes`` (laid out group after group); returns metrics.
+
+        ``algo.epochs`` passes over the batch, each split into ``algo.minibatches`` (whole groups), make
+        the clipped surrogate and the clipped value loss bite; with 1 x 1 (the default) it is a single
+        on-policy step and the learner's own log-probs are the old policy.
+        """
         self.model.train()
         batch = collate(episodes, self.pad_id)
         if self.algo["advantage"] != "gae" and self.algo.get("filter_zero_variance_groups", False):
             keep = ~zero_variance_groups(batch.rewards, int(self.algo["group_size"]))
             batch.action_mask = batch.action_mask * keep[:, None].float()
-        mask = batch.action_mask
-        out = self.model(
-            batch.input_ids, attention_mask=batch.attention_mask, return_hidden=self.value_head is not None
-        )
-        logits = self.action_logits(out.logits[:, :-1], mask)
-        targets = batch.input_ids[:, 1:]
-        logp = token_log_probs(logits, targets)
-        values = None
-        if self.value_head is not None:
-            values = self.value_head(out.hidden[:, :-1]).squeeze(-1)
-        advantages, returns = self.advantages(batch, values)
-        old_logp = logp.detach()  # one update per batch: the learner's own log-probs are the old policy
+        epochs, minibatches = int(self.algo.get("epochs", 1)), int(self.algo.get("minibatches", 1))
+        single = epochs * minibatches == 1
+        first = None
+        if single:
+            first = self._forward(batch)
+            old_logp, old_values = first[0].detach(), None if first[1] is None else first[1].detach()
+        else:
+            with torch.no_grad():
+                old_logp, old_values, _, _ = self._forward(batch)
+        advantages, returns = self.advantages(batch, old_values)
         is_weights = None
         if self.algo.get("tis_cap"):
             is_weights = truncated_is_weights(old_logp, batch.rollout_logprobs, float(self.algo["tis_cap"]))
+        group = max(1, int(self.algo["group_size"]))
+        num_groups = len(episodes) // group
+        chunks = [
+            torch.arange(len(episodes)).view(num_groups, group)[g].reshape(-1)
+            for g in torch.arange(num_groups).chunk(min(minibatches, num_groups))
+        ]
+        totals: dict[str, list[float]] = {}
+        router_stats = []
+        for _epoch in range(epochs):
+            for rows in chunks:
+                forward = first if first is not None else self._forward(batch, rows)
+                step_metrics, router_stats = self._update(
+                    batch, rows, forward, old_logp, old_values, advantages, returns, is_weights
+                )
+                for key, value in step_metrics.items():
+                    totals.setdefault(key, []).append(value)
+        metrics = {key: float(np.mean(values)) for key, values in totals.items()}
+        metrics.update(self._balance_experts(router_stats))
+        self.steps += 1
+        self.version += 1
+        mask = batch.action_mask
+        metrics["rollout_logprob_gap"] = masked_mean((old_logp - batch.rollout_logprobs).abs(), mask).item()
+        metrics["trained_tokens"] = float(mask.sum())
+        metrics["weights_version"] = float(self.version)
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        return metrics
+
+    def _update(self, batch, rows, forward, old_logp, old_values, advantages, returns, is_weights):
+        """One optimizer step on the rows ``rows`` of the batch; returns its metrics and router stats."""
+        logp, values, logits, router_stats = forward
+        mask = batch.action_mask[rows]
         policy_loss, stats = clipped_policy_loss(
             logp,
-            old_logp,
-            advantages,
+            old_logp[rows],
+            advantages[rows],
             mask,
             clip_low=float(self.algo["clip_low"]),
             clip_high=float(self.algo["clip_high"]),
             aggregation=self.algo["loss_aggregation"],
-            is_weights=is_weights,
+            is_weights=None if is_weights is None else is_weights[rows],
         )
         loss = policy_loss
         metrics: dict[str, float] = {}
         if values is not None:
             value_loss = clipped_value_loss(
-                values, values.detach(), returns, mask, float(self.algo["value_clip"])
+                values, old_values[rows], returns[rows], mask, float(self.algo["value_clip"])
             )
             loss = loss + float(self.algo["value_coef"]) * value_loss
             metrics["value_loss"] = value_loss.item()
         kl = torch.zeros(())
         if self.reference is not None:
             with torch.no_grad():
-                ref_logits = self.reference(batch.input_ids, attention_mask=batch.attention_mask).logits
-            ref_logp = token_log_probs(self.action_logits(ref_logits[:, :-1], mask), targets)
+                ref_logits = self.reference(
+                    batch.input_ids[rows], attention_mask=batch.attention_mask[rows]
+                ).logits
+            ref_logp = token_log_probs(
+                self.action_logits(ref_logits[:, :-1], mask), batch.input_ids[rows][:, 1:]
+            )
             kl = masked_mean(kl_estimate(logp, ref_logp, self.algo["kl_estimator"]), mask)
             loss = loss + float(self.algo["kl_coef"]) * kl
-        entropy = masked_mean(entropy_from_logits(logits.detach()), mask)
+        entropy = masked_mean(entropy_from_logits(logits), mask)
         if float(self.algo["entropy_coef"]) > 0:
-            loss = loss - float(self.algo["entropy_coef"]) * masked_mean(entropy_from_logits(logits), mask)
+            loss = loss - float(self.algo["entropy_coef"]) * entropy
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -187,10 +238,6 @@ class Learner:
         )
         self.optimizer.step()
         self.scheduler.step()
-        metrics.update(self._balance_experts(out.router_stats))
-        self.steps += 1
-        self.version += 1
-        mismatch = masked_mean((old_logp - batch.rollout_logprobs).abs(), mask)
         metrics.update(
             {
                 "loss": loss.item(),
@@ -198,14 +245,11 @@ class Learner:
                 "kl": kl.item(),
                 "entropy": entropy.item(),
                 "clip_fraction": stats.clip_fraction,
+                "approx_kl": stats.approx_kl,
                 "grad_norm": float(grad_norm),
-                "lr": self.scheduler.get_last_lr()[0],
-                "rollout_logprob_gap": mismatch.item(),
-                "trained_tokens": float(mask.sum()),
-                "weights_version": float(self.version),
             }
         )
-        return metrics
+        return metrics, router_stats
 
     @torch.no_grad()
     def _balance_experts(self, router_stats) -> dict[str, float]:

@@ -154,6 +154,10 @@ class SandboxBackend(abc.ABC):
         return []
 
     @abc.abstractmethod
+    def sandbox_of_container(self, container: str) -> str | None:
+        """The sandbox id a container was made for (its label), or None."""
+
+    @abc.abstractmethod
     def list_owned(self, home: str) -> dict[str, list[str]]:
         """{'containers': [...], 'volumes': [...]} labelled as belonging to the registry at `home`."""
 

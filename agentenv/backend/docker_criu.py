@@ -492,6 +492,7 @@ class DockerCriuBackend(SandboxBackend):
     def collect_leftovers(self, dry_run: bool = False, older_than_s: float = 600.0) -> list[str]:
         return remove_containerd_copies(older_than_s=older_than_s, dry_run=dry_run)
 
+    @_docker_errors
     def sandbox_of_container(self, container: str) -> str | None:
         try:
             return self.api.inspect_container(container)["Config"]["Labels"].get(LABEL_SANDBOX)

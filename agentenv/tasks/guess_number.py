@@ -4,7 +4,9 @@ The default task. ``reset(seed)`` runs ``guess.sh new SEED`` in the sandbox: the
 hidden number from the seed (an LCG in shell arithmetic) and stores it in the sandbox; the trainer never
 sees it. Each action is a guess (the first run of digits in the action text); the program answers
 ``higher``, ``lower`` or ``correct``. An action without a number is answered ``invalid`` and costs the
-turn (and ``invalid_penalty`` of reward).
+turn (and ``invalid_penalty`` of reward). Optionally (``ruled_out_penalty``), a guess that the
+sandbox's earlier answers already ruled out costs reward too: this shaping rewards reading the
+observations directly and lets a small policy leave the "fixed list of guesses" plateau sooner.
 
 Why the agent must read the sandbox: with ``num_values = 8`` and ``max_turns = 4``, a policy that
 ignores the observations plays a fixed list of at most 4 distinct guesses, so it wins on at most
@@ -47,17 +49,21 @@ _NUMBER = re.compile(r"\d+")
 class GuessNumber(SandboxTask):
     """Guess a number in ``0..num_values-1`` in at most ``max_turns`` guesses (see the module docstring)."""
 
-    def __init__(self, num_values: int = 8, max_turns: int = 4, invalid_penalty: float = 0.1, **kwargs):
+    def __init__(self, num_values: int = 8, max_turns: int = 4, invalid_penalty: float = 0.1,
+                 ruled_out_penalty: float = 0.0, **kwargs):
         if not 2 <= num_values <= 1000:
             raise ValueError(f"num_values must be in 2..1000, got {num_values}")
         super().__init__(max_turns=max_turns, **kwargs)
         self.num_values = num_values
         self.invalid_penalty = invalid_penalty
+        self.ruled_out_penalty = ruled_out_penalty
+        self._low, self._high = 0, num_values - 1  # what the sandbox's answers still allow
 
     def install(self) -> None:
         self.sandbox.write_file("/workspace/guess.sh", GAME_SCRIPT, mode=0o755)
 
     def setup(self, seed: int) -> str:
+        self._low, self._high = 0, self.num_values - 1
         result = self.run(f"/workspace/guess.sh new {seed % 2**31} {self.num_values}")
         if result.exit_code != 0:
             raise RuntimeError(f"guess.sh failed to start a game: {result.output.strip()!r}")
@@ -69,9 +75,18 @@ class GuessNumber(SandboxTask):
         reply = self.run(f"/workspace/guess.sh {guess}").output.strip()
         if reply not in ("higher", "lower", "correct", "invalid"):
             raise RuntimeError(f"guess.sh answered {reply!r}; the game program in the sandbox is broken")
-        return Outcome(observation=reply, success=reply == "correct", info={"valid": reply != "invalid"})
+        ruled_out = reply != "invalid" and not self._low <= int(guess) <= self._high
+        if reply == "higher":
+            self._low = max(self._low, int(guess) + 1)
+        elif reply == "lower":
+            self._high = min(self._high, int(guess) - 1)
+        info = {"valid": reply != "invalid", "ruled_out": ruled_out}
+        return Outcome(observation=reply, success=reply == "correct", info=info)
 
     def reward(self, outcome: Outcome) -> float:
+        """1 for the winning guess; penalties for a non-number and for a guess earlier answers ruled out."""
         if outcome.success:
             return 1.0
-        return -self.invalid_penalty if not outcome.info["valid"] else 0.0
+        if not outcome.info["valid"]:
+            return -self.invalid_penalty
+        return -self.ruled_out_penalty if outcome.info["ruled_out"] else 0.0

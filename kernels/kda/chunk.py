@@ -21,7 +21,8 @@ Backward (all Triton; torch only allocates, flattens and casts):
 
 1. ``_state_bwd_kernel`` (sequential, reverse): ``du`` and the state gradient at every chunk end,
    and the initial-state gradient.
-2. ``_chunk_bwd_kernel`` (one program per chunk): gradients through the output, the WY products and
+2. ``_chunk_bwd_keys_kernel`` (one program per chunk and block of 64 key channels) then
+   ``_chunk_bwd_values_kernel`` (one per chunk): gradients through the output, the WY products and
    the triangular inverse (``dA = −Mᵀ dM Mᵀ``), giving ``dv``, ``dβ`` and partial ``dq, dk, dG``, plus
    the score gradients ``dAqk``, ``dAkk``.
 3. ``_intra_scores_bwd_kernel`` (per 16-token sub-tile): the gradients of the decayed scores into
@@ -344,60 +345,53 @@ def _state_bwd_kernel(
 
 
 @triton.jit
-def _chunk_bwd_kernel(
+def _chunk_bwd_keys_kernel(
     q_ptr,
     k_ptr,
-    v_ptr,
     beta_ptr,
     G_ptr,
-    Akk_ptr,
     M_ptr,
     u_ptr,
     du_ptr,
     do_ptr,
     h_ptr,
     dh_ptr,
-    dAqk_ptr,
-    dAkk_ptr,
     dq_ptr,
     dk_ptr,
-    dv_ptr,
-    dbeta_ptr,
     dG_ptr,
+    dM_part_ptr,
+    dbeta_part_ptr,
     chunk_start_ptr,
     chunk_end_ptr,
     scale,
     H,
+    n_chunks,
     K: tl.constexpr,
     V: tl.constexpr,
+    BK: tl.constexpr,
     BV: tl.constexpr,
     C: tl.constexpr,
 ):
-    """One chunk's gradients through o, the WY products and the triangular inverse (see module doc).
+    """Gradients of one chunk that live on the key channels, for one block of BK of them.
 
-    The value channels are visited in blocks of BV so that no [K, V] tile is ever held whole.
+    From o = (q e^G) S + ..., S_end = e^{G_L} S + (k e^{G_L−G})ᵀ u and u = U − W S, W = M (β k e^G):
+    partial dq, dk, dG (the score gradients are added by ``_intra_scores_bwd_kernel``), and this block's
+    shares of dM (= dW (β k e^G)ᵀ) and dβ, reduced over the key blocks by ``_chunk_bwd_values_kernel``.
     """
     c = tl.program_id(0)
     h = tl.program_id(1)
+    kb = tl.program_id(2)
     start = tl.load(chunk_start_ptr + c).to(tl.int64)
     end = tl.load(chunk_end_ptr + c).to(tl.int64)
     loc = tl.arange(0, C)
     rows = start + loc
     row_ok = rows < end
     rmask = row_ok[:, None]
-    kk = tl.arange(0, K)
-    offs_c = (rows[:, None] * H + h) * C + loc[None, :]
-    beta = tl.load(beta_ptr + rows * H + h, mask=row_ok, other=0.0).to(tl.float32)
-    M = tl.load(M_ptr + offs_c, mask=rmask, other=0.0)
-    Mt = tl.trans(M)
-    # o = (q e^G) S + Aqk u ;  S_end = e^{G_L} S + (k e^{G_L-G})ᵀ u ;  u = U − W S ;  U = M (β v)
-    dAqk = tl.zeros([C, C], dtype=tl.float32)
-    dM = tl.zeros([C, C], dtype=tl.float32)
-    d_qdec = tl.zeros([C, K], dtype=tl.float32)
-    d_kte = tl.zeros([C, K], dtype=tl.float32)
-    dW = tl.zeros([C, K], dtype=tl.float32)
-    dG_last_state = tl.zeros([K], dtype=tl.float32)
-    dbeta = tl.zeros([C], dtype=tl.float32)
+    kk = kb * BK + tl.arange(0, BK)
+    d_qdec = tl.zeros([C, BK], dtype=tl.float32)
+    d_kte = tl.zeros([C, BK], dtype=tl.float32)
+    dW = tl.zeros([C, BK], dtype=tl.float32)
+    dG_last_state = tl.zeros([BK], dtype=tl.float32)
     for v0 in tl.static_range(0, V, BV):
         vv = v0 + tl.arange(0, BV)
         offs_v = (rows[:, None] * H + h) * V + vv[None, :]
@@ -407,42 +401,99 @@ def _chunk_bwd_kernel(
         u = tl.load(u_ptr + offs_v, mask=rmask, other=0.0)
         du = tl.load(du_ptr + offs_v, mask=rmask, other=0.0)
         do = tl.load(do_ptr + offs_v, mask=rmask, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + offs_v, mask=rmask, other=0.0).to(tl.float32)
-        dAqk += tl.dot(do, tl.trans(u))
         d_qdec += tl.dot(do, tl.trans(state))
         d_kte += tl.dot(u, tl.trans(dstate))
         dW -= tl.dot(du, tl.trans(state))
         dG_last_state += tl.sum(state * dstate, axis=1)
-        dR1 = tl.dot(Mt, du)
-        dbeta += tl.sum(dR1 * v, axis=1)
-        dM += tl.dot(du, tl.trans(v * beta[:, None]))
-        tl.store(dv_ptr + offs_v, dR1 * beta[:, None], mask=rmask)
     offs_k = (rows[:, None] * H + h) * K + kk[None, :]
     q = tl.load(q_ptr + offs_k, mask=rmask, other=0.0).to(tl.float32) * scale
     k = tl.load(k_ptr + offs_k, mask=rmask, other=0.0).to(tl.float32)
     G = tl.load(G_ptr + offs_k, mask=rmask, other=0.0)
     G_last = tl.load(G_ptr + ((end - 1) * H + h) * K + kk)
+    beta = tl.load(beta_ptr + rows * H + h, mask=row_ok, other=0.0).to(tl.float32)
+    M = tl.load(M_ptr + (rows[:, None] * H + h) * C + loc[None, :], mask=rmask, other=0.0)
     eG = tl.exp(G)
     to_end = tl.exp(tl.where(rmask, G_last[None, :] - G, 0.0))
     k_to_end = k * to_end
     R2 = k * eG * beta[:, None]
-    dR2 = tl.dot(Mt, dW)
-    dM += tl.dot(dW, tl.trans(R2))
-    lower_incl = (loc[:, None] >= loc[None, :]) & rmask
-    lower_strict = (loc[:, None] > loc[None, :]) & rmask
-    dA = tl.where(lower_strict, -tl.dot(Mt, tl.dot(dM, Mt)), 0.0)  # M = (I + A)⁻¹
-    Akk = tl.load(Akk_ptr + offs_c, mask=rmask, other=0.0)
-    dbeta += tl.sum(dA * Akk, axis=1) + tl.sum(dR2 * k * eG, axis=1)
+    dR2 = tl.dot(tl.trans(M), dW)
     dG_last = dG_last_state * tl.exp(G_last) + tl.sum(d_kte * k_to_end, axis=0)
-    dq = d_qdec * eG
-    dk = d_kte * to_end + dR2 * beta[:, None] * eG
     dG = d_qdec * q * eG - d_kte * k_to_end + dR2 * R2
     dG += tl.where((rows == end - 1)[:, None], dG_last[None, :], 0.0)
+    tl.store(dq_ptr + offs_k, d_qdec * eG, mask=rmask)
+    tl.store(dk_ptr + offs_k, d_kte * to_end + dR2 * beta[:, None] * eG, mask=rmask)
+    tl.store(dG_ptr + offs_k, dG, mask=rmask)
+    part = (kb * n_chunks + c) * H + h
+    tl.store(dM_part_ptr + part * C * C + loc[:, None] * C + loc[None, :], tl.dot(dW, tl.trans(R2)))
+    tl.store(dbeta_part_ptr + part * C + loc, tl.sum(dR2 * k * eG, axis=1))
+
+
+@triton.jit
+def _chunk_bwd_values_kernel(
+    v_ptr,
+    beta_ptr,
+    Akk_ptr,
+    M_ptr,
+    u_ptr,
+    du_ptr,
+    do_ptr,
+    dM_part_ptr,
+    dbeta_part_ptr,
+    dAqk_ptr,
+    dAkk_ptr,
+    dv_ptr,
+    dbeta_ptr,
+    chunk_start_ptr,
+    chunk_end_ptr,
+    H,
+    n_chunks,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    C: tl.constexpr,
+    NKB: tl.constexpr,
+):
+    """Gradients of one chunk on the value channels and through the triangular inverse.
+
+    dAqk = dO uᵀ (lower), dv = β Mᵀ du, dM = du (β v)ᵀ + Σ_blocks dW (β k e^G)ᵀ, then through
+    M = (I + A)⁻¹: dA = −Mᵀ dM Mᵀ (strictly lower), dAkk = β dA, dβ = Σ_i dA Akk + dR1·v + Σ_blocks.
+    """
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    start = tl.load(chunk_start_ptr + c).to(tl.int64)
+    end = tl.load(chunk_end_ptr + c).to(tl.int64)
+    loc = tl.arange(0, C)
+    rows = start + loc
+    row_ok = rows < end
+    rmask = row_ok[:, None]
+    offs_c = (rows[:, None] * H + h) * C + loc[None, :]
+    beta = tl.load(beta_ptr + rows * H + h, mask=row_ok, other=0.0).to(tl.float32)
+    Mt = tl.trans(tl.load(M_ptr + offs_c, mask=rmask, other=0.0))
+    dAqk = tl.zeros([C, C], dtype=tl.float32)
+    dM = tl.zeros([C, C], dtype=tl.float32)
+    dbeta = tl.zeros([C], dtype=tl.float32)
+    for v0 in tl.static_range(0, V, BV):
+        vv = v0 + tl.arange(0, BV)
+        offs_v = (rows[:, None] * H + h) * V + vv[None, :]
+        u = tl.load(u_ptr + offs_v, mask=rmask, other=0.0)
+        du = tl.load(du_ptr + offs_v, mask=rmask, other=0.0)
+        do = tl.load(do_ptr + offs_v, mask=rmask, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + offs_v, mask=rmask, other=0.0).to(tl.float32)
+        dAqk += tl.dot(do, tl.trans(u))
+        dR1 = tl.dot(Mt, du)
+        dbeta += tl.sum(dR1 * v, axis=1)
+        dM += tl.dot(du, tl.trans(v * beta[:, None]))
+        tl.store(dv_ptr + offs_v, dR1 * beta[:, None], mask=rmask)
+    for kb in tl.static_range(NKB):
+        part = (kb * n_chunks + c) * H + h
+        dM += tl.load(dM_part_ptr + part * C * C + loc[:, None] * C + loc[None, :])
+        dbeta += tl.load(dbeta_part_ptr + part * C + loc)
+    lower_incl = (loc[:, None] >= loc[None, :]) & rmask
+    lower_strict = (loc[:, None] > loc[None, :]) & rmask
+    dA = tl.where(lower_strict, -tl.dot(Mt, tl.dot(dM, Mt)), 0.0)
+    Akk = tl.load(Akk_ptr + offs_c, mask=rmask, other=0.0)
+    dbeta += tl.sum(dA * Akk, axis=1)
     tl.store(dAqk_ptr + offs_c, tl.where(lower_incl, dAqk, 0.0), mask=rmask)
     tl.store(dAkk_ptr + offs_c, dA * beta[:, None], mask=rmask)
-    tl.store(dq_ptr + offs_k, dq, mask=rmask)
-    tl.store(dk_ptr + offs_k, dk, mask=rmask)
-    tl.store(dG_ptr + offs_k, dG, mask=rmask)
     tl.store(dbeta_ptr + rows * H + h, dbeta, mask=row_ok)
 
 
@@ -591,6 +642,11 @@ def check_head_dims(K: int, V: int) -> None:
             )
 
 
+def key_block(K: int) -> int:
+    """Key channels per program of the backward's key-side kernel (keeps its [64, BK] tiles small)."""
+    return min(K, 64)
+
+
 def value_block(K: int, V: int) -> int:
     """Value channels per program of the state passes: keeps [K, BV] fp32 tiles within shared memory."""
     return min(V, 64 if K <= 64 else 32)
@@ -736,36 +792,20 @@ def kda_chunk_backward(q, k, v, beta, scale, saved, do, dht, need_dh0, table: _C
     dq, dk, dG = torch.empty(T, H, K, **f32), torch.empty(T, H, K, **f32), torch.empty(T, H, K, **f32)
     dv, dbeta = torch.empty(T, H, V, **f32), torch.empty(T, H, **f32)
     if table.n_chunks:
-        _chunk_bwd_kernel[(table.n_chunks, H)](
-            q,
-            k,
-            v,
-            beta,
-            G,
-            saved["Akk"],
-            saved["M"],
-            saved["u"],
-            du,
-            do,
-            saved["states"],
-            dstates,
-            dAqk,
-            dAkk,
-            dq,
-            dk,
-            dv,
-            dbeta,
-            dG,
-            table.chunk_start,
-            table.chunk_end,
-            scale,
-            H,
-            K=K,
-            V=V,
-            BV=BV,
-            C=CHUNK,
-            **TILE_LAUNCH,
-        )
+        BK = key_block(K)
+        n_kb = K // BK
+        dM_part = torch.empty(n_kb, table.n_chunks, H, CHUNK, CHUNK, **f32)
+        dbeta_part = torch.empty(n_kb, table.n_chunks, H, CHUNK, **f32)
+        _chunk_bwd_keys_kernel[(table.n_chunks, H, n_kb)](
+            q, k, beta, G, saved["M"], saved["u"], du, do, saved["states"], dstates, dq, dk, dG,
+            dM_part, dbeta_part, table.chunk_start, table.chunk_end, scale, H, table.n_chunks,
+            K=K, V=V, BK=BK, BV=BV, C=CHUNK, **TILE_LAUNCH,
+        )  # fmt: skip
+        _chunk_bwd_values_kernel[(table.n_chunks, H)](
+            v, beta, saved["Akk"], saved["M"], saved["u"], du, do, dM_part, dbeta_part, dAqk, dAkk, dv, dbeta,
+            table.chunk_start, table.chunk_end, H, table.n_chunks,
+            V=V, BV=BV, C=CHUNK, NKB=n_kb, **TILE_LAUNCH,
+        )  # fmt: skip
         _intra_scores_bwd_kernel[(table.n_chunks * (CHUNK // SUB), H)](
             q,
             k,

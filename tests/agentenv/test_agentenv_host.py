@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -43,10 +44,8 @@ def test_registry_and_locks_are_shared_across_processes(sandbox, agentenv_home):
     out = subprocess.run([sys.executable, "-c", code, sandbox.id], capture_output=True, text=True,
                          env=os.environ.copy(), timeout=60)
     assert out.stdout.split() == ["running", sandbox.id], out.stderr
-    journal = subprocess.run(["sqlite3", str(agentenv_home / "registry.sqlite3"), "PRAGMA journal_mode"],
-                             capture_output=True, text=True)
-    if journal.returncode == 0:
-        assert journal.stdout.strip() == "wal"
+    with sqlite3.connect(agentenv_home / "registry.sqlite3") as conn:  # WAL is a property of the file
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     holder = subprocess.Popen(
         [sys.executable, "-c",
          "import sys, time; from pathlib import Path; from agentenv.locks import sandbox_lock\n"
@@ -83,14 +82,14 @@ def test_images_are_tagged_by_content_hash_and_layer_on_base(base_image, tmp_pat
     (task / "hello.txt").write_text("hello v2\n")
     assert images.tag_of("hello-task") != v1.tag  # changed content, new tag
     api = docker_client.api()
+    cid = api.create_container(v1.tag, command=["cat", "/opt/hello.txt"],
+                               host_config=api.create_host_config(network_mode="none"))["Id"]
     try:
-        cid = api.create_container(v1.tag, command=["cat", "/opt/hello.txt"],
-                                   host_config=api.create_host_config(network_mode="none"))["Id"]
         api.start(cid)
         api.wait(cid, timeout=30)
         assert api.logs(cid) == b"hello v1\n"
-        api.remove_container(cid, force=True)
     finally:
+        api.remove_container(cid, force=True)
         api.remove_image(v1.tag, force=True)
     with pytest.raises(ImageError, match="no image recipe named"):
         images.build("../base")

@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from agentenv import CheckpointError, SandboxStateError
+from agentenv import AgentEnvError, CheckpointError, SandboxStateError
 from agentenv.backend import docker_client
+from agentenv.sandbox import runtime
 
 pytestmark = pytest.mark.docker
 
@@ -82,8 +83,6 @@ def test_memory_hog_is_killed_and_marks_the_sandbox_broken(make_sandbox):
 
 
 def test_user_agent_runs_as_uid_1000_and_pause_follows_the_host_probe(make_sandbox):
-    from agentenv.sandbox import runtime
-
     sb = make_sandbox(user="agent")
     assert sb.user == "agent"
     assert sb.exec("id -un; id -u").stdout == "agent\n1000\n"
@@ -98,3 +97,17 @@ def test_user_agent_runs_as_uid_1000_and_pause_follows_the_host_probe(make_sandb
             sb.pause()
         assert sb.status == "running"  # a failed dump leaves the sandbox as it was
         assert sb.exec("echo still here").stdout == "still here\n"
+
+
+def test_exec_and_file_limits_come_from_the_config(make_sandbox):
+    sb = make_sandbox(exec_timeout_s=1.0, output_limit_bytes=1000, file_limit_bytes=4096,
+                      tmpfs={"/tmp": "size=8m,mode=1777", "/scratch": "size=1m"})
+    r = sb.exec("head -c 5000 /dev/zero; sleep 10")  # no timeout given: the config's 1 s applies
+    assert r.timed_out and r.truncated and len(r.stdout) == 1000
+    with pytest.raises(AgentEnvError, match="file_limit_bytes=4096"):
+        sb.write_file("big", b"x" * 5000)
+    sb.exec("head -c 5000 /dev/zero > /workspace/big")
+    with pytest.raises(AgentEnvError, match="bigger than file_limit_bytes=4096"):
+        sb.read_file("big")
+    sizes = sb.exec("df -k /tmp /scratch | tail -2").stdout.split()
+    assert (sizes[1], sizes[7]) == ("8192", "1024")

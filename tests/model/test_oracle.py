@@ -33,13 +33,19 @@ def kimi_linear_class():
     return cls
 
 
-def _export_for_transformers(model: K3ForCausalLM, directory) -> None:
-    """Our checkpoint, with the one layout transformers <= 5.24 needs: A_log as the old 4-D [1, 1, H, 1]
-    (Moonshot's current checkpoints and vLLM use [H]; vLLM reads both)."""
+def _load_in_transformers(cls, model: K3ForCausalLM, directory):
+    """Save with `save_pretrained` and load with transformers. transformers <= 5.24 wants the old 4-D
+    `A_log` [1, 1, H, 1] (Moonshot's current checkpoints and vLLM use [H]; vLLM reads both): when it
+    refuses [H], that one tensor is rewritten in the 4-D layout and the load retried."""
     model.save_pretrained(directory)
+    try:
+        return cls.from_pretrained(directory, dtype=torch.float32)
+    except RuntimeError:  # a size mismatch (its report names A_log); any other problem fails the retry too
+        pass
     path = str(directory / "model.safetensors")
     state = {k: (v.view(1, 1, -1, 1) if k.endswith(".A_log") else v) for k, v in load_file(path).items()}
     save_file(state, path, metadata={"format": "pt"})
+    return cls.from_pretrained(directory, dtype=torch.float32)
 
 
 @pytest.mark.parametrize("q_lora_rank", [64, None])
@@ -52,8 +58,7 @@ def test_transformers_kimi_linear_gives_the_same_logits(kimi_linear_class, tiny_
         for p in model.parameters():
             if p.dim() == 2:
                 p.mul_(3.0)
-    _export_for_transformers(model, tmp_path)
-    reference = kimi_linear_class.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    reference = _load_in_transformers(kimi_linear_class, model, tmp_path).eval()
     ids = torch.randint(0, cfg.vocab_size, (2, 100))  # > one 64-token KDA chunk
     with torch.no_grad():
         ours = model(ids).logits

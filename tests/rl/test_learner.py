@@ -57,12 +57,14 @@ def test_failed_episodes_are_zero_weight_samples(cfg):
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
-def test_ppo_learns_a_value_head(cfg):
-    ppo = compose("algo=ppo", "algo.episodes_per_step=8", "trainer.learner_threads=1")
+def test_ppo_learns_a_value_head_over_epochs_and_minibatches(cfg):
+    ppo = compose("algo=ppo", "algo.episodes_per_step=8", "algo.epochs=2", "algo.minibatches=2")
     learner = Learner(ppo)
     metrics = learner.train_step(episodes())
     assert learner.value_head is not None and metrics["value_loss"] > 0
     assert learner.value_head.weight.abs().sum() > 0
+    assert learner.optimizer.state_dict()["state"][0]["step"] == 4  # 2 epochs x 2 minibatches
+    assert metrics["approx_kl"] != 0.0  # later updates see a policy that moved: the ratio is not 1
 
 
 def test_workers_refuse_stale_weights(cfg):
