@@ -18,6 +18,7 @@ from agentenv.errors import (
     SandboxNotFound,
     SandboxStateError,
 )
+from agentenv.pool import PoolBudgetExceeded, PoolMetrics, SandboxPool
 from agentenv.results import ExecResult, SandboxStats
 from agentenv.sandbox import Sandbox
 
@@ -28,9 +29,12 @@ __all__ = [
     "ExecResult",
     "ExecTimeout",
     "PathOutsideWorkspace",
+    "PoolBudgetExceeded",
+    "PoolMetrics",
     "Sandbox",
     "SandboxConfig",
     "SandboxNotFound",
+    "SandboxPool",
     "SandboxStateError",
     "SandboxStats",
 ]

@@ -1,4 +1,6 @@
-"""Container backends behind one seam (`SandboxBackend`); `docker-criu` is the one implemented."""
+"""Container backends behind one seam (`SandboxBackend`): `fastpath` (agentenv.fastpath, the default)
+and `docker-criu` (Docker's own checkpoint API, the fallback). `enabled` in conf/agentenv/fastpath.yaml or
+`$AGENTENV_BACKEND` chooses."""
 
 from __future__ import annotations
 
@@ -8,6 +10,6 @@ from agentenv.backend.base import SandboxBackend
 
 
 def default_backend(home: Path) -> SandboxBackend:
-    from agentenv.backend.docker_criu import DockerCriuBackend
+    from agentenv.fastpath.backend import select_backend
 
-    return DockerCriuBackend(home)
+    return select_backend(home)

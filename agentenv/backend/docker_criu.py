@@ -134,6 +134,13 @@ def _copy_tree(src: Path, dst: Path, hardlink: bool = False) -> None:
         raise CheckpointError(f"copying {src} to {dst} failed: {proc.stderr.strip()[:300]}")
 
 
+def drop_host_clock_image(checkpoint_dir: Path) -> None:
+    """Make the restore keep the host's time namespace (docs/agentenv.md, "Clocks"):
+    with the clock image, CRIU restores into a new time namespace that later `docker exec` processes
+    do not join, and the next restore of such a tree fails ("Can't restore sub-task in NS")."""
+    (checkpoint_dir / "timens-0.img").unlink(missing_ok=True)
+
+
 def containerd_tmp_dirs() -> list[Path]:
     """Where the running containerd processes unpack checkpoints ($TMPDIR of each, default /tmp)."""
     dirs: set[Path] = set()
@@ -376,6 +383,7 @@ class DockerCriuBackend(SandboxBackend):
         if state is not None and state.running:
             raise CheckpointError("Docker reported a checkpoint but the container still runs")
         path = self.docker_root() / "containers" / ref.container / "checkpoints" / checkpoint_id
+        drop_host_clock_image(path)
         return Checkpoint(id=checkpoint_id, path=str(path), bytes=_dir_bytes(path), marker=marker,
                           duration_s=duration)
 

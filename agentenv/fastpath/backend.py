@@ -115,13 +115,21 @@ class FastPathBackend(DockerCriuBackend):
         if ref.container:
             self.fastpath.discard(ref.container)
 
-    def reclaim_images(self) -> dict[str, int]:
-        """`agentenv gc`: images of containers Docker no longer has, and containerd's restore leftovers."""
-        report = self.fastpath.gc()
+    def collect_leftovers(self, dry_run: bool = False, older_than_s: float = 600.0) -> list[str]:
+        """`agentenv gc`: Docker-path leftovers, plus fast-path images of containers Docker no longer
+        has and containerd's unpacked copies of fast-path restores."""
+        report = self.fastpath.gc(stale_after_s=older_than_s, dry_run=dry_run)
+        return super().collect_leftovers(dry_run, older_than_s) + report.removed
+
+    def describe(self) -> dict[str, object]:
+        host = self.fastpath.host
         return {
-            "checkpoint_dirs_removed": report.orphan_containers,
-            "checkpoint_bytes_freed": report.freed_bytes,
-            "restore_copies_removed": report.unpacked_copies,
+            **super().describe(),
+            "checkpoint_store": str(self.fastpath.store.root),
+            "checkpoint_store_bytes": self.fastpath.disk_usage(),
+            "checkpoint_disk_cap": self.fastpath.settings.disk_cap,
+            "criu_lazy_pages": host.lazy_pages,
+            "criu_dirty_tracking": host.dirty_tracking,
         }
 
 

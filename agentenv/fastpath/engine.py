@@ -42,6 +42,7 @@ from typing import Any
 
 import docker
 
+from agentenv.backend.docker_criu import drop_host_clock_image
 from agentenv.errors import CheckpointError, SandboxNotFound, SandboxStateError
 from agentenv.fastpath import dockerlink
 from agentenv.fastpath.clone import clone_container, remove_container
@@ -54,17 +55,17 @@ from agentenv.fastpath.store import RECORD_FILE, CheckpointRecord, CheckpointSto
 log = logging.getLogger(__name__)
 
 RESTORE_OK = "Restore finished successfully"
-HOST_TIMENS_IMAGE = "timens-0.img"  # clock values of the host time namespace (see pause())
 _MIN_RESERVATION = 8 * 2**20
 
 
 @dataclass(frozen=True)
 class GcReport:
-    """What `FastPath.gc()` removed."""
+    """What `FastPath.gc()` removed (or would remove, with dry_run)."""
 
     orphan_containers: int
     freed_bytes: int
     unpacked_copies: int
+    removed: list[str]
 
 
 class FastPath:
@@ -164,7 +165,7 @@ class FastPath:
             # processes that `docker exec` starts later stay in the host's, and the next restore then
             # fails ("Can't restore sub-task in NS"). Without the host-clock image the restored
             # processes stay in the host's time namespace: monotonic clocks advance across a pause.
-            (path / HOST_TIMENS_IMAGE).unlink(missing_ok=True)
+            drop_host_clock_image(path)
             record = CheckpointRecord(
                 container_id=cid,
                 name=path.name,
@@ -312,19 +313,25 @@ class FastPath:
     def disk_usage(self) -> int:
         return self.store.usage()
 
-    def gc(self, stale_after_s: float | None = None) -> GcReport:
+    def gc(self, stale_after_s: float | None = None, dry_run: bool = False) -> GcReport:
         """Remove images of containers Docker no longer has, and restore leftovers containerd kept."""
         stale_after_s = self.settings.op_timeout_s if stale_after_s is None else stale_after_s
         live = {c["Id"] for c in self.api.containers(all=True, quiet=True)}
+        removed: list[str] = []
         orphans, freed = 0, 0
         for cid in self.store.container_ids():
             if cid not in live:
-                freed += self.store.delete_container(cid)
+                removed.append(str(self.store.container_dir(cid)))
+                freed += self.store.delete_container(cid) if not dry_run else 0
                 orphans += 1
         copies = dockerlink.stale_unpacked_copies(self.settings.containerd_tmp, stale_after_s)
         for d in copies:
-            shutil.rmtree(d, ignore_errors=True)
-        return GcReport(orphan_containers=orphans, freed_bytes=freed, unpacked_copies=len(copies))
+            removed.append(str(d))
+            if not dry_run:
+                shutil.rmtree(d, ignore_errors=True)
+        return GcReport(
+            orphan_containers=orphans, freed_bytes=freed, unpacked_copies=len(copies), removed=removed
+        )
 
 
 def _log_tail(path: Path, lines: int = 8) -> str:

@@ -8,10 +8,11 @@ turn (and ``invalid_penalty`` of reward). Optionally (``ruled_out_penalty``), a 
 sandbox's earlier answers already ruled out costs reward too: this shaping rewards reading the
 observations directly and lets a small policy leave the "fixed list of guesses" plateau sooner.
 
-Why the agent must read the sandbox: with ``num_values = 8`` and ``max_turns = 4``, a policy that
-ignores the observations plays a fixed list of at most 4 distinct guesses, so it wins on at most
-4 of the 8 equally likely numbers: **success ≤ max_turns / num_values = 0.5**. Binary search on the
-answers always wins (4 turns cover up to 2⁴ - 1 = 15 values). The short action format (one digit and
+Why the agent must read the sandbox: with ``num_values = 6`` and ``max_turns = 3`` (the defaults), a
+policy that ignores the observations plays a fixed list of at most 3 distinct guesses, so it wins on
+at most 3 of the 6 equally likely numbers: **success ≤ max_turns / num_values = 0.5**. Binary search on
+the answers always wins (3 answers single out one of up to 2³ - 1 = 7 values). ``num_values = 8``
+with ``max_turns = 4`` keeps the same 0.5 bound and needs one more decision. The short action format (one digit and
 the end-of-turn token) keeps the byte-level policy's actions at two tokens.
 """
 
@@ -49,7 +50,7 @@ _NUMBER = re.compile(r"\d+")
 class GuessNumber(SandboxTask):
     """Guess a number in ``0..num_values-1`` in at most ``max_turns`` guesses (see the module docstring)."""
 
-    def __init__(self, num_values: int = 8, max_turns: int = 4, invalid_penalty: float = 0.1,
+    def __init__(self, num_values: int = 6, max_turns: int = 3, invalid_penalty: float = 0.1,
                  ruled_out_penalty: float = 0.0, **kwargs):
         if not 2 <= num_values <= 1000:
             raise ValueError(f"num_values must be in 2..1000, got {num_values}")

@@ -12,7 +12,8 @@ Three forms live here, all plain PyTorch (so autograd works and they run on any 
 * :func:`kda_step` / :func:`naive_recurrent_kda`: the token-by-token recurrence above, slow and
   obviously right; the oracle of every other implementation.
 * :func:`chunk_kda_reference`: the chunkwise-parallel algorithm (the same maths the Triton kernels
-  run), vectorised over all chunks except for one short loop that carries the state between chunks.
+  run), vectorised over groups of ``CHUNKS_PER_GROUP`` chunks (small enough to stay in cache) with one
+  short loop of two matmuls per chunk that carries the state between chunks.
 
 Chunk algorithm (chunk of C tokens, ``G_t = Σ_{s≤t} g_s`` the in-chunk cumulative log decay)::
 
@@ -23,10 +24,15 @@ Chunk algorithm (chunk of C tokens, ``G_t = Σ_{s≤t} g_s`` the in-chunk cumula
     o = (q ⊙ exp(G)) S₀ + Aqk u
     S₁ = exp(G_C) ⊙ S₀ + (k ⊙ exp(G_C − G))ᵀ u
 
-Every exponent above is ≤ 0 except inside ``exp(G_t − G_i)``, which is evaluated without overflow by
-splitting the chunk into 16-token sub-tiles: a diagonal sub-tile takes the exact pairwise differences,
-an off-diagonal one factors through the cumulative decay at the first token ``r`` of the row sub-tile,
-``exp(G_t − G_i) = exp(G_t − G_r) · exp(G_r − G_i)``, where both factors are ≤ 1 because ``i < r ≤ t``.
+``(I + A)⁻¹`` is formed by 2×2 block recursion (:func:`unit_lower_inverse`), as matmuls.
+
+Every exponent above is ≤ 0 except inside ``exp(G_t − G_i)``. :func:`intra_chunk_decayed_scores`
+evaluates it without overflow for any decay, as the Triton kernels do, by splitting the chunk into
+16-token sub-tiles: a diagonal sub-tile takes the exact pairwise differences, an off-diagonal one
+factors through the cumulative decay at the first token ``r`` of the row sub-tile,
+``exp(G_t − G_i) = exp(G_t − G_r) · exp(G_r − G_i)``, both factors ≤ 1 because ``i < r ≤ t``.
+:func:`intra_chunk_scores` first tries a cheaper factoring through each sub-tile's middle token (one
+matmul per sub-tile), taken only when no factor exceeds ``exp(SAFE_EXPONENT)``.
 """
 
 from __future__ import annotations

@@ -13,11 +13,11 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-TRITON_MODULES = (
+TRITON_MODULES = (  # dependencies first: kernels.moe.grouped imports from kernels.situ_glu_triton
+    "kernels.situ_glu_triton",
     "kernels.kda.chunk",
     "kernels.kda.fused_recurrent",
     "kernels.moe.grouped",
-    "kernels.situ_glu_triton",
 )
 for _name in TRITON_MODULES:
     if _name in sys.modules:

@@ -112,7 +112,7 @@ def _bf16_dot_is_right() -> bool:
 
 def test_grouped_moe_bf16_matches_expert_loop() -> None:
     if not _bf16_dot_is_right():
-        pytest.skip("this Triton interpreter computes bf16 tl.dot wrongly; bench/kernels.py checks bf16 on a GPU")
+        pytest.skip("the Triton interpreter gets bf16 tl.dot wrong; bench/kernels.py checks bf16 on GPU")
     x, ids, weights, w_gate, w_up, w_down = (
         t.bfloat16() if t.is_floating_point() else t for t in _moe_case(40, 32, 48, 4, 2, seed=3)
     )

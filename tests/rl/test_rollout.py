@@ -40,7 +40,7 @@ def test_episodes_keep_exact_tokens_masks_and_sampling_logprobs(policy, sandbox_
     assert len(episodes) == 4 and stats.failed == 0 and stats.env_steps == sum(e.turns for e in episodes)
     for ep in episodes:
         assert ep.tokens[:2] == [TOK.bos_id, TOK.observation_id]
-        assert TOK.decode(ep.tokens).startswith("guess 0-7")
+        assert TOK.decode(ep.tokens).startswith("guess 0-5")
         assert len(ep.tokens) == len(ep.action_mask) == len(ep.logprobs)
         assert 1 <= ep.turns <= 2 and len(ep.step_rewards) == ep.turns
         trained = [t for t, m in zip(ep.tokens, ep.action_mask, strict=True) if m]
