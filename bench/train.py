@@ -63,8 +63,9 @@ def rollout_throughput(overrides: list[str], groups: int, repeats: int) -> dict:
         runner.run(list(range(groups)), group, torch.Generator().manual_seed(0))  # warm-up
         steps = step_s = reset_s = total = forks = fork_s = 0.0
         for r in range(repeats):
-            _, stats = runner.run(list(range(100 + r * groups, 100 + (r + 1) * groups)), group,
-                                  torch.Generator().manual_seed(r))
+            _, stats = runner.run(
+                list(range(100 + r * groups, 100 + (r + 1) * groups)), group, torch.Generator().manual_seed(r)
+            )
             steps += stats.env_steps
             step_s += stats.env_step_s
             reset_s += stats.reset_s
@@ -73,8 +74,12 @@ def rollout_throughput(overrides: list[str], groups: int, repeats: int) -> dict:
             fork_s += stats.fork_s
     finally:
         runner.close()
-    return {"env_steps_per_s": steps / max(step_s + reset_s, 1e-9), "step_ms": 1000 * step_s / max(steps, 1),
-            "episodes_per_s": groups * group * repeats / total, "fork_ms": 1000 * fork_s / forks if forks else None}
+    return {
+        "env_steps_per_s": steps / max(step_s + reset_s, 1e-9),
+        "step_ms": 1000 * step_s / max(steps, 1),
+        "episodes_per_s": groups * group * repeats / total,
+        "fork_ms": 1000 * fork_s / forks if forks else None,
+    }
 
 
 def training_run(overrides: list[str], run_dir: Path) -> dict:
@@ -125,11 +130,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short training and fewer rollout repeats")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every part (e.g. sandbox.image=...)")
+    parser.add_argument(
+        "overrides", nargs="*", help="Hydra overrides for every part (e.g. sandbox.image=...)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("RAY_worker_niceness", "0")
     user = list(args.overrides)
     groups, repeats = (2, 2) if args.quick else (8, 3)
+    rollout_group_size = int(compose(user)["algo"]["group_size"])
 
     print("rollout micro-benchmark ...", flush=True)
     variants = {
@@ -165,15 +173,18 @@ def main() -> None:
         "Other jobs shared the cores during the run, so wall times are upper bounds.",
         "",
         "Rollout of the default task (GuessNumber, untrained tiny K3 policy, "
-        f"{groups} groups x 8 episodes, {repeats} repeats):",
+        f"{groups} groups x {rollout_group_size} episodes, {repeats} repeats; env steps/s = steps / wall time "
+        "of the parallel env-step phases, episodes/s includes generation):",
         "",
-        "| sandbox access / group start | env steps/s | ms per step | episodes/s | fork ms | vs baseline |",
-        "|---|---|---|---|---|---|",
+        "| sandbox access / group start | env steps/s | episodes/s | fork ms per sandbox | vs baseline |",
+        "|---|---|---|---|---|",
     ]
     for name, r in rollout.items():
         fork = f"{r['fork_ms']:.0f}" if r["fork_ms"] else "-"
-        lines.append(f"| {name} | {r['env_steps_per_s']:.0f} | {r['step_ms']:.1f} | {r['episodes_per_s']:.1f} | "
-                     f"{fork} | {r['env_steps_per_s'] / base:.1f}x |")
+        lines.append(
+            f"| {name} | {r['env_steps_per_s']:.0f} | {r['episodes_per_s']:.1f} | {fork} | "
+            f"{r['env_steps_per_s'] / base:.1f}x |"
+        )
     lines += [
         "",
         f"Training with the default config (`make train`; {t['iterations']} iterations, "

@@ -21,4 +21,9 @@ def use_triton(tensor: torch.Tensor) -> bool:
         return tensor.is_cuda
     if forced not in BACKENDS:
         raise ValueError(f"{BACKEND_ENV}={forced!r} is not one of {BACKENDS} (or unset for automatic choice)")
+    if forced == "triton" and not tensor.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            f"{BACKEND_ENV}=triton on {tensor.device.type} tensors needs TRITON_INTERPRET=1, set before "
+            "Triton is imported (Triton's interpreter); or use CUDA tensors, or unset K3_KERNELS"
+        )
     return forced == "triton"

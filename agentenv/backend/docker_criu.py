@@ -372,11 +372,7 @@ class DockerCriuBackend(SandboxBackend):
             self._checkpoint_call(ref.container, checkpoint_id)
         except docker.errors.APIError as e:
             why = _criu_log_errors(str(e.explanation or e)) or f": {_first_line(e)}"
-            hint = ""
-            if user == "agent" and not self.probe(self.api.inspect_container(ref.container)["Image"]) \
-                    .can_checkpoint_other_uids:
-                hint = ("; this host's CRIU cannot checkpoint processes of uid 1000 (see `agentenv info`): "
-                        "create sandboxes with `user: auto` (root without capabilities) to pause them")
+            hint = self._uid_hint(ref, user)
             raise CheckpointError(f"CRIU could not checkpoint the container{why}{hint}") from None
         duration = time.perf_counter() - t0
         state = self.state(ref)
@@ -386,6 +382,14 @@ class DockerCriuBackend(SandboxBackend):
         drop_host_clock_image(path)
         return Checkpoint(id=checkpoint_id, path=str(path), bytes=_dir_bytes(path), marker=marker,
                           duration_s=duration)
+
+    def _uid_hint(self, ref: ContainerRef, user: str) -> str:
+        """Why a dump of a uid-1000 sandbox failed on hosts whose CRIU cannot dump other uids ('' else)."""
+        if user == "agent" and not self.probe(self.api.inspect_container(ref.container)["Image"]) \
+                .can_checkpoint_other_uids:
+            return ("; this host's CRIU cannot checkpoint processes of uid 1000 (see `agentenv info`): "
+                    "create sandboxes with `user: auto` (root without capabilities) to pause them")
+        return ""
 
     def _start_from(self, ref: ContainerRef, checkpoint: Checkpoint, sandbox_id: str) -> None:
         self._require_experimental()
@@ -405,6 +409,10 @@ class DockerCriuBackend(SandboxBackend):
             raise CheckpointError(f"CRIU could not restore checkpoint {checkpoint.id}{why}") from None
         finally:
             remove_containerd_copies(nonce=nonce)
+        self._verify_marker(ref, checkpoint, sandbox_id)
+
+    def _verify_marker(self, ref: ContainerRef, checkpoint: Checkpoint, sandbox_id: str) -> None:
+        """The restore marker written before the dump must be back (else: a fresh start, or it died)."""
         try:
             found = self._write_identity(ref, sandbox_id)
         except ContainerNotRunning as e:

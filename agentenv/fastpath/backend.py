@@ -10,21 +10,18 @@ switched) are still restored by Docker's path.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import secrets
 import time
 from pathlib import Path
 
-import docker
-
 from agentenv.backend import docker_client
-from agentenv.backend.base import RUNTIME_DIR, Checkpoint, ContainerNotRunning, ContainerRef, ContainerSpec
+from agentenv.backend.base import RUNTIME_DIR, Checkpoint, ContainerRef, ContainerSpec
 from agentenv.backend.docker_criu import DockerCriuBackend, _copy_tree
 from agentenv.errors import CheckpointError, ConfigError
 from agentenv.fastpath.engine import FastPath
-from agentenv.fastpath.errors import FastPathUnavailable
+from agentenv.fastpath.errors import DiskCapExceeded, FastPathUnavailable
 from agentenv.fastpath.host import probe
 from agentenv.fastpath.settings import FastPathSettings
 
@@ -53,7 +50,15 @@ class FastPathBackend(DockerCriuBackend):
         if r.exit_code != 0:
             raise CheckpointError(f"could not write the restore marker: {r.stderr.decode(errors='replace')}")
         t0 = time.perf_counter()
-        record = self.fastpath.pause(ref.container)
+        try:
+            record = self.fastpath.pause(ref.container)
+        except DiskCapExceeded:
+            raise
+        except CheckpointError as e:
+            hint = self._uid_hint(ref, user)
+            if not hint:
+                raise
+            raise CheckpointError(f"{e}{hint}") from None
         return Checkpoint(
             id=record.name,
             path=str(record.path),
@@ -63,25 +68,12 @@ class FastPathBackend(DockerCriuBackend):
         )
 
     # ---- restore and fork ------------------------------------------------------------------------
-    def _check_marker(self, ref: ContainerRef, checkpoint: Checkpoint, sandbox_id: str) -> None:
-        try:
-            found, detail = self._write_identity(ref, sandbox_id), ""
-        except ContainerNotRunning as e:
-            found, detail = "", str(e)
-        if found != checkpoint.marker:
-            with contextlib.suppress(docker.errors.APIError):
-                self.api.kill(ref.container)
-            raise CheckpointError(
-                f"the container did not come back from checkpoint {checkpoint.id} (restore marker missing"
-                f"{': ' + detail if detail else ''}); the checkpoint is kept at {checkpoint.path}"
-            )
-
     def restore(self, ref: ContainerRef, checkpoint: Checkpoint, *, sandbox_id: str) -> None:
         record = self.fastpath.record_at(checkpoint.path)
         if record is None:
             return super().restore(ref, checkpoint, sandbox_id=sandbox_id)
         self.fastpath.restore_into(ref.container, record)
-        self._check_marker(ref, checkpoint, sandbox_id)
+        self._verify_marker(ref, checkpoint, sandbox_id)
 
     def fork(self, source: ContainerRef, checkpoint: Checkpoint, spec: ContainerSpec) -> ContainerRef:
         record = self.fastpath.record_at(checkpoint.path)
@@ -97,7 +89,7 @@ class FastPathBackend(DockerCriuBackend):
                 dst_upper = self.api.inspect_container(ref.container)["GraphDriver"]["Data"]["UpperDir"]
                 _copy_tree(Path(src_upper), Path(dst_upper))
             self.fastpath.restore_into(ref.container, record)
-            self._check_marker(ref, checkpoint, spec.sandbox_id)
+            self._verify_marker(ref, checkpoint, spec.sandbox_id)
         except BaseException:
             self.remove(ref)
             raise

@@ -61,7 +61,7 @@ def _chunk_cumsum_kernel(
     x_ptr, out_ptr, chunk_start_ptr, chunk_end_ptr, H, D: tl.constexpr, C: tl.constexpr, REVERSE: tl.constexpr
 ):
     """Cumulative sum over the tokens of one chunk (reverse: from the chunk's last token)."""
-    c = tl.program_id(0)
+    c = tl.program_id(0).to(tl.int64)  # 64-bit offsets: T·H·D can pass 2³¹
     h = tl.program_id(1)
     start = tl.load(chunk_start_ptr + c).to(tl.int64)
     end = tl.load(chunk_end_ptr + c).to(tl.int64)
@@ -90,7 +90,7 @@ def _intra_scores_fwd_kernel(
 ):
     """Rows of one 16-token sub-tile: Akk[t,i] = Σ k_t k_i e^{G_t-G_i} (i<t), Aqk likewise with q (i≤t)."""
     NS: tl.constexpr = C // S
-    c = tl.program_id(0) // NS
+    c = tl.program_id(0).to(tl.int64) // NS
     r = tl.program_id(0) % NS
     h = tl.program_id(1)
     start = tl.load(chunk_start_ptr + c).to(tl.int64)
@@ -153,7 +153,7 @@ def _solve_wy_kernel(
     C: tl.constexpr,
 ):
     """M = (I + diag(β)·Akk)⁻¹ by forward substitution; U = M (β v); W = M (β k e^G)."""
-    c = tl.program_id(0)
+    c = tl.program_id(0).to(tl.int64)  # 64-bit offsets: T·H·D can pass 2³¹
     h = tl.program_id(1)
     start = tl.load(chunk_start_ptr + c).to(tl.int64)
     end = tl.load(chunk_end_ptr + c).to(tl.int64)
@@ -204,7 +204,7 @@ def _state_fwd_kernel(
     STORE_HT: tl.constexpr,
 ):
     """Sequential over the chunks of one sequence: chunk-start states h, pseudo-values u, final state."""
-    n = tl.program_id(0)
+    n = tl.program_id(0).to(tl.int64)  # 64-bit offsets: T·H·D can pass 2³¹
     h = tl.program_id(1)
     vb = tl.program_id(2)
     bos = tl.load(seq_start_ptr + n).to(tl.int64)
@@ -257,7 +257,7 @@ def _output_fwd_kernel(
     C: tl.constexpr,
 ):
     """o = (scale·q ⊙ e^G) S_chunk + Aqk u, for one chunk and one block of BV value channels."""
-    c = tl.program_id(0)
+    c = tl.program_id(0).to(tl.int64)  # 64-bit offsets: T·H·D can pass 2³¹
     h = tl.program_id(1)
     vb = tl.program_id(2)
     start = tl.load(chunk_start_ptr + c).to(tl.int64)
@@ -303,7 +303,7 @@ def _state_bwd_kernel(
     STORE_DH0: tl.constexpr,
 ):
     """Reverse over chunks: state gradient at each chunk end (dh), du = Aqkᵀ dO + k e^{G_L−G} dh, dh0."""
-    n = tl.program_id(0)
+    n = tl.program_id(0).to(tl.int64)  # 64-bit offsets: T·H·D can pass 2³¹
     h = tl.program_id(1)
     vb = tl.program_id(2)
     bos = tl.load(seq_start_ptr + n).to(tl.int64)
@@ -378,7 +378,7 @@ def _chunk_bwd_keys_kernel(
     partial dq, dk, dG (the score gradients are added by ``_intra_scores_bwd_kernel``), and this block's
     shares of dM (= dW (β k e^G)ᵀ) and dβ, reduced over the key blocks by ``_chunk_bwd_values_kernel``.
     """
-    c = tl.program_id(0)
+    c = tl.program_id(0).to(tl.int64)  # 64-bit offsets: T·H·D can pass 2³¹
     h = tl.program_id(1)
     kb = tl.program_id(2)
     start = tl.load(chunk_start_ptr + c).to(tl.int64)
@@ -457,7 +457,7 @@ def _chunk_bwd_values_kernel(
     dAqk = dO uᵀ (lower), dv = β Mᵀ du, dM = du (β v)ᵀ + Σ_blocks dW (β k e^G)ᵀ, then through
     M = (I + A)⁻¹: dA = −Mᵀ dM Mᵀ (strictly lower), dAkk = β dA, dβ = Σ_i dA Akk + dR1·v + Σ_blocks.
     """
-    c = tl.program_id(0)
+    c = tl.program_id(0).to(tl.int64)  # 64-bit offsets: T·H·D can pass 2³¹
     h = tl.program_id(1)
     start = tl.load(chunk_start_ptr + c).to(tl.int64)
     end = tl.load(chunk_end_ptr + c).to(tl.int64)
@@ -522,7 +522,7 @@ def _intra_scores_bwd_kernel(
     dG gets a⊙da for the row role and −b⊙db for the column role. Adds to the partial dq, dk, dG.
     """
     NS: tl.constexpr = C // S
-    c = tl.program_id(0) // NS
+    c = tl.program_id(0).to(tl.int64) // NS
     r = tl.program_id(0) % NS
     h = tl.program_id(1)
     start = tl.load(chunk_start_ptr + c).to(tl.int64)

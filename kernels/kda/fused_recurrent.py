@@ -40,7 +40,7 @@ def _fused_recurrent_fwd_kernel(
     HAS_H0: tl.constexpr,
     STORE_HT: tl.constexpr,
 ):
-    n = tl.program_id(0)
+    n = tl.program_id(0).to(tl.int64)  # 64-bit offsets: T·H·D can pass 2³¹
     h = tl.program_id(1)
     vb = tl.program_id(2)
     bos = tl.load(seq_start_ptr + n).to(tl.int64)

@@ -116,7 +116,7 @@ def _grouped_wgrad_kernel(
     BR: tl.constexpr,
 ):
     """out[e] = A[seg_e]ᵀ @ B[seg_e]: a [P, Q] weight gradient summed over the expert's routed rows."""
-    e = tl.program_id(0)
+    e = tl.program_id(0).to(tl.int64)
     ps = tl.program_id(1) * BP + tl.arange(0, BP)
     qs = tl.program_id(2) * BQ + tl.arange(0, BQ)
     p_ok = ps < P

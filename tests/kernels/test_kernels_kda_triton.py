@@ -16,6 +16,8 @@ from kernels.kda.chunk import chunk_kda_triton
 from kernels.kda.fused_recurrent import fused_recurrent_kda_triton
 from kernels.kda.reference import naive_recurrent_kda
 
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
+
 FP32_TOL = 2e-5
 BF16_TOL = 2e-2
 

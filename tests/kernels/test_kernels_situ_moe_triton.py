@@ -18,6 +18,8 @@ from kernels.moe.reference import moe_experts_reference
 from kernels.situ_glu import situ_glu_reference
 from kernels.situ_glu_triton import situ_glu_triton
 
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
+
 FP32_TOL = 2e-6
 MOE_TOL = 1e-5
 
