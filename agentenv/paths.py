@@ -1,8 +1,9 @@
 """Where AgentENV keeps its state and finds its recipes.
 
 `$AGENTENV_HOME` (default: the user's data dir, e.g. ~/.local/share/agentenv) holds the SQLite registry,
-the per-sandbox lock files and the cached host probe. Checkpoint images live in Docker's own
-directory (/var/lib/docker/containers/<id>/checkpoints), i.e. on local disk, never on tmpfs.
+the per-sandbox lock files, the pools' bookkeeping and the cached host probe. Checkpoint images live
+on local disk, never on tmpfs: in the fast path's store (`store_dir` in conf/agentenv/fastpath.yaml) or,
+with the docker-criu backend, in Docker's own directory (/var/lib/docker/containers/<id>/checkpoints).
 """
 
 from __future__ import annotations

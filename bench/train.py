@@ -173,8 +173,8 @@ def main() -> None:
         "Other jobs shared the cores during the run, so wall times are upper bounds.",
         "",
         "Rollout of the default task (GuessNumber, untrained tiny K3 policy, "
-        f"{groups} groups x {rollout_group_size} episodes, {repeats} repeats; env steps/s = steps / wall time "
-        "of the parallel env-step phases, episodes/s includes generation):",
+        f"{groups} groups x {rollout_group_size} episodes, {repeats} repeats; env steps/s = steps / "
+        "wall time of the parallel env-step phases, episodes/s includes generation):",
         "",
         "| sandbox access / group start | env steps/s | episodes/s | fork ms per sandbox | vs baseline |",
         "|---|---|---|---|---|",

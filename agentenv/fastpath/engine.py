@@ -55,6 +55,8 @@ from agentenv.fastpath.store import RECORD_FILE, CheckpointRecord, CheckpointSto
 log = logging.getLogger(__name__)
 
 RESTORE_OK = "Restore finished successfully"
+# CRIU could not freeze every task in time (e.g. one in uninterruptible sleep): it resumed them all.
+_TRANSIENT_DUMP_ERRORS = ("Timeout reached", "Unseizable non-zombie")
 _MIN_RESERVATION = 8 * 2**20
 
 
@@ -151,15 +153,7 @@ class FastPath:
         need = max(_MIN_RESERVATION, int(memory_bytes(pid) * self.settings.pause_headroom))
         with self.store.reserve(cid, need) as path:
             work = self.store.work_dir(path)
-            work.mkdir()
-            r = self._ctr(
-                "tasks", "checkpoint", "--exit", "--image-path", str(path), "--work-path", str(work), cid
-            )
-            if r.returncode != 0:
-                raise CheckpointError(
-                    f"CRIU could not checkpoint container {cid[:12]} (it keeps running): "
-                    f"{r.stderr.strip()[-300:]}\n{_log_tail(work / 'dump.log')}"
-                )
+            self._dump(cid, path, work)
             self.api.wait(cid, condition="not-running", timeout=int(self.settings.op_timeout_s))
             # CRIU restores a container into a new time namespace when the dump carries clock values;
             # processes that `docker exec` starts later stay in the host's, and the next restore then
@@ -177,6 +171,29 @@ class FastPath:
             self.store.save(record)
             shutil.rmtree(work, ignore_errors=True)
         return record
+
+    def _dump(self, cid: str, path: Path, work: Path) -> None:
+        """`ctr tasks checkpoint --exit`; one retry when CRIU could not freeze every task in time (a
+        task in uninterruptible sleep, seen on a heavily loaded host): CRIU then resumed them all."""
+        for attempt in range(2):
+            for leftover in path.iterdir():
+                leftover.unlink()
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir()
+            r = self._ctr(
+                "tasks", "checkpoint", "--exit", "--image-path", str(path), "--work-path", str(work), cid
+            )
+            if r.returncode == 0:
+                return
+            crit_log = _log_tail(work / "dump.log")
+            transient = any(s in crit_log for s in _TRANSIENT_DUMP_ERRORS)
+            if attempt == 0 and transient and self._inspect(cid)["State"].get("Running"):
+                log.warning("checkpoint of %s failed transiently, retrying: %s", cid[:12], crit_log[-200:])
+                continue
+            raise CheckpointError(
+                f"CRIU could not checkpoint container {cid[:12]} (it keeps running): "
+                f"{r.stderr.strip()[-300:]}\n{crit_log}"
+            )
 
     # ---- resume ------------------------------------------------------------------------------
     def resume(

@@ -50,7 +50,7 @@ def test_guess_number_needs_the_sandbox_answers(make_task):
     def binary_search(history):
         low, high = 0, env.num_values - 1
         for guess, answer in history:
-            low, high = (guess + 1, high) if answer == "higher" else (low, guess - 1)
+            low, high = (guess + 1, high) if answer.startswith("higher") else (low, guess - 1)
         return (low + high) // 2
 
     seeds = range(60)
@@ -113,8 +113,19 @@ def test_a_forked_task_continues_from_the_same_hidden_state(make_task):
 
 def test_guess_number_can_penalise_guesses_the_answers_ruled_out(make_task):
     env = make_task("agentenv/GuessNumber-v0", ruled_out_penalty=0.2)
-    seed = next(s for s in range(50) if env.reset(seed=s) and env.step("0")[0] == "higher")
+    seed = next(s for s in range(50) if env.reset(seed=s) and env.step("0")[0].startswith("higher"))
     env.reset(seed=seed)
-    assert env.step("0")[1] == 0.0  # "higher": 0 is now ruled out
+    assert env.step("0")[:2] == ("higher 1-5", 0.0)  # 0 is now ruled out; the sandbox says what is left
     obs, reward, _, _, info = env.step("0")
-    assert (obs, reward, info["ruled_out"]) == ("higher", -0.2, True)
+    assert (obs, reward, info["ruled_out"]) == ("higher 1-5", -0.2, True)
+
+
+def test_guess_number_answers_narrow_the_range(make_task):
+    env = make_task("agentenv/GuessNumber-v0", num_values=8, max_turns=4)
+    seed = next(s for s in range(50) if env.reset(seed=s) and env.step("3")[0].startswith("higher"))
+    env.reset(seed=seed)
+    assert env.step("3")[0] == "higher 4-7"
+    assert env.step("6")[0] in ("lower 4-5", "higher 7-7", "correct")
+    words = make_task("agentenv/GuessNumber-v0", show_range=False)
+    words.reset(seed=seed)
+    assert words.step("0")[0] in ("higher", "correct")
