@@ -286,7 +286,54 @@ def ratio(a: Samples, b: Samples) -> str:
     return f"{a.p50 / b.p50:.2f}×" if a.values and b.values else "–"
 
 
-def render(results: dict[int, dict], dens: dict | None, load: tuple, cmd: str) -> str:
+def pool_run(mb: int, n: int, active: int, steps: int) -> dict[str, object]:
+    """n sandboxes holding `mb` MiB in a SandboxPool whose budget fits `active` of them; a random
+    sequence of execs over all n: what a trainer sees (transparent resumes, LRU pauses)."""
+    import random
+    import shutil
+    import tempfile
+
+    home = tempfile.mkdtemp(prefix="agentenv-bench-")
+    os.environ["AGENTENV_HOME"] = home
+    from agentenv import SandboxConfig
+    from agentenv.pool import SandboxPool
+
+    holder = (
+        f'nohup python3 -c \'import os,time; b=bytearray(os.urandom(1<<20))*{mb}; open("/tmp/up","w"); '
+        "time.sleep(10**6)' >/dev/null 2>&1 & while [ ! -e /tmp/up ]; do sleep 0.05; done"
+    )
+    cfg = SandboxConfig.load(memory=f"{mb + 256}m", tmpfs={"/tmp": "size=64m,mode=1777"})
+    pool = SandboxPool(
+        f"bench-{uuid.uuid4().hex[:6]}",
+        config=cfg,
+        idle_after_s=0.0,
+        memory_budget=int(active * (mb + 24) * MiB),
+        rss_refresh_s=0.0,
+    )
+    try:
+        members = [pool.create(template="holder", setup=lambda s: s.exec(holder)) for _ in range(n)]
+        rng, hit, miss, peak = random.Random(0), Samples(), Samples(), 0
+        for _ in range(steps):
+            m = rng.choice(members)
+            (miss if m.status == "paused" else hit).add(timed(lambda m=m: m.exec("true")))
+            peak = max(peak, pool.metrics().memory_used_bytes)
+        metrics = pool.metrics()
+    finally:
+        pool.close()
+        shutil.rmtree(home, ignore_errors=True)
+    return {
+        "n": n,
+        "active": active,
+        "steps": steps,
+        "hit": hit,
+        "miss": miss,
+        "peak": peak,
+        "metrics": metrics,
+        "budget": pool.settings.memory_budget,
+    }
+
+
+def render(results: dict[int, dict], dens: dict | None, pool: dict | None, load: tuple, cmd: str) -> str:
     lines = [
         f"Command: `{cmd}`  ",
         f"Machine: {platform.node()}, {os.cpu_count()} cores, Docker 20.10 + containerd 1.6 + runc 1.1 + "
@@ -337,6 +384,19 @@ def render(results: dict[int, dict], dens: dict | None, load: tuple, cmd: str) -
             f"memory ({int(cap // disk)} at the {cap / 2**30:.0f} GiB disk cap), each one resume away; a "
             f"pool keeping k active needs k × {per / MiB:.0f} MiB of RAM.",
         ]
+    if pool:
+        pm = pool["metrics"]
+        lines += [
+            "",
+            f"SandboxPool ({pool['n']} sandboxes of 128 MiB, budget {pool['budget'] / MiB:.0f} MiB = room "
+            f"for {pool['active']} running, idle_after_s 0, {pool['steps']} execs on random members): exec "
+            f"on a running member {pool['hit'].fmt()} s, on a paused one {pool['miss'].fmt()} s (p50 / p90; "
+            f"{len(pool['miss'].values)} of {pool['steps']} execs needed a transparent resume); "
+            f"{pm.pauses} LRU pauses (p50 {pm.pause_p50_s:.2f} s), {pm.resumes} resumes (p50 "
+            f"{pm.resume_p50_s:.2f} s), {pm.warm_starts} warm starts (p50 {pm.warm_start_p50_s:.2f} s) from "
+            f"one template (cold start {pm.cold_start_p50_s:.2f} s); peak RSS of running members "
+            f"{pool['peak'] / MiB:.0f} MiB.",
+        ]
     lines += [
         "",
         "Published figures for comparison (other hosts and definitions, see "
@@ -380,6 +440,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", type=int, default=400_000, help="SQLite rows the workload builds (cold start)")
     ap.add_argument("--density", type=int, default=None, help="sandboxes in the density run (0 = skip)")
     ap.add_argument("--budget-gib", type=float, default=4.0, help="memory budget of the density figure")
+    ap.add_argument("--no-pool", dest="pool", action="store_false", help="skip the SandboxPool run")
     ap.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in (args.sizes or ("16,128" if args.quick else "16,128,512")).split(",")]
@@ -396,7 +457,7 @@ def main(argv: list[str] | None = None) -> None:
     FastPathHost.disk_cap = bench.fp.settings.disk_cap
     load0 = os.getloadavg()[0]
     results: dict[int, dict] = {}
-    dens = None
+    dens = pool = None
     try:
         for mb in sizes:
             print(f"== {mb} MiB", flush=True)
@@ -405,10 +466,15 @@ def main(argv: list[str] | None = None) -> None:
         if n_density:
             print(f"== density: {n_density} x 128 MiB", flush=True)
             dens = bench.density(128, n_density, int(args.budget_gib * 2**30))
+        if args.pool:
+            print("== SandboxPool", flush=True)
+            pool = pool_run(
+                128, n=4 if args.quick else 8, active=2 if args.quick else 3, steps=12 if args.quick else 30
+            )
     finally:
         bench.cleanup()
     cmd = "python bench/sandbox.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = render(results, dens, (load0, os.getloadavg()[0]), cmd.strip())
+    text = render(results, dens, pool, (load0, os.getloadavg()[0]), cmd.strip())
     print(text)
     if not args.no_write:
         write_section(text)

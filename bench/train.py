@@ -174,7 +174,7 @@ def main() -> None:
         "",
         "Rollout of the default task (GuessNumber, untrained tiny K3 policy, "
         f"{groups} groups x {rollout_group_size} episodes, {repeats} repeats; env steps/s = steps / "
-        "wall time of the parallel env-step phases, episodes/s includes generation):",
+        "wall time of the parallel reset (and fork) and step phases; episodes/s includes generation):",
         "",
         "| sandbox access / group start | env steps/s | episodes/s | fork ms per sandbox | vs baseline |",
         "|---|---|---|---|---|",

@@ -46,6 +46,22 @@ def build_policy(model_cfg: dict, seed: int) -> K3ForCausalLM:
     return K3ForCausalLM(K3Config.from_dict(dict(model_cfg)))
 
 
+def lr_schedule(warmup_steps: int, decay_steps: int | None, min_ratio: float):
+    """Multiplier of the base lr per optimizer step: linear warm-up, then linear decay to ``min_ratio``
+    over ``decay_steps`` (constant when ``decay_steps`` is None)."""
+    warmup = max(1, warmup_steps)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if not decay_steps:
+            return 1.0
+        done = min(1.0, (step - warmup) / max(1, int(decay_steps)))
+        return 1.0 - (1.0 - min_ratio) * done
+
+    return factor
+
+
 class Learner:
     """Holds the policy, optimizer and schedule; see the module docstring.
 
@@ -82,9 +98,13 @@ class Learner:
             weight_decay=float(self.algo["weight_decay"]),
             betas=(0.9, 0.99),
         )
-        warmup = max(1, int(self.algo["warmup_steps"]))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup)
+            self.optimizer,
+            lr_schedule(
+                int(self.algo["warmup_steps"]),
+                self.algo.get("decay_steps"),
+                float(self.algo.get("min_lr_ratio", 1.0)),
+            ),
         )
         self.version = 0
         self.steps = 0

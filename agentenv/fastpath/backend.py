@@ -18,7 +18,7 @@ from pathlib import Path
 
 from agentenv.backend import docker_client
 from agentenv.backend.base import RUNTIME_DIR, Checkpoint, ContainerRef, ContainerSpec
-from agentenv.backend.docker_criu import DockerCriuBackend, _copy_tree
+from agentenv.backend.docker_criu import DockerCriuBackend, _copy_tree, _docker_errors
 from agentenv.errors import CheckpointError, ConfigError
 from agentenv.fastpath.engine import FastPath
 from agentenv.fastpath.errors import DiskCapExceeded, FastPathUnavailable
@@ -44,6 +44,7 @@ class FastPathBackend(DockerCriuBackend):
         return self._fastpath
 
     # ---- checkpoint ------------------------------------------------------------------------------
+    @_docker_errors
     def checkpoint(self, ref: ContainerRef, checkpoint_id: str, *, user: str) -> Checkpoint:
         marker = secrets.token_hex(16)
         r = self._root_exec(ref, f'printf %s "$1" > {RUNTIME_DIR}/marker', marker)
@@ -68,6 +69,7 @@ class FastPathBackend(DockerCriuBackend):
         )
 
     # ---- restore and fork ------------------------------------------------------------------------
+    @_docker_errors
     def restore(self, ref: ContainerRef, checkpoint: Checkpoint, *, sandbox_id: str) -> None:
         record = self.fastpath.record_at(checkpoint.path)
         if record is None:
@@ -75,6 +77,7 @@ class FastPathBackend(DockerCriuBackend):
         self.fastpath.restore_into(ref.container, record)
         self._verify_marker(ref, checkpoint, sandbox_id)
 
+    @_docker_errors
     def fork(self, source: ContainerRef, checkpoint: Checkpoint, spec: ContainerSpec) -> ContainerRef:
         record = self.fastpath.record_at(checkpoint.path)
         if record is None:
@@ -96,23 +99,27 @@ class FastPathBackend(DockerCriuBackend):
         return ref
 
     # ---- disk hygiene ----------------------------------------------------------------------------
+    @_docker_errors
     def discard_checkpoint(self, ref: ContainerRef, checkpoint: Checkpoint) -> None:
         record = self.fastpath.record_at(checkpoint.path)
         if record is None:
             return super().discard_checkpoint(ref, checkpoint)
         self.fastpath.store.delete(record)
 
+    @_docker_errors
     def remove(self, ref: ContainerRef) -> None:
         super().remove(ref)
         if ref.container:
             self.fastpath.discard(ref.container)
 
+    @_docker_errors
     def collect_leftovers(self, dry_run: bool = False, older_than_s: float = 600.0) -> list[str]:
         """`agentenv gc`: Docker-path leftovers, plus fast-path images of containers Docker no longer
         has and containerd's unpacked copies of fast-path restores."""
         report = self.fastpath.gc(stale_after_s=older_than_s, dry_run=dry_run)
         return super().collect_leftovers(dry_run, older_than_s) + report.removed
 
+    @_docker_errors
     def describe(self) -> dict[str, object]:
         host = self.fastpath.host
         return {

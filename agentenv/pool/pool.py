@@ -277,6 +277,7 @@ class SandboxPool:
                 raise
             return  # another thread or process resumed it first
         self.state.record("resume", time.perf_counter() - t)
+        self.state.set_rss(sandbox.id, sandbox.stats().rss_bytes)
 
     def exec(self, sb: PooledSandbox | Sandbox | str, cmd: str | list[str], **kwargs: Any) -> ExecResult:
         """`Sandbox.exec` on a member, resuming it first when it is paused."""
@@ -323,20 +324,27 @@ class SandboxPool:
 
     # ---- the budget --------------------------------------------------------------------------
     def _running(self) -> tuple[list[tuple[Any, Sandbox, int]], int]:
-        """[(member, sandbox, rss)] of running members in LRU order, and their RSS in total."""
-        running, used = [], 0
+        """[(member, sandbox, rss)] of running members in LRU order, and their RSS in total.
+
+        States come from the registry (cheap); an RSS is re-measured (cgroup) when older than
+        `rss_refresh_s`, so a budget check over many members stays fast."""
+        running, used, now = [], 0, time.time()
         for m in self.state.members():
             try:
                 sb = Sandbox.get(m.sandbox_id)
-                st = sb.stats()
+                status = sb.status
             except SandboxNotFound:
                 self.state.drop(m.sandbox_id)
                 continue
-            if st.state in ("closed", "broken"):
+            if status in ("closed", "broken"):
                 self.state.drop(m.sandbox_id)
-            elif st.state == "running":
-                running.append((m, sb, st.rss_bytes))
-                used += st.rss_bytes
+            elif status == "running":
+                rss = m.rss_bytes
+                if now - m.rss_at > self.settings.rss_refresh_s:
+                    rss = sb.stats().rss_bytes
+                    self.state.set_rss(m.sandbox_id, rss)
+                running.append((m, sb, rss))
+                used += rss
         return running, used
 
     def ensure_budget(self, need: int = 0, exclude: set[str] | frozenset[str] = frozenset()) -> int:

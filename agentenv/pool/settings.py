@@ -31,6 +31,7 @@ class PoolSettings:
     lease_timeout_s: float
     lock_timeout_s: float
     metrics_window: int
+    rss_refresh_s: float
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> PoolSettings:
@@ -67,14 +68,21 @@ class PoolSettings:
                 lease_timeout_s=float(data["lease_timeout_s"]),
                 lock_timeout_s=float(data["lock_timeout_s"]),
                 metrics_window=int(data["metrics_window"]),
+                rss_refresh_s=float(data["rss_refresh_s"]),
             )
         except (TypeError, ValueError) as e:
             if isinstance(e, ConfigError):
                 raise
             raise ConfigError(f"pool config has a value of the wrong type: {e}") from None
-        if s.idle_after_s < 0 or s.lease_timeout_s <= 0 or s.lock_timeout_s <= 0 or s.metrics_window < 1:
+        if (
+            s.idle_after_s < 0
+            or s.lease_timeout_s <= 0
+            or s.lock_timeout_s <= 0
+            or s.metrics_window < 1
+            or s.rss_refresh_s < 0
+        ):
             raise ConfigError(
                 "pool config: idle_after_s must be >= 0, lease_timeout_s and lock_timeout_s > 0, "
-                "metrics_window >= 1"
+                "metrics_window >= 1, rss_refresh_s >= 0"
             )
         return s

@@ -26,6 +26,7 @@ CREATE TABLE IF NOT EXISTS members (
     lease_until  REAL NOT NULL DEFAULT 0,
     pausing_since REAL NOT NULL DEFAULT 0,   -- 0: not being paused
     rss_bytes    INTEGER NOT NULL DEFAULT 0,  -- last measured RSS (estimate of what a resume needs)
+    rss_at       REAL NOT NULL DEFAULT 0,     -- when rss_bytes was measured
     template     TEXT                         -- the template it was forked from (NULL: cold start)
 );
 CREATE TABLE IF NOT EXISTS templates (
@@ -50,6 +51,7 @@ class Member:
     lease_until: float
     pausing_since: float
     rss_bytes: int
+    rss_at: float
     template: str | None
 
     def leased(self, now: float) -> bool:
@@ -64,6 +66,9 @@ class PoolState:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._conn().executescript(SCHEMA)
+        columns = {r[1] for r in self._conn().execute("PRAGMA table_info(members)")}
+        if "rss_at" not in columns:  # a pool file from before this column existed
+            self._conn().execute("ALTER TABLE members ADD COLUMN rss_at REAL NOT NULL DEFAULT 0")
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -101,7 +106,10 @@ class PoolState:
 
     def set_rss(self, sandbox_id: str, rss_bytes: int) -> None:
         with self._tx() as c:
-            c.execute("UPDATE members SET rss_bytes=? WHERE sandbox_id=?", (rss_bytes, sandbox_id))
+            c.execute(
+                "UPDATE members SET rss_bytes=?, rss_at=? WHERE sandbox_id=?",
+                (rss_bytes, time.time(), sandbox_id),
+            )
 
     # ---- leases and pause claims -------------------------------------------------------------
     def lease(self, sandbox_id: str, timeout_s: float, stale_pause_s: float) -> bool:

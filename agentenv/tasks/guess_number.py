@@ -5,9 +5,10 @@ hidden number from the seed (an LCG in shell arithmetic) and stores it in the sa
 sees it. Each action is a guess (the first run of digits in the action text); the program answers
 ``higher LOW-HIGH``, ``lower LOW-HIGH`` (the numbers that every answer so far still allows, tracked by
 the program in the sandbox; ``show_range=False`` keeps only the word) or ``correct``. An action
-without a number is answered ``invalid`` and costs the turn (and ``invalid_penalty`` of reward). Optionally (``ruled_out_penalty``), a guess that the
-sandbox's earlier answers already ruled out costs reward too: this shaping rewards reading the
-observations directly and lets a small policy leave the "fixed list of guesses" plateau sooner.
+without a number is answered ``invalid`` and costs the turn (and ``invalid_penalty`` of reward).
+Optionally (``ruled_out_penalty``), a guess that the sandbox's earlier answers already ruled out costs
+reward too: this shaping rewards reading the observations and lets a small policy leave the "fixed
+list of guesses" plateau sooner.
 
 Why the agent must read the sandbox: with ``num_values = 6`` and ``max_turns = 3`` (the defaults), a
 policy that ignores the observations plays a fixed list of at most 3 distinct guesses, so it wins on

@@ -77,3 +77,11 @@ def test_workers_refuse_stale_weights(cfg):
         worker.load_weights(0, state)
     with pytest.raises(StaleWeights, match="holds weights v1 but the batch needs v2"):
         worker.rollout([1], 2, 0, sample_seed=0, expected_version=2, iteration=0)
+
+
+def test_lr_schedule_warms_up_then_decays_linearly():
+    from rl.learner import lr_schedule
+
+    constant, decaying = lr_schedule(2, None, 0.1), lr_schedule(2, 10, 0.1)
+    assert [constant(s) for s in (0, 1, 5, 100)] == [0.5, 1.0, 1.0, 1.0]
+    assert [round(decaying(s), 2) for s in (0, 2, 7, 12, 50)] == [0.5, 1.0, 0.55, 0.1, 0.1]
