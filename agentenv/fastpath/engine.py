@@ -18,7 +18,8 @@ The fast path keeps what makes Docker's view consistent and drops the copies:
 * fork(n) = n containers cloned from the checkpointed source (config, writable layer and volumes
   copied, see clone.py), restored from the same images in parallel.
 * every restore is verified: CRIU's restore log of *this* start must report success and the restored
-  process tree must match the checkpointed one (Docker has reported fresh starts as restores before).
+  container's init must be back with its PID and command line (Docker has reported fresh starts as
+  restores before).
 
 Not used, on purpose: lazy-pages restore (userfaultfd works on this kernel, `HostSupport.lazy_pages`) needs
 `runc restore --lazy-pages` plus a page-server daemon per restore, which the containerd shim API cannot
@@ -275,7 +276,7 @@ class FastPath:
             )
         if not tree_matches(record.processes, process_tree(pid)):
             raise RestoreNotVerified(
-                f"container {container_id[:12]} restarted with another process tree than the one checkpointed"
+                f"container {container_id[:12]} came back without its checkpointed init process"
             )
 
     # ---- fork --------------------------------------------------------------------------------
