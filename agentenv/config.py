@@ -52,6 +52,14 @@ def read_yaml_mapping(path: Path, what: str, hint: str = "") -> dict[str, Any]:
     return data
 
 
+def require_exact_keys(data: dict[str, Any], cls: type, what: str) -> None:
+    """ConfigError unless `data` has exactly the fields of dataclass `cls` (no unknown, none missing)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown, missing = sorted(set(data) - set(names)), sorted(set(names) - set(data))
+    if unknown or missing:
+        raise ConfigError(f"{what}: unknown key(s) {unknown}, missing key(s) {missing}; keys are {names}")
+
+
 @dataclass(frozen=True)
 class SandboxConfig:
     """One sandbox's profile. Build it with `SandboxConfig.load(**overrides)` (YAML defaults + overrides)."""

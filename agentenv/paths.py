@@ -27,13 +27,17 @@ def agentenv_home() -> Path:
     return home
 
 
+def overridable_path(env_var: str, default: Path) -> Path:
+    """`$env_var` (with ~ expanded) when set and non-empty, else `default`."""
+    env = os.environ.get(env_var)
+    return Path(env).expanduser() if env else default
+
+
 def default_config_path() -> Path:
     """The YAML with the sandbox defaults (`$AGENTENV_CONFIG` overrides conf/sandbox/default.yaml)."""
-    env = os.environ.get("AGENTENV_CONFIG")
-    return Path(env).expanduser() if env else PROJECT_ROOT / "conf" / "sandbox" / "default.yaml"
+    return overridable_path("AGENTENV_CONFIG", PROJECT_ROOT / "conf" / "sandbox" / "default.yaml")
 
 
 def images_dir() -> Path:
     """The folder of image recipes, one sub-folder per image name (`$AGENTENV_IMAGES_DIR` overrides)."""
-    env = os.environ.get("AGENTENV_IMAGES_DIR")
-    return Path(env).expanduser() if env else PROJECT_ROOT / "sandbox_images"
+    return overridable_path("AGENTENV_IMAGES_DIR", PROJECT_ROOT / "sandbox_images")

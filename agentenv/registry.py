@@ -81,6 +81,16 @@ def _sandbox(row: sqlite3.Row) -> SandboxRecord:
     return SandboxRecord(**d)
 
 
+def connect_wal(path: Path, timeout_s: float) -> sqlite3.Connection:
+    """An autocommit SQLite connection in WAL mode (readers never block the writer) with Row rows that
+    waits up to `timeout_s` for other processes' write locks. One per thread: connections are not shared."""
+    conn = sqlite3.connect(path, timeout=timeout_s, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
+    return conn
+
+
 class Registry:
     """Rows of sandboxes and checkpoints in one SQLite file (thread-safe: one connection per thread)."""
 
@@ -95,11 +105,8 @@ class Registry:
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-            conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA journal_mode=WAL")
+            conn = connect_wal(self.path, timeout_s=30.0)
             conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA busy_timeout=30000")
             self._local.conn = conn
         return conn
 

@@ -42,6 +42,7 @@ from agentenv.registry import CheckpointRecord, Registry, SandboxRecord
 from agentenv.results import ExecResult, SandboxStats
 
 MAX_FORKS = 64
+CONTAINER_REMOVED = "its container was removed outside AgentENV"
 _EXIT_REFUSED = 3   # in-container file scripts: path resolves outside the work dir
 _EXIT_TOO_BIG = 4   # in-container file scripts: file larger than file_limit_bytes
 
@@ -268,7 +269,7 @@ class Sandbox:
             if st is not None and st.running:
                 return SandboxStateError(f"sandbox {self.id}: exec failed ({detail}); retry")
             if st is None:
-                reason = "its container was removed outside AgentENV"
+                reason = CONTAINER_REMOVED
             else:
                 reason = f"its container exited unexpectedly (exit code {st.exit_code})"
                 if st.oom_killed:
@@ -351,9 +352,13 @@ class Sandbox:
 
     def _pause_locked(self, rec: SandboxRecord) -> CheckpointRecord:
         ref = self._ref(rec)
+        if self._rt.backend.state(ref) is None:
+            raise self._mark_broken(CONTAINER_REMOVED, "paused")
         _rss, cpu_now, _pids, _oom = self._rt.backend.usage(ref)
         try:
             ck = self._rt.backend.checkpoint(ref, f"ck-{secrets.token_hex(4)}", user=rec.user)
+        except ContainerNotRunning as e:
+            raise self._mark_broken(f"its container stopped before the checkpoint ({e})", "paused") from None
         except CheckpointError:
             st = self._rt.backend.state(ref)
             if st is None or not st.running:
@@ -381,7 +386,7 @@ class Sandbox:
         if row is None:
             self._rt.registry.update_sandbox(self.id, state="broken", reason="paused without a checkpoint")
             raise CheckpointError(f"sandbox {self.id} is paused but has no checkpoint in the registry")
-        ck = _checkpoint(row)
+        ck = self._restorable(rec, row, "resumed")
         try:
             self._rt.backend.restore(self._ref(rec), ck, sandbox_id=self.id)
         except CheckpointError as e:
@@ -391,6 +396,25 @@ class Sandbox:
         self._rt.backend.discard_checkpoint(self._ref(rec), ck)
         self._rt.registry.delete_checkpoint(ck.id)
         self._rt.registry.update_sandbox(self.id, state="running", reason=None)
+
+    def _restorable(self, rec: SandboxRecord, row: CheckpointRecord, action: str) -> Checkpoint:
+        """`row` as a Checkpoint, after checking that its files and the sandbox's container are still
+        there. When something was deleted behind AgentENV's back nothing can bring the sandbox back, so
+        it is marked broken (a retry would fail the same way) and CheckpointError says what to do."""
+        ck = _checkpoint(row)
+        if not Path(ck.path).exists():
+            raise self._mark_broken(f"its checkpoint {ck.id} at {ck.path} is gone (deleted outside "
+                                    "AgentENV)", action, CheckpointError)
+        if self._rt.backend.state(self._ref(rec)) is None:
+            raise self._mark_broken(CONTAINER_REMOVED, action, CheckpointError)
+        return ck
+
+    def _mark_broken(self, reason: str, action: str,
+                     error: type[AgentEnvError] = SandboxStateError) -> AgentEnvError:
+        """Record `reason` and state broken (the caller holds the lock); the error to raise."""
+        self._rt.registry.update_sandbox(self.id, state="broken", reason=reason)
+        return error(f"sandbox {self.id} cannot be {action}: {reason}; it is now marked broken: remove "
+                     f"it with `agentenv rm {self.id}` and create a new one")
 
     def fork(self, n: int) -> list[Sandbox]:
         """`n` new running sandboxes restored from this one's checkpoint (its memory and files). A
@@ -406,8 +430,9 @@ class Sandbox:
             row = self._pause_locked(rec) if was_running else self._rt.registry.latest_checkpoint(self.id)
             if row is None:
                 raise CheckpointError(f"sandbox {self.id} is paused but has no checkpoint in the registry")
+            ck = _checkpoint(row) if was_running else self._restorable(rec, row, "forked")
             try:
-                forks = self._fork_from(self._record(), _checkpoint(row), n)
+                forks = self._fork_from(self._record(), ck, n)
             except BaseException:
                 if was_running:
                     self._resume_locked(self._record())

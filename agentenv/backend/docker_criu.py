@@ -363,10 +363,7 @@ class DockerCriuBackend(SandboxBackend):
     @_docker_errors
     def checkpoint(self, ref: ContainerRef, checkpoint_id: str, *, user: str) -> Checkpoint:
         self._require_experimental()
-        marker = secrets.token_hex(16)
-        r = self._root_exec(ref, f'printf %s "$1" > {RUNTIME_DIR}/marker', marker)
-        if r.exit_code != 0:
-            raise CheckpointError(f"could not write the restore marker: {r.stderr.decode(errors='replace')}")
+        marker = self._write_restore_marker(ref)
         t0 = time.perf_counter()
         try:
             self._checkpoint_call(ref.container, checkpoint_id)
@@ -382,6 +379,15 @@ class DockerCriuBackend(SandboxBackend):
         drop_host_clock_image(path)
         return Checkpoint(id=checkpoint_id, path=str(path), bytes=_dir_bytes(path), marker=marker,
                           duration_s=duration)
+
+    def _write_restore_marker(self, ref: ContainerRef) -> str:
+        """A fresh random marker in the container's runtime dir, dumped with its memory: a restore that
+        really restored finds it there again (see `_verify_marker`)."""
+        marker = secrets.token_hex(16)
+        r = self._root_exec(ref, f'printf %s "$1" > {RUNTIME_DIR}/marker', marker)
+        if r.exit_code != 0:
+            raise CheckpointError(f"could not write the restore marker: {r.stderr.decode(errors='replace')}")
+        return marker
 
     def _uid_hint(self, ref: ContainerRef, user: str) -> str:
         """Why a dump of a uid-1000 sandbox failed on hosts whose CRIU cannot dump other uids ('' else)."""
@@ -437,13 +443,7 @@ class DockerCriuBackend(SandboxBackend):
         root = self.docker_root()
         ref = self._new_container(spec)
         try:
-            src_vol = Path(self.api.inspect_volume(source.volume)["Mountpoint"])
-            dst_vol = Path(self.api.inspect_volume(ref.volume)["Mountpoint"])
-            _copy_tree(src_vol, dst_vol)
-            if not spec.config.read_only:
-                src_upper = self.api.inspect_container(source.container)["GraphDriver"]["Data"]["UpperDir"]
-                dst_upper = self.api.inspect_container(ref.container)["GraphDriver"]["Data"]["UpperDir"]
-                _copy_tree(Path(src_upper), Path(dst_upper))
+            self._copy_files(source, ref, copy_rootfs=not spec.config.read_only)
             dst_ck = root / "containers" / ref.container / "checkpoints" / checkpoint.id
             _copy_tree(Path(checkpoint.path), dst_ck, hardlink=True)
             try:
@@ -455,6 +455,16 @@ class DockerCriuBackend(SandboxBackend):
             self.remove(ref)
             raise
         return ref
+
+    def _copy_files(self, source: ContainerRef, ref: ContainerRef, *, copy_rootfs: bool) -> None:
+        """A fork's files: the work-dir volume and (unless read-only) the writable rootfs layer."""
+        src_vol = Path(self.api.inspect_volume(source.volume)["Mountpoint"])
+        dst_vol = Path(self.api.inspect_volume(ref.volume)["Mountpoint"])
+        _copy_tree(src_vol, dst_vol)
+        if copy_rootfs:
+            src_upper = self.api.inspect_container(source.container)["GraphDriver"]["Data"]["UpperDir"]
+            dst_upper = self.api.inspect_container(ref.container)["GraphDriver"]["Data"]["UpperDir"]
+            _copy_tree(Path(src_upper), Path(dst_upper))
 
     @_docker_errors
     def discard_checkpoint(self, ref: ContainerRef, checkpoint: Checkpoint) -> None:

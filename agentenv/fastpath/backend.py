@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import time
 from pathlib import Path
 
 from agentenv.backend import docker_client
-from agentenv.backend.base import RUNTIME_DIR, Checkpoint, ContainerRef, ContainerSpec
-from agentenv.backend.docker_criu import DockerCriuBackend, _copy_tree, _docker_errors
+from agentenv.backend.base import Checkpoint, ContainerRef, ContainerSpec
+from agentenv.backend.docker_criu import DockerCriuBackend, _docker_errors
 from agentenv.errors import CheckpointError, ConfigError
 from agentenv.fastpath.engine import FastPath
 from agentenv.fastpath.errors import DiskCapExceeded, FastPathUnavailable
@@ -46,10 +45,7 @@ class FastPathBackend(DockerCriuBackend):
     # ---- checkpoint ------------------------------------------------------------------------------
     @_docker_errors
     def checkpoint(self, ref: ContainerRef, checkpoint_id: str, *, user: str) -> Checkpoint:
-        marker = secrets.token_hex(16)
-        r = self._root_exec(ref, f'printf %s "$1" > {RUNTIME_DIR}/marker', marker)
-        if r.exit_code != 0:
-            raise CheckpointError(f"could not write the restore marker: {r.stderr.decode(errors='replace')}")
+        marker = self._write_restore_marker(ref)
         t0 = time.perf_counter()
         try:
             record = self.fastpath.pause(ref.container)
@@ -84,13 +80,7 @@ class FastPathBackend(DockerCriuBackend):
             return super().fork(source, checkpoint, spec)
         ref = self._new_container(spec)
         try:
-            src_vol = Path(self.api.inspect_volume(source.volume)["Mountpoint"])
-            dst_vol = Path(self.api.inspect_volume(ref.volume)["Mountpoint"])
-            _copy_tree(src_vol, dst_vol)
-            if not spec.config.read_only:
-                src_upper = self.api.inspect_container(source.container)["GraphDriver"]["Data"]["UpperDir"]
-                dst_upper = self.api.inspect_container(ref.container)["GraphDriver"]["Data"]["UpperDir"]
-                _copy_tree(Path(src_upper), Path(dst_upper))
+            self._copy_files(source, ref, copy_rootfs=not spec.config.read_only)
             self.fastpath.restore_into(ref.container, record)
             self._verify_marker(ref, checkpoint, spec.sandbox_id)
         except BaseException:

@@ -116,6 +116,9 @@ def remove_container(api: docker.APIClient, container_id: str) -> None:
         api.remove_container(container_id, force=True, v=True)
     except docker.errors.NotFound:
         pass
+    except docker.errors.APIError as e:  # someone else (a gc, another process) is removing it already
+        if e.status_code != 409 or "already in progress" not in str(e.explanation):
+            raise
     for vol in volumes:
         _remove_volume(api, vol)
 

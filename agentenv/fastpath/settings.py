@@ -7,22 +7,18 @@ dataclass has no field defaults, so every value comes from that file or from the
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from agentenv.config import parse_size
+from agentenv.config import parse_size, read_yaml_mapping, require_exact_keys
 from agentenv.errors import ConfigError
 from agentenv.fastpath.errors import FastPathConfigError
-from agentenv.paths import PROJECT_ROOT
+from agentenv.paths import PROJECT_ROOT, overridable_path
 
 
 def default_settings_path() -> Path:
-    env = os.environ.get("AGENTENV_FASTPATH_CONFIG")
-    return Path(env).expanduser() if env else PROJECT_ROOT / "conf" / "agentenv" / "fastpath.yaml"
+    return overridable_path("AGENTENV_FASTPATH_CONFIG", PROJECT_ROOT / "conf" / "agentenv" / "fastpath.yaml")
 
 
 @dataclass(frozen=True)
@@ -47,26 +43,16 @@ class FastPathSettings:
         """Values from `path` (default: conf/agentenv/fastpath.yaml), then `overrides` on top."""
         path = Path(path) if path is not None else default_settings_path()
         try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except FileNotFoundError:
-            raise FastPathConfigError(f"fast-path config {path} does not exist") from None
-        except yaml.YAMLError as e:
-            raise FastPathConfigError(f"fast-path config {path} is not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise FastPathConfigError(f"fast-path config {path} must be a mapping of keys to values")
+            data = read_yaml_mapping(path, "fast-path config")
+        except ConfigError as e:
+            raise FastPathConfigError(str(e)) from None
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(data)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FastPathSettings:
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(data) - set(names))
-        missing = sorted(set(names) - set(data))
-        if unknown or missing:
-            raise FastPathConfigError(
-                f"fast-path config: unknown key(s) {unknown}, missing key(s) {missing}; keys are {names}"
-            )
         try:
+            require_exact_keys(data, cls, "fast-path config")
             settings = cls(
                 enabled=_bool(data["enabled"], "enabled"),
                 store_dir=Path(str(data["store_dir"])).expanduser(),

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from agentenv.config import parse_size
+from agentenv.config import parse_size, read_yaml_mapping, require_exact_keys
 from agentenv.errors import ConfigError
-from agentenv.paths import PROJECT_ROOT
+from agentenv.paths import PROJECT_ROOT, overridable_path
 
 
 def default_pool_config_path() -> Path:
-    env = os.environ.get("AGENTENV_POOL_CONFIG")
-    return Path(env).expanduser() if env else PROJECT_ROOT / "conf" / "agentenv" / "pool.yaml"
+    return overridable_path("AGENTENV_POOL_CONFIG", PROJECT_ROOT / "conf" / "agentenv" / "pool.yaml")
 
 
 @dataclass(frozen=True)
@@ -37,25 +32,13 @@ class PoolSettings:
     def load(cls, path: str | Path | None = None, **overrides: Any) -> PoolSettings:
         """Values from `path` (default: conf/agentenv/pool.yaml), then `overrides` (None ignored)."""
         path = Path(path) if path is not None else default_pool_config_path()
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"pool config {path} does not exist (set AGENTENV_POOL_CONFIG)") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"pool config {path} is not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"pool config {path} must be a mapping of keys to values")
+        data = read_yaml_mapping(path, "pool config", "set AGENTENV_POOL_CONFIG")
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(data)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PoolSettings:
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown, missing = sorted(set(data) - set(names)), sorted(set(names) - set(data))
-        if unknown or missing:
-            raise ConfigError(
-                f"pool config: unknown key(s) {unknown}, missing key(s) {missing}; keys are {names}"
-            )
+        require_exact_keys(data, cls, "pool config")
         for flag in ("warm_starts", "strict_budget"):
             if not isinstance(data[flag], bool):
                 raise ConfigError(f"pool config: {flag} must be true or false, got {data[flag]!r}")

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentenv.registry import connect_wal
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS members (
     sandbox_id   TEXT PRIMARY KEY,
@@ -73,10 +75,7 @@ class PoolState:
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-            conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA busy_timeout=60000")
+            conn = connect_wal(self.path, timeout_s=60.0)
             self._local.conn = conn
         return conn
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from agentenv_testutil import ROOT, SMALL, run_cli
+from dockerd_restart import hold_session_lock
 
 
 def _docker_answers() -> bool:
@@ -29,9 +30,11 @@ def ensure_dockerd() -> None:
 def agentenv_home(tmp_path_factory) -> Iterator[Path]:
     """A private registry for this test session; everything labelled with it is removed at the end."""
     home = tmp_path_factory.mktemp("agentenv-home")
+    session_lock = hold_session_lock(home)  # tells a dockerd-restarting test that this session is live
     old = os.environ.get("AGENTENV_HOME")
     os.environ["AGENTENV_HOME"] = str(home)
     yield home
+    os.close(session_lock)
     if old is None:
         os.environ.pop("AGENTENV_HOME", None)
     else:

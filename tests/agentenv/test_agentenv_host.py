@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
-import time
 
 import pytest
 from agentenv_testutil import ROOT, count, start_counter
+from dockerd_restart import dockerd_pid, restart_blockers, restart_dockerd
 
 from agentenv import images
 from agentenv.backend import docker_client
@@ -95,54 +94,21 @@ def test_images_are_tagged_by_content_hash_and_layer_on_base(base_image, tmp_pat
         images.build("../base")
 
 
-def _dockerd_pid() -> int:
-    """The dockerd serving $DOCKER_HOST (the default socket when unset)."""
-    sock = docker_client.daemon_url().removeprefix("unix://")
-    candidates = subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split()
-    for pid in map(int, candidates):
-        args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-        hosts = [a.decode().removeprefix("unix://") for i, a in enumerate(args)
-                 if i and args[i - 1] in (b"-H", b"--host")]
-        hosts += [a.decode().split("=", 1)[1].removeprefix("unix://")
-                  for a in args if a.startswith(b"--host=")]
-        if sock in hosts or (not hosts and sock == "/var/run/docker.sock"):
-            return pid
-    raise AssertionError(f"no dockerd process serves {sock}")
-
-
-def _restart_dockerd(pid: int) -> None:
-    """Stop the daemon and start it again with the same command line; make sure it answers after."""
-    cmdline = [a.decode() for a in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0") if a]
-    log = open(os.environ.get("K3RL_LOG_DIR", "/var/log/k3rl") + "/dockerd.log", "ab")
-    try:
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not os.path.exists(f"/proc/{pid}"), "dockerd did not stop within 60 s"
-    finally:
-        subprocess.Popen(cmdline, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
-            if time.monotonic() > deadline:  # last resort for the default daemon
-                subprocess.run(["bash", str(ROOT / "scripts" / "ensure_dockerd.sh")], check=True, timeout=120)
-                break
-            time.sleep(0.3)
-        docker_client.reset()
-
-
 @pytest.mark.slow
-def test_a_paused_sandbox_survives_a_dockerd_restart(sandbox, base_image):
-    api = docker_client.api()
-    foreign = [c for c in api.containers() if c["Id"] != sandbox.container_id]
-    if foreign:
-        pytest.skip(f"{len(foreign)} other running container(s) would be stopped by a dockerd restart "
-                    "(others share this daemon); runs where only this suite uses the daemon")
+def test_a_paused_sandbox_survives_a_dockerd_restart(sandbox, base_image, agentenv_home):
+    blockers = restart_blockers(docker_client.api().containers(), agentenv_home)
+    if blockers:
+        pytest.skip(f"running container(s) {', '.join(blockers)} are not this test session's nor leftovers "
+                    "of a finished one; a dockerd restart would stop them")
     start_counter(sandbox)
     sandbox.pause()
-    pid = _dockerd_pid()
-    _restart_dockerd(pid)
-    assert _dockerd_pid() != pid
+    pid = dockerd_pid()
+    cmdline = restart_dockerd(pid, ROOT / "scripts" / "ensure_dockerd.sh")
+    new_pid = dockerd_pid()
+    assert new_pid != pid
+    with open(f"/proc/{new_pid}/cmdline", "rb") as f:
+        assert [a.decode() for a in f.read().split(b"\0") if a] == cmdline  # same flags (--experimental)
+    assert docker_client.api().version().get("Experimental") is True
     sandbox.resume()
     assert count(sandbox) > 1
     assert sandbox.exec("echo alive").stdout == "alive\n"

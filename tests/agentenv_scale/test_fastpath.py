@@ -11,7 +11,7 @@ import pytest
 
 from agentenv.errors import CheckpointError, SandboxStateError
 from agentenv.fastpath import DiskCapExceeded, FastPath, RestoreNotVerified
-from agentenv.fastpath.clone import FORK_LABEL
+from agentenv.fastpath.clone import FORK_LABEL, remove_container
 from agentenv.fastpath.host import filesystem_type
 from agentenv.fastpath.procs import memory_bytes
 
@@ -178,7 +178,7 @@ def test_refuses_restart_policies_and_missing_checkpoints(fastpath: FastPath, do
         with pytest.raises(CheckpointError, match="no checkpoint"):
             fastpath.resume(c.id)
     finally:
-        c.remove(force=True)
+        remove_container(docker_client.api, c.id)  # tolerates a concurrent session's cleanup
 
 
 def test_store_on_tmpfs_is_refused(tmp_path: Path):

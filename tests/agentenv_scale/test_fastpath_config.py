@@ -54,3 +54,20 @@ def test_backend_is_chosen_by_config(monkeypatch, tmp_path: Path):
     monkeypatch.setenv("AGENTENV_BACKEND", "podman")
     with pytest.raises(ConfigError, match="AGENTENV_BACKEND"):
         select_backend(tmp_path)
+
+
+@pytest.mark.parametrize("load, env_var, what, error", [
+    (FastPathSettings.load, "AGENTENV_FASTPATH_CONFIG", "fast-path config", FastPathConfigError),
+    (PoolSettings.load, "AGENTENV_POOL_CONFIG", "pool config", ConfigError),
+])
+def test_settings_files_share_one_yaml_reader(load, env_var, what, error, tmp_path, monkeypatch):
+    """One YAML reader (agentenv.config.read_yaml_mapping) for every settings file: same messages."""
+    monkeypatch.setenv(env_var, str(tmp_path / "missing.yaml"))
+    with pytest.raises(error, match=f"{what} .*missing.yaml does not exist"):
+        load()
+    bad = tmp_path / "bad.yaml"
+    for text, expected in (("a: [unclosed\n", "is not valid YAML"), ("- a list\n", "must be a mapping"),
+                           ("", "missing key")):
+        bad.write_text(text)
+        with pytest.raises(error, match=expected):
+            load(bad)
