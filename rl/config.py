@@ -25,6 +25,22 @@ def _require(condition: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
+def _check_sandbox_pool(pool: Any) -> None:
+    """``rollout.sandbox_pool``: name and pause_idle here, the rest are `PoolSettings` overrides."""
+    from agentenv.errors import ConfigError as AgentEnvConfigError
+    from agentenv.pool import PoolSettings
+
+    _require(isinstance(pool, dict), "rollout.sandbox_pool", "must be a mapping (conf/rollout/torch.yaml)")
+    pool = dict(pool)
+    _require(isinstance(pool.pop("name", None), str), "rollout.sandbox_pool.name", "must be a string")
+    pause_idle = pool.pop("pause_idle", None)
+    _require(isinstance(pause_idle, bool), "rollout.sandbox_pool.pause_idle", "must be true or false")
+    try:
+        PoolSettings.load(**pool)
+    except (AgentEnvConfigError, TypeError) as exc:
+        raise ConfigError(f"rollout.sandbox_pool: {exc}") from None
+
+
 def _registered(env_id: str) -> bool:
     """True if ``env_id`` (or ``module:env_id``, gymnasium's import-then-lookup form) is registered."""
     if ":" in env_id:
@@ -127,8 +143,7 @@ def validate(cfg: dict[str, Any]) -> None:
     _require(
         0 <= float(rollout["max_failed_fraction"]) <= 1, "rollout.max_failed_fraction", "must be in [0, 1]"
     )
-    if rollout.get("pause_idle_s") is not None:
-        _require(float(rollout["pause_idle_s"]) >= 0, "rollout.pause_idle_s", "must be >= 0 or null")
+    _check_sandbox_pool(rollout.get("sandbox_pool"))
 
     _require(int(trainer["iterations"]) >= 1, "trainer.iterations", "must be >= 1")
     if trainer.get("ray_address") is None:

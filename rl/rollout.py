@@ -1,7 +1,8 @@
 """Rollout: run GRPO groups of episodes of a sandboxed task with the policy, many at once.
 
-`EpisodeRunner` (plain Python, tested directly) owns a pool of task envs whose sandboxes stay alive
-across episodes and iterations. For each iteration it
+`EpisodeRunner` (plain Python, tested directly) owns a set of task envs whose sandboxes stay alive
+across episodes and iterations, all members of one ``agentenv.SandboxPool`` (``rollout.sandbox_pool``).
+For each iteration it
 
 1. starts every group from one state: ``group_start: fork`` resets one env and forks its sandbox G-1
    times (any task; the G first observations are byte-identical), ``group_start: seed`` resets G live
@@ -11,14 +12,22 @@ across episodes and iterations. For each iteration it
 3. turns every failure of a single episode (exception in the task, dead sandbox, failed resume) into
    a recorded error and a zero-weight sample, and replaces the env it broke.
 
-Sandboxes idle longer than ``pause_idle_s`` (waiting on the policy or on the learner) are paused to
-disk and resumed on demand; counts and latencies are reported.
+The pool keeps the running sandboxes under ``sandbox_pool.memory_budget``: after each run (and before
+every create, fork or resume) it pauses the least recently used members idle for ``idle_after_s`` while
+over budget; with ``pause_idle: true`` it also pauses every member idle that long, budget or not, after
+each run and while the policy generates. A task's next command resumes its sandbox (a task leases its
+sandbox from the pool for the length of an episode). With ``warm_starts: true`` new sandboxes are forks
+of the pool's checkpointed template of the task. The pool's counters, latencies and sizes are reported
+in `RolloutStats.pool`; ``close()`` removes every member and template.
 
 `RolloutWorker` (in ``rl.actors``) is the Ray actor around a runner and a policy copy.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +38,7 @@ import gymnasium
 import torch
 
 import agentenv.tasks  # noqa: F401  (registers the built-in tasks)
+from agentenv.pool import PoolMetrics, SandboxPool
 from agentenv.tasks import SandboxTask
 from rl.episode import Episode
 from rl.generation import TorchEngine
@@ -47,29 +57,46 @@ class RolloutStats:
     generate_s: float = 0.0
     env_step_s: float = 0.0
     total_s: float = 0.0
-    pauses: int = 0
-    pause_s: float = 0.0
+    pauses: int = 0  # by the sandbox pool during this run
     resumes: int = 0
-    resume_s: float = 0.0
     forks: int = 0
     fork_s: float = 0.0
     sandboxes_created: int = 0
     errors: list[str] = field(default_factory=list)
+    pool: list[dict] = field(default_factory=list)  # `PoolMetrics.to_dict()` of each worker's pool
 
     def merge(self, other: RolloutStats) -> None:
         for name, value in vars(other).items():
-            if name == "errors":
-                self.errors.extend(value)
+            if isinstance(value, list):
+                getattr(self, name).extend(value)
             else:
                 setattr(self, name, getattr(self, name) + value)
 
+    def pool_summary(self) -> dict[str, float]:
+        """The workers' pools as trainer metrics: sizes summed, latency percentiles the worst worker's."""
+        out: dict[str, float] = {}
+        for key in ("running", "paused", "over_budget", "warm_starts", "memory_used_bytes", "disk_bytes"):
+            out[f"sandbox_pool_{key}"] = float(sum(p[key] for p in self.pool))
+        for key in ("pause_p50_s", "pause_p90_s", "resume_p50_s", "resume_p90_s", "warm_start_p50_s"):
+            values = [p[key] for p in self.pool if not math.isnan(p[key])]
+            out[f"sandbox_{key}"] = max(values, default=0.0)
+        return out
 
-def make_env(env_id: str, kwargs: dict) -> SandboxTask:
-    """A task env by gymnasium id, unwrapped (the runner needs `fork`, `pause`, `resume`)."""
-    env = gymnasium.make(env_id, **kwargs).unwrapped
+
+def make_env(env_id: str, kwargs: dict, pool: SandboxPool | None = None) -> SandboxTask:
+    """A task env by gymnasium id, unwrapped (the runner needs `fork`), its sandbox from `pool`."""
+    env = gymnasium.make(env_id, **kwargs, **({"pool": pool} if pool is not None else {})).unwrapped
     if not isinstance(env, SandboxTask):
         raise TypeError(f"{env_id} is not a SandboxTask env (got {type(env).__name__})")
     return env
+
+
+def make_sandbox_pool(rollout_cfg: dict) -> SandboxPool:
+    """This runner's own pool (``rollout.sandbox_pool``; the other settings: conf/agentenv/pool.yaml)."""
+    cfg = dict(rollout_cfg["sandbox_pool"])
+    name = f"{cfg.pop('name')}-{os.getpid()}-{secrets.token_hex(3)}"
+    cfg.pop("pause_idle")
+    return SandboxPool(name, **cfg)
 
 
 class EpisodeRunner:
@@ -83,30 +110,34 @@ class EpisodeRunner:
             raise ValueError(f"env.group_start={self.group_start!r}; use 'fork' or 'seed'")
         self.max_new_tokens = int(env_cfg["max_new_tokens"])
         self.max_episode_tokens = int(env_cfg["max_episode_tokens"])
-        self.pause_idle_s = rollout_cfg.get("pause_idle_s")
         self.engine = engine
         self.tokenizer = tokenizer
-        self.pool: list[SandboxTask] = []
+        self.sandbox_pool = make_sandbox_pool(rollout_cfg)
+        self.pause_idle = bool(rollout_cfg["sandbox_pool"]["pause_idle"])
+        self.free_envs: list[SandboxTask] = []  # envs between runs; their sandboxes stay pool members
+        self._pool_counts = {"pauses": 0, "resumes": 0}
         self._generator = torch.Generator()
-        self.parked: set[int] = set()  # ids of pooled envs whose sandboxes this runner paused
         self._stats_lock = threading.Lock()
-        self.last_used: dict[int, float] = {}
         self.threads = ThreadPoolExecutor(max_workers=int(rollout_cfg.get("env_threads", 8)))
 
-    # ------------------------------------------------------------------ env pool
+    # ------------------------------------------------------------------ envs and their sandboxes
     def _take_envs(self, n: int, stats: RolloutStats) -> list[SandboxTask]:
-        while len(self.pool) < n:
-            self.pool.append(make_env(self.env_id, self.env_kwargs))
+        while len(self.free_envs) < n:
+            self.free_envs.append(make_env(self.env_id, self.env_kwargs, self.sandbox_pool))
             stats.sandboxes_created += 1
-        taken, self.pool = self.pool[:n], self.pool[n:]
+        taken, self.free_envs = self.free_envs[:n], self.free_envs[n:]
         return taken
 
     def _give_back(self, env: SandboxTask, broken: bool) -> None:
         if broken:
             self._discard(env)
-        else:
-            self.pool.append(env)
-            self.last_used[id(env)] = time.perf_counter()
+            return
+        try:
+            env.release_sandbox()  # an episode the runner cut short (token limit) still holds it
+        except Exception:  # its sandbox is gone: replace the env
+            self._discard(env)
+            return
+        self.free_envs.append(env)
 
     def _discard(self, env: SandboxTask) -> None:
         try:
@@ -115,51 +146,29 @@ class EpisodeRunner:
             pass
 
     def close(self) -> None:
-        """Close every pooled env and its sandbox."""
-        list(self.threads.map(self._discard, self.pool))
-        self.pool = []
+        """Close every env, then the pool: its members (forks included) and templates are removed."""
+        list(self.threads.map(self._discard, self.free_envs))
+        self.free_envs = []
+        self.sandbox_pool.close()
 
-    def park_idle(self, stats: RolloutStats) -> None:
-        """Pause pooled sandboxes idle for longer than ``pause_idle_s`` (no-op when it is None)."""
-        if self.pause_idle_s is None:
-            return
-        now = time.perf_counter()
-        idle = [e for e in self.pool if now - self.last_used.get(id(e), now) >= self.pause_idle_s]
-        for env in self._park(idle, stats):
-            self.pool.remove(env)
-            self._discard(env)
-
-    def _park(self, envs: list[SandboxTask], stats: RolloutStats) -> list[SandboxTask]:
-        """Pause the sandboxes of ``envs`` (in parallel); returns the envs whose pause failed."""
-        envs = [e for e in envs if e is not None and id(e) not in self.parked and e.sandbox is not None]
-
-        def pause(env: SandboxTask) -> float | None:
-            try:
-                return env.pause()
-            except Exception:
-                return None
-
-        failed = []
-        for env, seconds in zip(envs, self.threads.map(pause, envs), strict=True):
-            if seconds is None:
-                failed.append(env)
-                continue
-            self.parked.add(id(env))
-            with self._stats_lock:
-                stats.pauses += 1
-                stats.pause_s += seconds
-        return failed
+    def release_idle(self) -> None:
+        """Between runs: keep the pool's budget (LRU pauses of idle members) or, with ``pause_idle``,
+        pause every member idle for ``idle_after_s``."""
+        if self.pause_idle:
+            self.sandbox_pool.pause_idle()
+        else:
+            self.sandbox_pool.ensure_budget()
 
     @contextmanager
-    def _parking_while_waiting(self, envs: list[SandboxTask], stats: RolloutStats):
-        """While the policy generates, pause ``envs`` once the wait exceeds ``pause_idle_s``.
-
-        Their steps resume them on demand. A failed pause leaves the env running (its step will tell).
-        """
-        if self.pause_idle_s is None:
+    def _pausing_idle_while_waiting(self, envs: list[SandboxTask]):
+        """With ``pause_idle``: while the policy generates, the active envs release their sandboxes and
+        the pool pauses them once idle for ``idle_after_s`` (their next steps resume them on demand)."""
+        if not self.pause_idle:
             yield
             return
-        timer = threading.Timer(float(self.pause_idle_s), self._park, args=(envs, stats))
+        for env in envs:
+            env.release_sandbox()
+        timer = threading.Timer(self.sandbox_pool.settings.idle_after_s, self.sandbox_pool.pause_idle)
         timer.start()
         try:
             yield
@@ -167,15 +176,13 @@ class EpisodeRunner:
             timer.cancel()
             timer.join()
 
-    def _resume_if_paused(self, env: SandboxTask, stats: RolloutStats) -> None:
-        """Resume a sandbox this runner parked (tracked here: no registry query per step)."""
-        if id(env) not in self.parked:
-            return
-        self.parked.discard(id(env))
-        seconds = env.resume()
-        with self._stats_lock:
-            stats.resume_s += seconds
-            stats.resumes += 1
+    def _record_pool(self, stats: RolloutStats) -> None:
+        """The pool's pauses and resumes during this run, and a snapshot of its metrics."""
+        metrics: PoolMetrics = self.sandbox_pool.metrics()
+        stats.pauses = metrics.pauses - self._pool_counts["pauses"]
+        stats.resumes = metrics.resumes - self._pool_counts["resumes"]
+        self._pool_counts = {"pauses": metrics.pauses, "resumes": metrics.resumes}
+        stats.pool = [metrics.to_dict()]
 
     # ------------------------------------------------------------------ episodes
     def run(
@@ -201,7 +208,8 @@ class EpisodeRunner:
                 self._discard(env)
             else:
                 self._give_back(env, broken=episode.error is not None)
-        self.park_idle(stats)
+        self.release_idle()
+        self._record_pool(stats)
         stats.episodes = len(episodes)
         stats.failed = sum(1 for e in episodes if e.error)
         stats.errors = [f"seed {e.seed}: {e.error}" for e in episodes if e.error]
@@ -223,7 +231,6 @@ class EpisodeRunner:
         def reset(job):
             env, seed = job
             try:
-                self._resume_if_paused(env, stats)
                 observation, _ = env.reset(seed=seed)
                 return observation, None
             except Exception as exc:  # the episode fails, not the run
@@ -273,7 +280,7 @@ class EpisodeRunner:
         active = [i for i, e in enumerate(episodes) if e.error is None]
         while active:
             t = time.perf_counter()
-            with self._parking_while_waiting([envs[i] for i in active], stats):
+            with self._pausing_idle_while_waiting([envs[i] for i in active]):
                 generations = self.engine.generate(
                     [episodes[i].tokens for i in active], self.max_new_tokens, self._generator
                 )
@@ -289,7 +296,6 @@ class EpisodeRunner:
             def step(job):
                 i, action = job
                 try:
-                    self._resume_if_paused(envs[i], stats)
                     return envs[i].step(action), None
                 except Exception as exc:
                     return None, exc

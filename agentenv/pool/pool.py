@@ -145,6 +145,22 @@ class SandboxPool:
         home = agentenv_home()
         self.state = PoolState(home / "pools" / f"{name}.sqlite3")
         self._lock_dir = home / "locks"
+        self._before_pause: dict[str, Callable[[], None]] = {}
+
+    def on_pause(self, sb: PooledSandbox | Sandbox | str, hook: Callable[[], None] | None) -> None:
+        """Run `hook()` (in this process) right before the pool pauses this member, e.g. to close a
+        shell session CRIU cannot checkpoint. The member is not leased then, so its holder is idle."""
+        if hook is None:
+            self._before_pause.pop(self._id(sb), None)
+        else:
+            self._before_pause[self._id(sb)] = hook
+
+    def _pause_member(self, sandbox: Sandbox) -> None:
+        """Pause a member this caller has claimed (`claim_for_pause`): its hook first, then CRIU."""
+        hook = self._before_pause.get(sandbox.id)
+        if hook is not None:
+            hook()
+        self._timed("pause", sandbox.pause)
 
     # ---- helpers -----------------------------------------------------------------------------
     def _pool_lock(self, action: str, suffix: str = ""):
@@ -182,11 +198,13 @@ class SandboxPool:
         template: str | None = None,
         setup: Callable[[Sandbox], None] | None = None,
         labels: Mapping[str, str] | None = None,
+        config: SandboxConfig | None = None,
     ) -> PooledSandbox:
         """A new running member: a fork of the template (warm start) or, with warm starts off and no
         `template` name, a fresh sandbox. `setup(sandbox)` brings a new template (or a cold-started
-        sandbox) to its ready state, e.g. installs a task; a named `template` is built once per pool."""
-        cfg = (self.config or SandboxConfig.load()).replace(image=image)
+        sandbox) to its ready state, e.g. installs a task; a named `template` is built once per pool.
+        `config` (default: the pool's, else conf/sandbox) is the new sandbox's configuration."""
+        cfg = (config or self.config or SandboxConfig.load()).replace(image=image)
         user_labels = {**(labels or {}), LABEL_POOL: self.name}
         if self.settings.warm_starts or template is not None:
             key = template or _config_key(cfg)
@@ -295,7 +313,7 @@ class SandboxPool:
         if sandbox.status != "running" or not self.state.claim_for_pause(sid):
             return False
         try:
-            self._timed("pause", sandbox.pause)
+            self._pause_member(sandbox)
         finally:
             self.state.end_pause(sid)
         return True
@@ -321,6 +339,7 @@ class SandboxPool:
         except SandboxNotFound:
             pass
         self.state.drop(sid)
+        self._before_pause.pop(sid, None)
 
     # ---- the budget --------------------------------------------------------------------------
     def _running(self) -> tuple[list[tuple[Any, Sandbox, int]], int]:
@@ -361,7 +380,7 @@ class SandboxPool:
                 if not self.state.claim_for_pause(m.sandbox_id):
                     continue  # in use right now
                 try:
-                    self._timed("pause", sb.pause)
+                    self._pause_member(sb)
                     used -= rss
                 except (CheckpointError, SandboxStateError) as e:  # e.g. the disk cap: it keeps running
                     log.warning("pool %s: could not pause idle sandbox %s: %s", self.name, sb.id, e)
@@ -388,7 +407,7 @@ class SandboxPool:
                     m.sandbox_id
                 ):
                     try:
-                        self._timed("pause", sb.pause)
+                        self._pause_member(sb)
                         n += 1
                     except (CheckpointError, SandboxStateError) as e:
                         log.warning("pool %s: could not pause idle sandbox %s: %s", self.name, sb.id, e)

@@ -13,6 +13,14 @@ container), paused/resumed on request, forked with the episode state for identic
 and closed by ``close()``. Commands go through a persistent shell session (see ``session.py``) unless
 the task is built with ``session=False``. Observations and actions are gymnasium ``Text`` spaces.
 
+With ``pool=`` (an ``agentenv.SandboxPool``) the sandbox is a pool member: created by ``pool.create``
+(a warm start, when the pool's ``warm_starts`` is on: a fork of the pool's template, a sandbox that ran
+``install()`` once) and leased with ``pool.using`` from ``reset`` until the episode ends (or
+``release_sandbox()``), so the pool never pauses it mid-episode, and resumes it first when it had paused
+it. One lease per episode, not per step: a lease is a transaction on the pool's SQLite file. When the
+pool pauses an idle member, the shell session is closed first (``pool.on_pause``) and reopened by the
+next command.
+
 Episode state that ``fork`` must carry lives in plain attributes holding immutable values (ints,
 strings, tuples): a fork is a shallow copy of the env bound to the forked sandbox.
 """
@@ -20,15 +28,21 @@ strings, tuples): a fork is a shallow copy of the env bound to the forked sandbo
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import string
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 from gymnasium.spaces import Text
 
 from agentenv.tasks.session import SessionError, SessionResult, ShellSession
+
+if TYPE_CHECKING:
+    from agentenv import Sandbox, SandboxConfig
+    from agentenv.pool import SandboxPool
 
 TEXT_CHARSET = frozenset(string.printable)
 
@@ -61,7 +75,8 @@ class SandboxTask(gym.Env[str, str]):
     ``config`` as a `SandboxConfig` or the dict of every key, e.g. the Hydra ``sandbox`` group);
     ``session``: talk to the sandbox through a persistent shell (True) or one exec per command (False);
     ``max_observation_chars`` / ``max_action_chars``: sizes of the ``Text`` spaces;
-    ``command_timeout_s``: per-command timeout.
+    ``command_timeout_s``: per-command timeout;
+    ``pool``: an ``agentenv.SandboxPool`` to take the sandbox from (passed by the trainer, not Hydra).
     """
 
     metadata = {"render_modes": []}
@@ -74,6 +89,7 @@ class SandboxTask(gym.Env[str, str]):
         max_observation_chars: int = 2048,
         max_action_chars: int = 256,
         command_timeout_s: float = 30.0,
+        pool: SandboxPool | None = None,
     ) -> None:
         super().__init__()
         if max_turns < 1:
@@ -85,6 +101,9 @@ class SandboxTask(gym.Env[str, str]):
         self.observation_space = Text(min_length=0, max_length=max_observation_chars, charset=TEXT_CHARSET)
         self.action_space = Text(min_length=0, max_length=max_action_chars, charset=TEXT_CHARSET)
         self.sandbox = None
+        self.pool = pool
+        self._live = None  # the `Sandbox` leased from the pool (see `hold_sandbox`)
+        self._lease = None  # the open `pool.using(...)` context
         self._session: ShellSession | None = None
         self.turn = 0
         self.episode_seed: int | None = None
@@ -115,6 +134,7 @@ class SandboxTask(gym.Env[str, str]):
         self.ensure_sandbox()
         self.turn = 0
         self.episode_seed = seed
+        self.hold_sandbox()
         observation = self.clean(self.setup(seed))
         return observation, {"turn": 0}
 
@@ -122,14 +142,18 @@ class SandboxTask(gym.Env[str, str]):
         if self.episode_seed is None:
             raise RuntimeError("call reset() before step()")
         self.turn += 1
+        self.hold_sandbox()
         outcome = self.act(str(action))
         reward = float(self.reward(outcome))
         terminated = bool(outcome.done or outcome.success)
         truncated = (not terminated) and self.turn >= self.max_turns
+        if terminated or truncated:
+            self.release_sandbox()
         info = {"turn": self.turn, "success": bool(outcome.success), **outcome.info}
         return self.clean(outcome.observation), reward, terminated, truncated, info
 
     def close(self) -> None:
+        self.release_sandbox()
         self._close_session()
         if self.sandbox is not None:
             try:
@@ -140,6 +164,9 @@ class SandboxTask(gym.Env[str, str]):
     # ----------------------------------------------------------------- sandbox plumbing
     def ensure_sandbox(self) -> None:
         """Create the sandbox (and install the task's programs) unless one is live already."""
+        if self.pool is not None:
+            self._ensure_pooled_sandbox()
+            return
         if self.sandbox is not None and self.sandbox.status == "paused":
             self.resume()
         if self.sandbox is None or self.sandbox.status in ("closed", "broken"):
@@ -152,14 +179,76 @@ class SandboxTask(gym.Env[str, str]):
             self.sandbox = Sandbox.create(**kwargs)
             self.install()
 
+    def _sandbox_config(self) -> SandboxConfig:
+        """The `SandboxConfig` of this task's sandboxes (``sandbox`` kwargs: config, image, memory, cpus)."""
+        from agentenv import SandboxConfig
+
+        kwargs = self.sandbox_kwargs
+        unknown = sorted(set(kwargs) - {"config", "image", "memory", "cpus", "labels"})
+        if unknown:
+            raise ValueError(f"unknown sandbox option(s) {unknown}; use config, image, memory, cpus, labels")
+        config = kwargs.get("config")
+        if isinstance(config, dict):
+            config = SandboxConfig.from_dict(config)
+        return (config or SandboxConfig.load()).replace(
+            image=kwargs.get("image"), memory=kwargs.get("memory"), cpus=kwargs.get("cpus")
+        )
+
+    def _ensure_pooled_sandbox(self) -> None:
+        """A pool member for this task: a warm start from the pool's template of this task and config."""
+        if self.sandbox is not None and self.sandbox.status not in ("closed", "broken"):
+            return  # a paused member is resumed by `hold_sandbox()`
+        self.release_sandbox()
+        self._close_session()
+        if self.sandbox is not None:
+            self.pool.remove(self.sandbox)
+        config = self._sandbox_config()
+        task = f"{type(self).__module__}.{type(self).__qualname__}"
+        digest = hashlib.sha1(json.dumps(config.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
+        warm = self.pool.settings.warm_starts
+        self.sandbox = self.pool.create(
+            template=f"{task}@{digest[:12]}" if warm else None,
+            setup=self._install_into,
+            labels=self.sandbox_kwargs.get("labels"),
+            config=config,
+        )
+        self.pool.on_pause(self.sandbox, self._close_session)
+
+    def _install_into(self, sandbox: Sandbox) -> None:
+        """`install()` into a new pool template (it is checkpointed right after: no session may stay)."""
+        previous = self.sandbox, self._live
+        self.sandbox = self._live = sandbox
+        try:
+            self.install()
+        finally:
+            self._close_session()
+            self.sandbox, self._live = previous
+
+    def hold_sandbox(self) -> None:
+        """Lease the pool member until `release_sandbox()` (no-op without a pool, or when held): the
+        pool does not pause it meanwhile, and resumes it first if it had paused it."""
+        if self.pool is None or self._live is not None:
+            return
+        lease = self.pool.using(self.sandbox)
+        self._live = lease.__enter__()
+        self._lease = lease
+
+    def release_sandbox(self) -> None:
+        """Give the pool member back to the pool: idle from now on, it may be paused (no-op if not held)."""
+        if self._lease is None:
+            return
+        lease, self._lease, self._live = self._lease, None, None
+        lease.__exit__(None, None, None)
+
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
         """Run a shell command line in the sandbox (persistent session, or one exec)."""
         timeout = timeout or self.command_timeout_s
         started = time.perf_counter()
+        self.hold_sandbox()
         if self.use_session:
             result = self._run_in_session(command, timeout)
         else:
-            r = self.sandbox.exec(f"( {command} ) 2>&1", timeout=timeout)
+            r = (self._live or self.sandbox).exec(f"( {command} ) 2>&1", timeout=timeout)
             result = CommandResult(r.exit_code, r.stdout, r.duration_s)
         self.command_count += 1
         self.command_seconds += time.perf_counter() - started
@@ -169,7 +258,7 @@ class SandboxTask(gym.Env[str, str]):
         if self._session is None or self._session.closed:
             from agentenv.tasks.session import open_shell_session
 
-            self._session = open_shell_session(self.sandbox)
+            self._session = open_shell_session(self._live or self.sandbox)
         try:
             r: SessionResult = self._session.run(command, timeout=timeout)
         except SessionError:
@@ -183,7 +272,10 @@ class SandboxTask(gym.Env[str, str]):
             self._session = None
 
     def pause(self) -> float:
-        """Checkpoint the sandbox to disk (no memory, no CPU while paused); returns seconds taken."""
+        """Checkpoint the sandbox to disk (no memory, no CPU while paused); returns seconds taken.
+
+        A pool member is released and paused through its pool."""
+        self.release_sandbox()
         self._close_session()
         started = time.perf_counter()
         self.sandbox.pause()
@@ -207,11 +299,16 @@ class SandboxTask(gym.Env[str, str]):
         """
         if self.sandbox is None:
             raise RuntimeError("reset() the env before forking it")
+        self.hold_sandbox()
         self._close_session()
+        sandboxes = self.pool.fork(self._live, n) if self.pool is not None else self.sandbox.fork(n)
         forks = []
-        for sandbox in self.sandbox.fork(n):
+        for sandbox in sandboxes:
             clone = copy.copy(self)
             clone.sandbox = sandbox
+            clone._live = clone._lease = None
+            if self.pool is not None:
+                self.pool.on_pause(sandbox, clone._close_session)
             clone._session = None
             clone._np_random = copy.deepcopy(self._np_random)
             clone.command_count, clone.command_seconds = 0, 0.0

@@ -21,13 +21,16 @@ def policy():
     return build_policy(compose()["model"], seed=0)
 
 
-def make_runner(policy, sandbox_config, env_id="agentenv/GuessNumber-v0", group_start="seed", **rollout):
+def make_runner(
+    policy, sandbox_config, env_id="agentenv/GuessNumber-v0", group_start="seed", pool=None, **rollout
+):
     import fault_tasks  # noqa: F401  (registers faults/*)
 
     cfg = compose("env.kwargs.max_turns=2")
     env_cfg = {**cfg["env"], "id": env_id, "group_start": group_start}
     env_cfg["kwargs"] = {**env_cfg["kwargs"], "sandbox": {"config": sandbox_config}}
     rollout_cfg = {**cfg["rollout"], "env_threads": 4, **rollout}
+    rollout_cfg["sandbox_pool"] = {**rollout_cfg["sandbox_pool"], **(pool or {})}
     return EpisodeRunner(env_cfg, rollout_cfg, TorchEngine(policy, TOK), TOK)
 
 
@@ -91,7 +94,7 @@ def test_an_exception_in_a_task_step_fails_only_that_episode(policy, sandbox_con
     runner = make_runner(policy, sandbox_config, env_id="faults/RaisesOnOddSeeds-v0")
     try:
         episodes, stats = runner.run([2, 3], group_size=2, generator=torch.Generator().manual_seed(0))
-        assert stats.failed == 2 and len(runner.pool) == 2  # the two broken envs were discarded
+        assert stats.failed == 2 and len(runner.free_envs) == 2  # the two broken envs were discarded
     finally:
         runner.close()
     assert [e.error is not None for e in episodes] == [False, False, True, True]
@@ -109,7 +112,7 @@ def test_a_sandbox_killed_mid_episode_fails_the_episode_and_is_replaced(policy, 
     runner = make_runner(policy, sandbox_config, env_id="faults/KillsItsSandbox-v0")
     try:
         episodes, stats = runner.run([1], group_size=2, generator=torch.Generator().manual_seed(0))
-        assert stats.failed == 2 and all(e.error for e in episodes) and runner.pool == []
+        assert stats.failed == 2 and all(e.error for e in episodes) and runner.free_envs == []
     finally:
         runner.close()
 
@@ -117,13 +120,13 @@ def test_a_sandbox_killed_mid_episode_fails_the_episode_and_is_replaced(policy, 
 def test_a_failed_resume_fails_the_episode_not_the_run(policy, sandbox_config):
     from agentenv.sandbox import runtime
 
-    runner = make_runner(policy, sandbox_config, pause_idle_s=0.0)
+    runner = make_runner(policy, sandbox_config, pool={"pause_idle": True, "idle_after_s": 0.0})
     try:
         _, first = runner.run([1], group_size=2, generator=torch.Generator().manual_seed(0))
-        # parked while the policy generated (and resumed for each step), and again at the end of the run
+        # paused while the policy generated (and resumed for each step), and again at the end of the run
         assert first.pauses >= 4 and first.resumes >= 2 and first.failed == 0
-        assert all(env.paused for env in runner.pool)
-        broken = runner.pool[0]
+        assert all(env.paused for env in runner.free_envs)
+        broken = runner.free_envs[0]
         checkpoint = runtime().registry.latest_checkpoint(broken.sandbox.id)
         import shutil
 
@@ -135,3 +138,28 @@ def test_a_failed_resume_fails_the_episode_not_the_run(policy, sandbox_config):
     assert sum(e.error is not None for e in episodes) == 1
     failed = next(e for e in episodes if e.error)
     assert "checkpoint" in failed.error.lower()
+
+
+def test_sandboxes_are_pool_members_paused_over_budget_and_removed_at_close(policy, sandbox_config):
+    from agentenv import Sandbox
+
+    # A 1-byte budget: every idle member is paused (LRU) to make room; steps resume them on demand.
+    budget = {"memory_budget": "1", "idle_after_s": 0.0, "warm_starts": True}
+    runner = make_runner(policy, sandbox_config, group_start="fork", pool=budget)
+    pool = runner.sandbox_pool
+    try:
+        episodes, first = runner.run([1, 2], group_size=2, generator=torch.Generator().manual_seed(0))
+        member_ids = {m.id for m in pool.members()}
+        assert {env.sandbox.id for env in runner.free_envs} <= member_ids and len(member_ids) == 2
+        assert all(env.paused for env in runner.free_envs)  # over budget and idle after the run
+        again, second = runner.run([3, 4], group_size=2, generator=torch.Generator().manual_seed(1))
+        assert first.failed == second.failed == 0 and all(e.turns >= 1 for e in episodes + again)
+        assert first.pauses >= 2 and second.resumes >= 2 and second.sandboxes_created == 0
+        summary = second.pool_summary()
+        assert summary["sandbox_pool_paused"] == 2 and summary["sandbox_pool_disk_bytes"] > 0
+        assert summary["sandbox_pause_p50_s"] > 0 and summary["sandbox_resume_p90_s"] > 0
+        assert first.pool[0]["warm_starts"] == 2 and first.pool[0]["templates"] == 1
+    finally:
+        runner.close()
+    assert pool.members() == [] and pool.metrics().templates == 0
+    assert all(s.status == "closed" for s in Sandbox.list(include_closed=True) if s.id in member_ids)
