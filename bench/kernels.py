@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -40,6 +39,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench_report import write_section  # noqa: E402
 
 from kernels.kda.reference import CPU_CHUNK_SIZE, chunk_kda_reference, naive_recurrent_kda  # noqa: E402
 from kernels.moe.reference import moe_experts_reference  # noqa: E402
@@ -247,15 +248,6 @@ def bench_cuda_moe(quick: bool) -> list[str]:
 # ---------------------------------------------------------------------------------------------- report
 
 
-def write_section(body: str) -> None:
-    path = ROOT / "docs" / "benchmarks.md"
-    text = path.read_text()
-    start, end = f"<!-- bench:{SECTION}:start -->", f"<!-- bench:{SECTION}:end -->"
-    if start not in text or end not in text:
-        raise SystemExit(f"{path} lacks the markers {start} / {end}; add them where the section belongs")
-    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-    path.write_text(pattern.sub(lambda _: f"{start}\n{body}\n{end}", text))
-    print(f"wrote the {SECTION!r} section of {path}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -291,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.no_write:
         print(text)
     else:
-        write_section(text)
+        write_section(SECTION, text)
 
 
 if __name__ == "__main__":

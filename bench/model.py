@@ -30,6 +30,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_report import write_section  # noqa: E402
+
 from model import K3Config, K3ForCausalLM, count_parameters  # noqa: E402
 from model.balancing import (  # noqa: E402
     expert_loads,
@@ -40,7 +42,6 @@ from model.balancing import (  # noqa: E402
 )
 
 CONFIGS = {"k3_tiny": ROOT / "conf/model/k3_tiny.yaml", "k3_small": ROOT / "conf/model/k3_small.yaml"}
-MARK_START, MARK_END = "<!-- bench:model:start -->", "<!-- bench:model:end -->"
 
 
 def _timed(fn, repeats: int) -> float:
@@ -284,13 +285,6 @@ def run(quick: bool, threads: int) -> str:
     return header + "\n" + "\n".join(lines) + "\n"
 
 
-def write_section(body: str, path: Path = ROOT / "docs/benchmarks.md") -> None:
-    text = path.read_text()
-    if MARK_START not in text or MARK_END not in text:
-        raise SystemExit(f"{path} lacks the markers {MARK_START} / {MARK_END}")
-    head, rest = text.split(MARK_START, 1)
-    _, tail = rest.split(MARK_END, 1)
-    path.write_text(f"{head}{MARK_START}\n## Model (`bench/model.py`)\n\n{body}{MARK_END}{tail}")
 
 
 def main() -> None:
@@ -302,7 +296,7 @@ def main() -> None:
     body = run(args.quick, args.threads)
     print(body)
     if not args.no_write:
-        write_section(body)
+        write_section("model", "## Model (`bench/model.py`)\n\n" + body)
 
 
 if __name__ == "__main__":

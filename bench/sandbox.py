@@ -32,6 +32,8 @@ import docker
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_report import write_section  # noqa: E402
+
 from agentenv.fastpath import FastPath, dockerlink  # noqa: E402
 from agentenv.fastpath.clone import remove_container  # noqa: E402
 from agentenv.fastpath.procs import memory_bytes  # noqa: E402
@@ -421,15 +423,6 @@ class FastPathHost:
     disk_cap = 0
 
 
-def write_section(text: str, name: str = "sandbox") -> None:
-    path = ROOT / "docs" / "benchmarks.md"
-    doc = path.read_text()
-    start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
-    if start not in doc or end not in doc:
-        sys.exit(f"{path} lacks the markers {start} / {end}")
-    head, rest = doc.split(start, 1)
-    _, tail = rest.split(end, 1)
-    path.write_text(f"{head}{start}\n{text}\n{end}{tail}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -477,7 +470,7 @@ def main(argv: list[str] | None = None) -> None:
     text = render(results, dens, pool, (load0, os.getloadavg()[0]), cmd.strip())
     print(text)
     if not args.no_write:
-        write_section(text)
+        write_section("sandbox", text)
 
 
 if __name__ == "__main__":

@@ -27,10 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_report import write_section
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MARK_START, MARK_END = "<!-- bench:train:start -->", "<!-- bench:train:end -->"
 
 
 def compose(overrides: list[str]) -> dict:
@@ -116,14 +117,6 @@ def training_run(overrides: list[str], run_dir: Path) -> dict:
     }
 
 
-def write_section(text: str) -> None:
-    path = ROOT / "docs" / "benchmarks.md"
-    doc = path.read_text()
-    if MARK_START not in doc or MARK_END not in doc:
-        raise SystemExit(f"{path} lacks the {MARK_START} / {MARK_END} markers")
-    head, rest = doc.split(MARK_START, 1)
-    _, tail = rest.split(MARK_END, 1)
-    path.write_text(f"{head}{MARK_START}\n{text.strip()}\n{MARK_END}{tail}")
 
 
 def main() -> None:
@@ -207,7 +200,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
-        write_section(text)
+        write_section("train", text)
         print(f"\nwrote the train section of {ROOT / 'docs' / 'benchmarks.md'} and {image}")
     shutil.rmtree(run_dir, ignore_errors=True)
 
