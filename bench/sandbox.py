@@ -341,7 +341,7 @@ def render(results: dict[int, dict], dens: dict | None, pool: dict | None, load:
         f"Machine: {platform.node()}, {os.cpu_count()} cores, Docker 20.10 + containerd 1.6 + runc 1.1 + "
         f"CRIU 4.1.1, checkpoint images on {FastPathHost.fs} (local disk). Load average before/after: "
         f"{load[0]:.2f} / {load[1]:.2f}"
-        + (" — **taken under load** (other jobs shared the cores)." if max(load) > 0.7 else "."),
+        + (" — **taken under load** (other jobs were running when it started)." if load[0] > 1.0 else "."),
         "",
         "Seconds, median / p90 of the repetitions; ratio = fast path ÷ Docker's checkpoint path "
         "(target ≤ 0.3×).",
