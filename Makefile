@@ -3,10 +3,15 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: bootstrap test test-fast train bench bench-sandbox bench-model bench-kernels bench-train image lint
+.PHONY: bootstrap lock test test-fast train bench bench-sandbox bench-model bench-kernels bench-train image lint
 
 bootstrap:
 	@bash scripts/bootstrap.sh
+
+## Re-resolve requirements.lock (the exact versions the bootstrap installs) after changing dependencies
+## in pyproject.toml; commit the result. The next `make` target re-syncs .venv with it.
+lock:
+	@python3 scripts/lock.py
 
 ## The whole test suite (real dockerd, CRIU, Ray; Triton interpreter on CPU).
 test: bootstrap

@@ -10,7 +10,6 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 mkdir -p "$K3RL_LOG_DIR"
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-TORCH_PIN=torch==2.13.0
 
 step() { printf '[bootstrap] %s\n' "$*"; }
 
@@ -39,19 +38,22 @@ PY
 bash scripts/install_criu.sh
 bash scripts/ensure_dockerd.sh
 
-# 4. The virtualenv, reinstalled only when the dependency list changes.
+# 4. The virtualenv: exactly the versions pinned in requirements.lock (torch as its CPU build; refresh the
+#    lock with `make lock`), re-synced whenever the lock, the packaging files or this script change.
+"$PYTHON" scripts/lock.py --check || exit 1
 stamp="$VENV/.k3rl-deps"
-want=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)
+want=$(cat requirements.lock pyproject.toml setup.py scripts/bootstrap.sh | sha256sum | cut -c1-16)
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  step "creating the virtualenv $VENV (log: $K3RL_LOG_DIR/pip.log)"
+  step "syncing the virtualenv $VENV with requirements.lock (log: $K3RL_LOG_DIR/pip.log)"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  pip_failed() {
+    echo "pip install failed; last lines of $K3RL_LOG_DIR/pip.log:" >&2; tail -20 "$K3RL_LOG_DIR/pip.log" >&2
+    exit 1
+  }
   "$VENV/bin/pip" install -q --upgrade pip >>"$K3RL_LOG_DIR/pip.log" 2>&1
-  # torch first, pinned, so that a CPU machine takes the local CPU wheel; pyproject asks only a range.
-  if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
-    "$VENV/bin/pip" install -q "$TORCH_PIN" >>"$K3RL_LOG_DIR/pip.log" 2>&1
-  fi
-  "$VENV/bin/pip" install -q -e '.[dev,oracle]' >>"$K3RL_LOG_DIR/pip.log" 2>&1 || {
-    echo "pip install failed; last lines of $K3RL_LOG_DIR/pip.log:" >&2; tail -20 "$K3RL_LOG_DIR/pip.log" >&2; exit 1; }
+  "$VENV/bin/pip" install -q -r requirements.lock >>"$K3RL_LOG_DIR/pip.log" 2>&1 || pip_failed
+  # k3rl itself, editable; its dependencies are all in the lock already.
+  "$VENV/bin/pip" install -q --no-deps -e . >>"$K3RL_LOG_DIR/pip.log" 2>&1 || pip_failed
   echo "$want" >"$stamp"
 fi
 

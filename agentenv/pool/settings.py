@@ -8,11 +8,11 @@ from typing import Any
 
 from agentenv.config import parse_size, read_yaml_mapping, require_exact_keys
 from agentenv.errors import ConfigError
-from agentenv.paths import PROJECT_ROOT, overridable_path
+from agentenv.paths import conf_dir, overridable_path
 
 
 def default_pool_config_path() -> Path:
-    return overridable_path("AGENTENV_POOL_CONFIG", PROJECT_ROOT / "conf" / "agentenv" / "pool.yaml")
+    return overridable_path("AGENTENV_POOL_CONFIG", conf_dir() / "agentenv" / "pool.yaml")
 
 
 @dataclass(frozen=True)
