@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentenv.backend import default_backend
 from agentenv.backend.base import (
@@ -25,6 +26,7 @@ from agentenv.backend.base import (
     ContainerNotRunning,
     ContainerRef,
     ContainerSpec,
+    RawExec,
     SandboxBackend,
 )
 from agentenv.config import SandboxConfig
@@ -40,6 +42,9 @@ from agentenv.locks import sandbox_lock
 from agentenv.paths import agentenv_home
 from agentenv.registry import CheckpointRecord, Registry, SandboxRecord
 from agentenv.results import ExecResult, SandboxStats
+
+if TYPE_CHECKING:
+    from agentenv.session import Session
 
 MAX_FORKS = 64
 CONTAINER_REMOVED = "its container was removed outside AgentENV"
@@ -234,24 +239,35 @@ class Sandbox:
         argv = _argv(cmd)
         cfg = self.config
         timeout_s = _positive(timeout, cfg.exec_timeout_s, "timeout")
-        data = stdin.encode() if isinstance(stdin, str) else stdin
-        if data is not None and not isinstance(data, bytes | bytearray):
-            raise AgentEnvError(f"stdin must be bytes or str, got {type(stdin).__name__}")
+        data = _stdin_bytes(stdin)
         if env is not None and not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k
                                        and "\0" not in k + v for k, v in env.items()):
             raise AgentEnvError("env must map names (non-empty, without '=') to str values")
         if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
             raise AgentEnvError(f"workdir must be an absolute path, got {workdir!r}")
         raw = self._backend_exec(rec, argv, timeout_s=timeout_s, output_limit=cfg.output_limit_bytes,
-                                 stdin=bytes(data) if data is not None else None, env=env, workdir=workdir)
-        oom = False
-        if raw.exit_code >= 128 or raw.exit_code < 0 or raw.timed_out:
-            oom = self._check_oom(rec)
-        result = raw.decoded(oom_killed=oom)
+                                 stdin=data, env=env, workdir=workdir)
+        result = self._exec_result(raw)
         if result.timed_out and raise_on_timeout:
             raise ExecTimeout(f"command timed out after {timeout_s:g} s in sandbox {self.id}: {cmd!r}",
                               result)
         return result
+
+    def session(self) -> Session:
+        """A persistent shell in this (running) sandbox: `session.run(cmd, timeout, stdin)` has `exec`'s
+        result and guarantees at a fraction of its cost (see `agentenv.session`). `pause`/`fork` end its
+        shell; the next `run` starts a new one (`session.reopened`)."""
+        from agentenv.session import Session
+
+        return Session(self)
+
+    def _exec_result(self, raw: RawExec) -> ExecResult:
+        """The decoded result of a command run by `exec` or a session; after a command killed by a
+        signal or the timeout, checks whether the OOM killer acted (then the sandbox is marked broken)."""
+        oom = False
+        if raw.exit_code >= 128 or raw.exit_code < 0 or raw.timed_out:
+            oom = self._check_oom(self._rec)
+        return raw.decoded(oom_killed=oom)
 
     def _backend_exec(self, rec: SandboxRecord, argv: list[str], **kw):
         try:
@@ -354,6 +370,9 @@ class Sandbox:
         ref = self._ref(rec)
         if self._rt.backend.state(ref) is None:
             raise self._mark_broken(CONTAINER_REMOVED, "paused")
+        from agentenv.session import end_sessions
+
+        end_sessions(ref.container)  # CRIU cannot dump a session shell: its stdio leads to the daemon
         _rss, cpu_now, _pids, _oom = self._rt.backend.usage(ref)
         try:
             ck = self._rt.backend.checkpoint(ref, f"ck-{secrets.token_hex(4)}", user=rec.user)
@@ -521,6 +540,17 @@ def _argv(cmd: str | Sequence[str]) -> list[str]:
     if any("\0" in a for a in argv):
         raise AgentEnvError("cmd must not contain NUL bytes")
     return argv
+
+
+def _stdin_bytes(stdin: bytes | str | None) -> bytes | None:
+    """A command's stdin as bytes (str is UTF-8 encoded); AgentEnvError for anything else."""
+    if stdin is None or isinstance(stdin, bytes):
+        return stdin
+    if isinstance(stdin, str):
+        return stdin.encode()
+    if isinstance(stdin, bytearray):
+        return bytes(stdin)
+    raise AgentEnvError(f"stdin must be bytes or str, got {type(stdin).__name__}")
 
 
 def _positive(value: float | None, default: float, what: str) -> float:

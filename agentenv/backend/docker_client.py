@@ -1,5 +1,9 @@
 """One low-level Docker API client per process, shared by all threads (connection pool sized for a
-thread pool of env steps). Reusing it keeps an exec at ~30 ms instead of paying a new connection."""
+thread pool of env steps). Reusing it keeps an exec at ~30 ms instead of paying a new connection.
+
+Fork-safe: a child of `os.fork` (multiprocessing, Ray workers started by fork) forgets the parent's client
+without touching its connections, and gets a fresh lock (the parent's may have been held by a thread that
+does not exist in the child); its first `api()` call connects anew."""
 
 from __future__ import annotations
 
@@ -13,7 +17,6 @@ from agentenv.errors import BackendUnavailable
 
 _lock = threading.Lock()
 _client: docker.APIClient | None = None
-_client_pid: int | None = None
 
 # Long enough for a checkpoint/restore of a few GiB; exec sockets get their own timeout.
 API_TIMEOUT_S = 900
@@ -35,19 +38,19 @@ def unavailable(error: Exception | str) -> BackendUnavailable:
 
 
 def api() -> docker.APIClient:
-    """The process-wide client (recreated after os.fork, whose children must not share sockets)."""
-    global _client, _client_pid
-    if _client is not None and _client_pid == os.getpid():
-        return _client
+    """The process-wide client (a forked child gets its own: see the module docstring)."""
+    global _client
+    client = _client
+    if client is not None:
+        return client
     with _lock:
-        if _client is None or _client_pid != os.getpid():
+        if _client is None:
             try:
-                client = docker.APIClient(base_url=daemon_url(), version="auto", timeout=API_TIMEOUT_S,
-                                          max_pool_size=POOL_SIZE)
+                _client = docker.APIClient(base_url=daemon_url(), version="auto", timeout=API_TIMEOUT_S,
+                                           max_pool_size=POOL_SIZE)
             except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
                 raise unavailable(e) from None
-            _client, _client_pid = client, os.getpid()
-    return _client
+        return _client
 
 
 def reset() -> None:
@@ -60,3 +63,13 @@ def reset() -> None:
             except Exception:
                 pass
         _client = None
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: drop the parent's client unclosed (its sockets are the parent's) and the lock."""
+    global _client, _lock
+    _client = None
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

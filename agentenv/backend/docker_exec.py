@@ -1,19 +1,22 @@
-"""Run one command in a running container through Docker's exec API, with AgentENV's guarantees:
+"""Run commands in a running container through Docker's exec API, with AgentENV's guarantees:
 
 - the command runs under coreutils `timeout`, which makes it a process-group leader and, at the
   deadline, signals the whole group (TERM, then KILL after a grace period); should even that fail, the
-  host kills the group by its host pid;
+  host kills every process attached to the exec's pipes and the groups they lead (`kill_attached`);
 - stdout and stderr are read from the multiplexed stream and each capped at `output_limit` bytes (the
   rest is read and dropped, so the command is never blocked by a full pipe); `truncated` says so;
 - stdin is written by a helper thread, so a command that writes before it reads cannot deadlock.
 
 Three API calls per exec (create, start, inspect) on the shared client: ~30 ms on an idle machine.
+The pieces (`start_exec`, `ExecStream`, `CappedOutput`, `timeout_argv`, `is_timeout`, `kill_attached`)
+are shared with the persistent shell session (`agentenv.session`), which runs its commands the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import socket
 import struct
@@ -24,11 +27,183 @@ from collections.abc import Mapping, Sequence
 import docker
 
 from agentenv.backend.base import RawExec
+from agentenv.backend.cgroups import cgroup_dirs
 
 KILL_GRACE_S = 2.0    # from TERM to KILL inside the container
-HOST_GRACE_S = 5.0    # after that, the host kills the group itself
+HOST_GRACE_S = 5.0    # after that, the host kills the processes itself
 TIMEOUT_EXIT_CODES = (124, 137)
 _HEADER = struct.Struct(">BxxxL")
+_RECV_BYTES = 256 * 1024
+
+
+def timeout_argv(argv: Sequence[str], timeout_s: float) -> list[str]:
+    """`argv` under coreutils `timeout`: its own process group, TERM at `timeout_s`, KILL after the grace."""
+    return ["timeout", "-k", f"{KILL_GRACE_S:g}", f"{timeout_s:g}", *argv]
+
+
+def is_timeout(exit_code: int, duration_s: float, timeout_s: float) -> bool:
+    """Did `timeout` end the command? (124/137 alone could be the command's own status.)"""
+    return exit_code in TIMEOUT_EXIT_CODES and duration_s >= timeout_s * 0.98
+
+
+class CappedOutput:
+    """One output stream kept up to `limit` bytes; the rest is counted and dropped."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data = bytearray()
+        self.total = 0
+
+    def add(self, payload: bytes) -> None:
+        self.total += len(payload)
+        room = self.limit - len(self.data)
+        if room > 0:
+            self.data += payload[:room]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.limit
+
+
+class ExecStream:
+    """The hijacked connection of a started exec, read as Docker's multiplexed stream: frames of an
+    8-byte header (stream 1 = stdout, 2 = stderr; payload size) and the payload.
+
+    Reads go straight to the socket with an absolute deadline (a timeout leaves the stream intact, unlike
+    a buffered file object), so a caller can also ask whether a frame is waiting (`ready`).
+    """
+
+    def __init__(self, api: docker.APIClient, exec_id: str) -> None:
+        res = api._post_json(api._url("/exec/{0}/start", exec_id), data={"Tty": False, "Detach": False},
+                             headers={"Connection": "Upgrade", "Upgrade": "tcp"}, stream=True)
+        api._raise_for_status(res)
+        self._res = res
+        fp = res.raw._fp.fp                      # http.client's buffered reader of the response
+        self.sock: socket.socket = fp.raw._sock
+        self.sock.setblocking(False)
+        self._buf = bytearray(fp.peek())         # output it read past the headers (no wait: non-blocking)
+        self.sock.setblocking(True)
+        self.eof = False
+
+    def read_frame(self, deadline: float) -> tuple[int, bytes] | None:
+        """The next (stream, payload), or None once the daemon closed the stream. TimeoutError after
+        `deadline` (time.monotonic) with the frame incomplete; the stream stays usable."""
+        if not self._fill(_HEADER.size, deadline):
+            return None
+        stream, size = _HEADER.unpack_from(self._buf)
+        if not self._fill(_HEADER.size + size, deadline):
+            return None
+        payload = bytes(self._buf[_HEADER.size:_HEADER.size + size])
+        del self._buf[:_HEADER.size + size]
+        return stream, payload
+
+    def _fill(self, n: int, deadline: float) -> bool:
+        while len(self._buf) < n:
+            if self.eof:
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("no output before the deadline")
+            self.sock.settimeout(remaining)
+            data = self.sock.recv(_RECV_BYTES)
+            if not data:
+                self.eof = True
+                return False
+            self._buf += data
+        return True
+
+    def ready(self) -> bool:
+        """Can `read_frame` return something (a frame, or the end) without waiting?"""
+        if self._buf or self.eof:
+            return True
+        return bool(select.select([self.sock], [], [], 0)[0])
+
+    def send(self, data: bytes) -> None:
+        self.sock.settimeout(None)
+        self.sock.sendall(data)
+
+    def close(self) -> None:
+        """Close this process's end of the connection (never `shutdown`: a forked process may share it)."""
+        with contextlib.suppress(Exception):
+            self._res.close()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def start_exec(api: docker.APIClient, container: str, argv: Sequence[str], *, user: str, stdin: bool,
+               env: Mapping[str, str] | None = None, workdir: str | None = None) -> tuple[str, ExecStream]:
+    """Create and start an exec (no TTY); its id and attached stream."""
+    exec_id = api.exec_create(container, list(argv), stdout=True, stderr=True, stdin=stdin, tty=False,
+                              user=user, environment=dict(env) if env else None, workdir=workdir)["Id"]
+    return exec_id, ExecStream(api, exec_id)
+
+
+def _pipes(pid: int) -> set[str]:
+    """The pipes ('pipe:[inode]') that are process `pid`'s stdin, stdout and stderr."""
+    out = set()
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("pipe:"):
+                out.add(target)
+    return out
+
+
+def _cgroup_procs(pid: int) -> list[int]:
+    """Every process in the cgroup of `pid` (host pids), i.e. the container's."""
+    for d in cgroup_dirs(pid).values():
+        with contextlib.suppress(OSError, ValueError):
+            return [int(p) for p in (d / "cgroup.procs").read_text().split()]
+    return []
+
+
+def _holds_any(pid: int, pipes: set[str]) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in pipes:
+                return True
+    return False
+
+
+def attached_processes(pid: int) -> list[int]:
+    """Host pids of the processes in `pid`'s container that hold one of the pipes `pid` (an exec's
+    process) has as stdio: the exec itself, its commands and any background job that kept them.
+    These are what CRIU cannot dump (the pipes lead to the Docker daemon)."""
+    pipes = _pipes(pid)
+    if not pipes:
+        return []
+    return [p for p in _cgroup_procs(pid) if _holds_any(p, pipes)]
+
+
+def kill_attached(pids: Sequence[int], wait_s: float = 5.0) -> None:
+    """SIGKILL the processes attached to these execs' pipes and the process groups they lead (a
+    `timeout` leads its command's group); wait up to `wait_s` until they are gone. Needs root on the
+    Docker host (it signals host pids)."""
+    victims: set[int] = set()
+    for pid in pids:
+        victims.update(attached_processes(pid) or [pid])
+    for p in victims:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(p) == p:
+                os.killpg(p, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while any(_alive(p) for p in victims) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie counts as gone: it holds no pipe and its parent reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _feed_stdin(raw: socket.socket, data: bytes) -> None:
@@ -38,25 +213,11 @@ def _feed_stdin(raw: socket.socket, data: bytes) -> None:
         raw.shutdown(socket.SHUT_WR)  # the daemon closes the command's stdin
 
 
-def _read_exact(fp, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = fp.read1(n - len(buf))
-        if not chunk:
-            break
-        buf += chunk
-    return bytes(buf)
-
-
-def _kill_host_group(api: docker.APIClient, exec_id: str) -> None:
-    """Backstop: kill the exec's process group from the host (its `timeout` process leads the group)."""
+def exec_pid(api: docker.APIClient, exec_id: str) -> int:
+    """The host pid of an exec's process (0 when unknown)."""
     with contextlib.suppress(Exception):
-        pid = int(api.exec_inspect(exec_id).get("Pid") or 0)
-        if pid > 0:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        return int(api.exec_inspect(exec_id).get("Pid") or 0)
+    return 0
 
 
 def _exit_code(api: docker.APIClient, exec_id: str) -> int:
@@ -74,45 +235,28 @@ def _exit_code(api: docker.APIClient, exec_id: str) -> int:
 def run_exec(api: docker.APIClient, container: str, argv: Sequence[str], *, user: str, timeout_s: float,
              output_limit: int, stdin: bytes | None = None, env: Mapping[str, str] | None = None,
              workdir: str | None = None) -> RawExec:
-    wrapped = ["timeout", "-k", f"{KILL_GRACE_S:g}", f"{timeout_s:g}", *argv]
     t0 = time.perf_counter()
-    exec_id = api.exec_create(container, wrapped, stdout=True, stderr=True, stdin=stdin is not None,
-                              tty=False, user=user, environment=dict(env) if env else None,
-                              workdir=workdir)["Id"]
-    res = api._post_json(api._url("/exec/{0}/start", exec_id), data={"Tty": False, "Detach": False},
-                         headers={"Connection": "Upgrade", "Upgrade": "tcp"}, stream=True)
-    api._raise_for_status(res)
-    fp = res.raw._fp.fp            # the buffered reader http.client used: it may already hold output
-    raw: socket.socket = fp.raw._sock
-    raw.settimeout(timeout_s + KILL_GRACE_S + HOST_GRACE_S)
+    exec_id, stream = start_exec(api, container, timeout_argv(argv, timeout_s), user=user,
+                                 stdin=stdin is not None, env=env, workdir=workdir)
     if stdin is not None:
-        threading.Thread(target=_feed_stdin, args=(raw, stdin), daemon=True).start()
-
-    outs = (bytearray(), bytearray())
-    truncated = False
+        threading.Thread(target=_feed_stdin, args=(stream.sock, stdin), daemon=True).start()
+    outs = (CappedOutput(output_limit), CappedOutput(output_limit))
+    deadline = time.monotonic() + timeout_s + KILL_GRACE_S + HOST_GRACE_S
     killed_by_host = False
     try:
-        while True:
-            header = _read_exact(fp, _HEADER.size)
-            if len(header) < _HEADER.size:
-                break
-            stream, size = _HEADER.unpack(header)
-            payload = _read_exact(fp, size)
-            if stream not in (1, 2):
-                continue
-            buf = outs[stream - 1]
-            room = output_limit - len(buf)
-            if len(payload) > room:
-                truncated = True
-                payload = payload[: max(room, 0)]
-            buf += payload
+        while (frame := stream.read_frame(deadline)) is not None:
+            kind, payload = frame
+            if kind in (1, 2):
+                outs[kind - 1].add(payload)
     except (TimeoutError, OSError):
         killed_by_host = True
-        _kill_host_group(api, exec_id)
+        pid = exec_pid(api, exec_id)
+        if pid > 0:
+            kill_attached([pid])
     finally:
-        with contextlib.suppress(Exception):
-            res.close()
+        stream.close()
     exit_code = _exit_code(api, exec_id)
     duration = time.perf_counter() - t0
-    timed_out = killed_by_host or (exit_code in TIMEOUT_EXIT_CODES and duration >= timeout_s * 0.98)
-    return RawExec(exit_code, bytes(outs[0]), bytes(outs[1]), duration, timed_out, truncated)
+    timed_out = killed_by_host or is_timeout(exit_code, duration, timeout_s)
+    return RawExec(exit_code, bytes(outs[0].data), bytes(outs[1].data), duration, timed_out,
+                   outs[0].truncated or outs[1].truncated)

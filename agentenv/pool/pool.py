@@ -145,21 +145,9 @@ class SandboxPool:
         home = agentenv_home()
         self.state = PoolState(home / "pools" / f"{name}.sqlite3")
         self._lock_dir = home / "locks"
-        self._before_pause: dict[str, Callable[[], None]] = {}
-
-    def on_pause(self, sb: PooledSandbox | Sandbox | str, hook: Callable[[], None] | None) -> None:
-        """Run `hook()` (in this process) right before the pool pauses this member, e.g. to close a
-        shell session CRIU cannot checkpoint. The member is not leased then, so its holder is idle."""
-        if hook is None:
-            self._before_pause.pop(self._id(sb), None)
-        else:
-            self._before_pause[self._id(sb)] = hook
 
     def _pause_member(self, sandbox: Sandbox) -> None:
-        """Pause a member this caller has claimed (`claim_for_pause`): its hook first, then CRIU."""
-        hook = self._before_pause.get(sandbox.id)
-        if hook is not None:
-            hook()
+        """Pause a member this caller has claimed (`claim_for_pause`); the pause ends its session shells."""
         self._timed("pause", sandbox.pause)
 
     # ---- helpers -----------------------------------------------------------------------------

@@ -10,16 +10,16 @@ A task subclasses it and writes three methods:
 The base owns the sandbox: it is created on the first ``reset`` and **kept alive across episodes**
 (each ``reset`` re-runs ``setup`` inside the running sandbox, which is far cheaper than a new
 container), paused/resumed on request, forked with the episode state for identical GRPO group starts,
-and closed by ``close()``. Commands go through a persistent shell session (see ``session.py``) unless
-the task is built with ``session=False``. Observations and actions are gymnasium ``Text`` spaces.
+and closed by ``close()``. Commands go through a persistent shell (``Sandbox.session()``, with exec's
+output caps and process-group timeouts) unless the task is built with ``session=False`` (one exec per
+command). Observations and actions are gymnasium ``Text`` spaces.
 
 With ``pool=`` (an ``agentenv.SandboxPool``) the sandbox is a pool member: created by ``pool.create``
 (a warm start, when the pool's ``warm_starts`` is on: a fork of the pool's template, a sandbox that ran
 ``install()`` once) and leased with ``pool.using`` from ``reset`` until the episode ends (or
 ``release_sandbox()``), so the pool never pauses it mid-episode, and resumes it first when it had paused
-it. One lease per episode, not per step: a lease is a transaction on the pool's SQLite file. When the
-pool pauses an idle member, the shell session is closed first (``pool.on_pause``) and reopened by the
-next command.
+it. One lease per episode, not per step: a lease is a transaction on the pool's SQLite file. A pause (by
+the task, the pool or another process) ends the sandbox's session shell; the next command opens a new one.
 
 Episode state that ``fork`` must carry lives in plain attributes holding immutable values (ints,
 strings, tuples): a fork is a shallow copy of the env bound to the forked sandbox.
@@ -38,11 +38,10 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 from gymnasium.spaces import Text
 
-from agentenv.tasks.session import SessionError, SessionResult, ShellSession
-
 if TYPE_CHECKING:
     from agentenv import Sandbox, SandboxConfig
     from agentenv.pool import SandboxPool
+    from agentenv.session import Session
 
 TEXT_CHARSET = frozenset(string.printable)
 
@@ -59,11 +58,15 @@ class Outcome:
 
 @dataclass
 class CommandResult:
-    """Exit code and output of one command run in the sandbox (session or exec)."""
+    """One command run in the sandbox (session or exec): exit code, stdout and stderr merged in the order
+    the command wrote them (capped at the sandbox's ``output_limit_bytes``, ``truncated`` then set), and
+    whether the timeout killed it."""
 
     exit_code: int
     output: str
     duration_s: float
+    timed_out: bool = False
+    truncated: bool = False
 
 
 class SandboxTask(gym.Env[str, str]):
@@ -104,7 +107,7 @@ class SandboxTask(gym.Env[str, str]):
         self.pool = pool
         self._live = None  # the `Sandbox` leased from the pool (see `hold_sandbox`)
         self._lease = None  # the open `pool.using(...)` context
-        self._session: ShellSession | None = None
+        self._session: Session | None = None
         self.turn = 0
         self.episode_seed: int | None = None
         self.command_count = 0
@@ -212,10 +215,9 @@ class SandboxTask(gym.Env[str, str]):
             labels=self.sandbox_kwargs.get("labels"),
             config=config,
         )
-        self.pool.on_pause(self.sandbox, self._close_session)
 
     def _install_into(self, sandbox: Sandbox) -> None:
-        """`install()` into a new pool template (it is checkpointed right after: no session may stay)."""
+        """`install()` into a new pool template (whose session is closed: the template is not ours)."""
         previous = self.sandbox, self._live
         self.sandbox = self._live = sandbox
         try:
@@ -241,30 +243,25 @@ class SandboxTask(gym.Env[str, str]):
         lease.__exit__(None, None, None)
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
-        """Run a shell command line in the sandbox (persistent session, or one exec)."""
+        """Run a shell command line in the sandbox, stderr merged into its output (the session's shell, or
+        one exec); at ``timeout`` (default ``command_timeout_s``) its whole process group is killed."""
         timeout = timeout or self.command_timeout_s
         started = time.perf_counter()
         self.hold_sandbox()
-        if self.use_session:
-            result = self._run_in_session(command, timeout)
-        else:
-            r = (self._live or self.sandbox).exec(f"( {command} ) 2>&1", timeout=timeout)
-            result = CommandResult(r.exit_code, r.stdout, r.duration_s)
+        sandbox = self._live or self.sandbox
+        line = f"( {command} ) 2>&1"
+        r = self._session_in(sandbox).run(line, timeout=timeout) if self.use_session else \
+            sandbox.exec(line, timeout=timeout)
         self.command_count += 1
         self.command_seconds += time.perf_counter() - started
-        return result
+        return CommandResult(r.exit_code, r.stdout, r.duration_s, r.timed_out, r.truncated)
 
-    def _run_in_session(self, command: str, timeout: float) -> CommandResult:
-        if self._session is None or self._session.closed:
-            from agentenv.tasks.session import open_shell_session
-
-            self._session = open_shell_session(self._live or self.sandbox)
-        try:
-            r: SessionResult = self._session.run(command, timeout=timeout)
-        except SessionError:
-            self._session = None
-            raise
-        return CommandResult(r.exit_code, r.output, r.duration_s)
+    def _session_in(self, sandbox: Sandbox) -> Session:
+        """This env's session in ``sandbox`` (a new one when the env moved to another sandbox)."""
+        if self._session is None or self._session.closed or self._session.sandbox.id != sandbox.id:
+            self._close_session()
+            self._session = sandbox.session()
+        return self._session
 
     def _close_session(self) -> None:
         if self._session is not None:
@@ -276,7 +273,6 @@ class SandboxTask(gym.Env[str, str]):
 
         A pool member is released and paused through its pool."""
         self.release_sandbox()
-        self._close_session()
         started = time.perf_counter()
         self.sandbox.pause()
         return time.perf_counter() - started
@@ -300,16 +296,13 @@ class SandboxTask(gym.Env[str, str]):
         if self.sandbox is None:
             raise RuntimeError("reset() the env before forking it")
         self.hold_sandbox()
-        self._close_session()
         sandboxes = self.pool.fork(self._live, n) if self.pool is not None else self.sandbox.fork(n)
         forks = []
         for sandbox in sandboxes:
             clone = copy.copy(self)
             clone.sandbox = sandbox
             clone._live = clone._lease = None
-            if self.pool is not None:
-                self.pool.on_pause(sandbox, clone._close_session)
-            clone._session = None
+            clone._session = None  # each fork opens its own shell in its own sandbox
             clone._np_random = copy.deepcopy(self._np_random)
             clone.command_count, clone.command_seconds = 0, 0.0
             forks.append(clone)

@@ -41,6 +41,15 @@ def test_timeout_kills_the_whole_process_group(sandbox):
     assert info.value.result.timed_out
 
 
+def test_a_command_that_stops_its_timeout_is_killed_by_the_host(sandbox):
+    """`timeout` itself stopped: after the grace periods the host kills what is attached to the exec."""
+    t0 = time.monotonic()
+    r = sandbox.exec("echo before; kill -STOP $PPID; sleep 104", timeout=0.3)
+    assert r.timed_out and r.exit_code == 137 and r.stdout == "before\n"
+    assert time.monotonic() - t0 < 15
+    assert "sleep 104" not in sandbox.exec("ps -eo args").stdout
+
+
 def test_output_flood_is_capped_and_flagged(sandbox):
     r = sandbox.exec("head -c 5000000 /dev/zero | tr '\\0' a; head -c 3000000 /dev/zero | tr '\\0' b >&2")
     assert r.exit_code == 0 and r.truncated

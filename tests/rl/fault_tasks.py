@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import gymnasium
 
+from agentenv.backend import docker_client
 from agentenv.tasks.base import Outcome
 from agentenv.tasks.guess_number import GuessNumber
-from agentenv.tasks.session import _docker_client
 
 
 class RaisesOnOddSeeds(GuessNumber):
@@ -22,7 +22,7 @@ class KillsItsSandbox(GuessNumber):
     """GuessNumber whose sandbox container is killed from outside during the first step."""
 
     def act(self, action: str) -> Outcome:
-        _docker_client().containers.get(self.sandbox.container_id).kill()
+        docker_client.api().kill(self.sandbox.container_id)
         return super().act(action)
 
 
