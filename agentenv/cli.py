@@ -18,7 +18,7 @@ import docker
 
 from agentenv import images
 from agentenv.config import SandboxConfig
-from agentenv.errors import AgentEnvError, ConfigError
+from agentenv.errors import AgentEnvError, BackendUnavailable, ConfigError
 from agentenv.sandbox import Sandbox, runtime
 
 PROG = "agentenv"
@@ -58,7 +58,13 @@ def _kv_pairs(items: Sequence[str] | None, what: str) -> dict[str, str]:
 
 # ---- commands -------------------------------------------------------------------------------------
 def cmd_info(args: argparse.Namespace) -> int:
-    rt = runtime()
+    """The backend in use and why it was chosen (or why none can run), the daemon, the sandbox user."""
+    try:
+        rt = runtime()
+    except BackendUnavailable as e:
+        why = str(e)
+        _emit(args, {"backend": None, "backend_error": why}, lambda: print(f"{'backend':26} none: {why}"))
+        return 1
     base = images.info("base") if "base" in images.recipe_names() else None
     probe = rt.backend.probe(base.tag) if base and base.built else None
     data = {

@@ -4,7 +4,8 @@
   (e.g. a process died between creating the container and recording it) are removed;
 - sandboxes whose container is gone are closed; running ones whose container stopped become broken;
 - rows still 'creating' after `stale_s` (their creator died) are removed with their containers;
-- leftovers of the runtime older than `stale_s` (containerd's unpacked checkpoint copies) are deleted.
+- leftovers of the runtime are deleted: checkpoint images of containers Docker no longer has, and
+  containerd's unpacked copies of restores older than `stale_s`.
 Each sandbox is reconciled under its lock, so gc never races a pause or a fork in progress.
 """
 

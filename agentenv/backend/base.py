@@ -1,8 +1,8 @@
 """The backend seam: everything that touches containers and CRIU goes through `SandboxBackend`.
 
-`agentenv.sandbox.Sandbox` owns states, locks and the registry; a backend owns containers. Today's
-backend drives Docker's experimental checkpoint API (`docker_criu.DockerCriuBackend`); a later one may
-drive runc/CRIU directly for speed, keeping this interface.
+`agentenv.sandbox.Sandbox` owns states, locks and the registry; a backend owns containers. The one
+implementation is `agentenv.backend.runtime.CriuRuntime` (Docker containers, CRIU images in one
+checkpoint store); the `fastpath` and `docker-criu` backends differ only in how the dump is made.
 """
 
 from __future__ import annotations

@@ -89,3 +89,17 @@ def read_usage(pid: int) -> CgroupUsage:
         pids=_int(pids_dir / "pids.current") if pids_dir else 0,
         oom_kills=_kv(mem_dir / "memory.oom_control").get("oom_kill", 0) if mem_dir else 0,
     )
+
+
+def cgroup_pids(pid: int) -> list[int]:
+    """Host PIDs of every process in the cgroup of `pid` (a container's init); [] when it has none."""
+    if pid <= 0:
+        return []
+    dirs = cgroup_dirs(pid)
+    d = dirs.get("pids") or dirs.get("memory") or dirs.get("unified")
+    if d is None:
+        return []
+    try:
+        return [int(x) for x in (d / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []

@@ -11,7 +11,7 @@ from agentenv_testutil import count, start_counter
 from agentenv import CheckpointError, Sandbox, SandboxStateError
 from agentenv.backend import docker_client
 from agentenv.backend.cgroups import CGROUP_ROOT
-from agentenv.backend.docker_criu import containerd_tmp_dirs
+from agentenv.backend.containerd import tmp_dirs as containerd_tmp_dirs
 from agentenv.sandbox import runtime
 
 pytestmark = pytest.mark.docker

@@ -1,4 +1,4 @@
-"""`CheckpointStore`: the fast path's CRIU images on local disk, with a disk-usage cap.
+"""`CheckpointStore`: every sandbox's CRIU images on local disk, with a disk-usage cap (both backends).
 
 Layout: `<store_dir>/<container id>/<checkpoint name>/` holds one checkpoint's CRIU images plus
 `k3rl-checkpoint.json` (what was checkpointed, to verify the restore); `<name>.work/` beside it keeps
@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agentenv.fastpath.errors import DiskCapExceeded
-from agentenv.fastpath.procs import ProcessInfo
+from agentenv.backend.errors import DiskCapExceeded
+from agentenv.backend.procs import ProcessInfo
 
 RECORD_FILE = "k3rl-checkpoint.json"
 RESERVED_SUFFIX = ".reserved"
@@ -53,8 +53,9 @@ class CheckpointRecord:
         return cls(**d)
 
 
-def _disk_bytes(path: Path) -> int:
-    """Bytes the files under `path` occupy on disk (symlinks count nothing)."""
+def disk_bytes(path: Path) -> int:
+    """Bytes the files under `path` occupy on disk (symlinks count nothing; a hard-linked file counts
+    once per link). The one byte count of checkpoints, for the registry, the cap and the benchmark."""
     total = 0
     for root, _dirs, files in os.walk(path):
         for f in files:
@@ -112,6 +113,16 @@ class CheckpointStore:
         recs = self.records(container_id)
         return recs[-1] if recs else None
 
+    def record_at(self, path: str | Path) -> CheckpointRecord | None:
+        """The record of the checkpoint in folder `path`, or None when `path` is not one of the store's."""
+        path = Path(path)
+        if self.root.resolve() not in path.resolve().parents:
+            return None
+        try:
+            return CheckpointRecord.from_json((path / RECORD_FILE).read_text())
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     # ---- deletion ----------------------------------------------------------------------------
     def delete(self, record: CheckpointRecord) -> None:
         shutil.rmtree(record.path, ignore_errors=True)
@@ -120,7 +131,7 @@ class CheckpointStore:
     def delete_container(self, container_id: str) -> int:
         """Remove every image of a container; returns the bytes freed."""
         cdir = self.container_dir(container_id)
-        freed = _disk_bytes(cdir) if cdir.exists() else 0
+        freed = disk_bytes(cdir) if cdir.exists() else 0
         shutil.rmtree(cdir, ignore_errors=True)
         return freed
 
@@ -130,7 +141,7 @@ class CheckpointStore:
     # ---- disk usage and the cap --------------------------------------------------------------
     def usage(self) -> int:
         """Bytes on disk of all images, plus the reservations of pauses in progress."""
-        total = _disk_bytes(self.root)
+        total = disk_bytes(self.root)
         for res in self.root.glob(f"*/*{RESERVED_SUFFIX}"):
             try:
                 total += int(res.read_text() or 0)
@@ -160,7 +171,7 @@ class CheckpointStore:
                 raise DiskCapExceeded(
                     f"pausing container {container_id[:12]} needs about {need_bytes / 2**20:.0f} MiB but the "
                     f"checkpoint store {self.root} holds {used / 2**20:.0f} MiB of its "
-                    f"{self.cap / 2**20:.0f} MiB cap (disk_cap in conf/agentenv/fastpath.yaml); the sandbox "
+                    f"{self.cap / 2**20:.0f} MiB cap (disk_cap in conf/agentenv/backend.yaml); the sandbox "
                     "keeps running. Close or resume paused sandboxes, run `agentenv gc`, or raise the cap."
                 )
             path = self.new_checkpoint_dir(container_id)

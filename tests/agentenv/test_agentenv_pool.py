@@ -8,10 +8,13 @@ import subprocess
 import sys
 import textwrap
 import threading
+import uuid
 
 import pytest
 
-from agentenv.pool import PoolBudgetExceeded
+from agentenv import SandboxConfig
+from agentenv.errors import ConfigError
+from agentenv.pool import PoolBudgetExceeded, PoolSettings, SandboxPool
 
 pytestmark = pytest.mark.docker
 
@@ -21,6 +24,35 @@ TOKEN_PROCESS = (
     "open('/tmp/token','w').write(t); time.sleep(10**6)\" >/dev/null 2>&1 & "
     "while [ ! -s /tmp/token ]; do sleep 0.05; done"
 )
+
+
+@pytest.fixture
+def pool_factory(base_image):
+    """Pools of small sandboxes in the session's private $AGENTENV_HOME; every pool made is closed
+    (members and templates) after the test."""
+    config = SandboxConfig.load(memory="128m", pids_limit=64, tmpfs={"/tmp": "size=32m,mode=1777"},
+                                exec_timeout_s=60.0, lock_timeout_s=120.0)
+    made: list[SandboxPool] = []
+
+    def make(name: str, **overrides) -> SandboxPool:
+        pool = SandboxPool(f"{name}-{uuid.uuid4().hex[:6]}", config=config, **overrides)
+        made.append(pool)
+        return pool
+
+    yield make
+    for pool in made:
+        pool.close()
+
+
+def test_pool_settings_reject_bad_values():
+    s = PoolSettings.load()
+    assert s.memory_budget > 0
+    with pytest.raises(ConfigError, match="memory_budget"):
+        PoolSettings.load(memory_budget="-3g")
+    with pytest.raises(ConfigError, match="warm_starts"):
+        PoolSettings.load(warm_starts="sometimes")
+    with pytest.raises(ConfigError, match="idle_after_s"):
+        PoolSettings.load(idle_after_s=-1)
 
 
 def token_of(sb) -> str:
@@ -82,7 +114,7 @@ def test_concurrent_threads_share_a_tight_pool(pool_factory):
     assert {m.status for m in members} <= {"running", "paused"}
 
 
-def test_second_process_sees_and_resumes_members(pool_factory, agentenv_scale_home):
+def test_second_process_sees_and_resumes_members(pool_factory):
     pool = pool_factory("procs", memory_budget="1g", idle_after_s=0.0)
     a = pool.create()
     a.exec("echo from-parent > /workspace/note")

@@ -1,0 +1,38 @@
+"""The one reader of CRIU's logs: the error lines of a failed dump or restore, and whether a restore
+log shows a finished restore (Docker has reported fresh starts as restores: docker/for-linux #1192)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+RESTORE_OK = "Restore finished successfully"
+
+
+def error_lines(path: Path, limit: int = 3) -> list[str]:
+    """The last `limit` error lines of the CRIU log at `path` (empty when it cannot be read)."""
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [ln.split(": ", 1)[-1].strip() for ln in lines if "Error" in ln or "error" in ln][-limit:]
+
+
+def explain(path: Path | None, limit: int = 3) -> str:
+    """'; CRIU says: a | b' from the log at `path`, or '' (for appending to an error message)."""
+    errors = error_lines(path, limit) if path is not None else []
+    return "; CRIU says: " + " | ".join(errors) if errors else ""
+
+
+def log_named_in(message: str) -> Path | None:
+    """The CRIU log a Docker/containerd/runc error message points at (`path=...log`, `log file: ...log`)."""
+    m = re.search(r"(?:path=|log file:)\s*(\S+\.log)", message)
+    return Path(m.group(1)) if m else None
+
+
+def restore_finished(path: Path, since: float) -> bool:
+    """Does the restore log at `path`, written at or after `since` (epoch seconds), report success?"""
+    try:
+        return path.stat().st_mtime >= since - 1.0 and RESTORE_OK in path.read_text(errors="replace")[-4096:]
+    except OSError:
+        return False

@@ -1,0 +1,259 @@
+"""`CriuRuntime`: the one container runtime behind `SandboxBackend`: Docker containers, CRIU images in
+one checkpoint store, restores through Docker's own `start --checkpoint` fed links to those images.
+
+* pause: a fresh restore marker is written into /run/agentenv (dumped with the processes), the process
+  tree is recorded, room is reserved in the store (`disk_cap`), and the dump strategy of the backend
+  (`dumpers.py`: containerd's RPC for `fastpath`, Docker's API for `docker-criu`) writes the images
+  straight into the store and stops the container. The host clock image is dropped ("Clocks" below).
+* resume: Docker's `start --checkpoint`, fed a folder whose page images are symlinks into the store
+  (`checkpoint_dir.py`): Docker creates the task, so `docker exec`, logs, stats and stop behave as after
+  any Docker restore. containerd's unpacked copy of that folder is deleted right after
+  (`containerd.remove_restore_copies`).
+* fork: a new container with the sandbox's configuration gets copies of the source's work dir (and
+  writable layer with `read_only: false`) and is restored from the *same* images: N forks share one set of
+  page images on disk, and Sandbox.fork runs their restores in parallel.
+* every restore is verified: the restore marker must be back; with `verify_restore` also CRIU's restore
+  log of this very start and the recorded init process (Docker has reported fresh starts as restores).
+
+Clocks: CRIU restores a container into a new time namespace when the dump carries clock values;
+processes `docker exec` starts later stay in the host's (runc 1.1 does not join time namespaces), and the
+next restore of such a tree fails ("Can't restore sub-task in NS"). Without the clock image the restored
+processes stay in the host's time namespace and CLOCK_MONOTONIC advances across a pause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import docker
+
+from agentenv.backend import checkpoint_dir, containerd, criu_log
+from agentenv.backend.base import (
+    RUNTIME_DIR,
+    Checkpoint,
+    ContainerNotRunning,
+    ContainerRef,
+    ContainerSpec,
+)
+from agentenv.backend.containers import DockerContainers, _docker_errors, _first_line
+from agentenv.backend.dumpers import ContainerdDump, DockerApiDump
+from agentenv.backend.errors import DiskCapExceeded, RestoreNotVerified
+from agentenv.backend.files import copy_tree
+from agentenv.backend.host import HostSupport
+from agentenv.backend.procs import process_tree, tree_matches
+from agentenv.backend.settings import BackendSettings
+from agentenv.backend.store import CheckpointRecord, CheckpointStore, disk_bytes
+from agentenv.errors import CheckpointError
+
+_MIN_RESERVATION = 8 * 2**20
+
+
+def drop_host_clock_image(images: Path) -> None:
+    """Make the restore keep the host's time namespace (see the module docstring, "Clocks")."""
+    (images / "timens-0.img").unlink(missing_ok=True)
+
+
+class CriuRuntime(DockerContainers):
+    """Checkpoint, restore and fork of sandbox containers (see the module docstring)."""
+
+    def __init__(self, home: Path, settings: BackendSettings, host: HostSupport, name: str,
+                 reason: str) -> None:
+        super().__init__(home)
+        self.name = name
+        self.reason = reason  # why this backend runs (for `agentenv info`)
+        self.settings, self.host = settings, host
+        self.dumper = ContainerdDump(settings, host) if name == "fastpath" else DockerApiDump()
+        self.store = CheckpointStore(settings.store_dir, settings.disk_cap)
+
+    # ---- pause -------------------------------------------------------------------------------
+    @_docker_errors
+    def checkpoint(self, ref: ContainerRef, checkpoint_id: str, *, user: str) -> Checkpoint:
+        self._require_experimental()
+        info = self.api.inspect_container(ref.container)
+        if not info["State"].get("Running"):
+            raise ContainerNotRunning(f"its container is {info['State'].get('Status')}")
+        marker = self._write_restore_marker(ref)
+        t0 = time.perf_counter()
+        pid = int(info["State"]["Pid"])
+        rss = self.usage(ref)[0]
+        processes = process_tree(pid)
+        need = max(_MIN_RESERVATION, int(rss * self.settings.pause_headroom))
+        try:
+            with self.store.reserve(info["Id"], need) as path:
+                record = self._dump(info["Id"], path, processes)
+        except CheckpointError as e:
+            hint = "" if isinstance(e, DiskCapExceeded) else self._uid_hint(ref, user)
+            if not hint:
+                raise
+            raise CheckpointError(f"{e}{hint}") from None
+        return Checkpoint(id=record.name, path=str(record.path), bytes=record.image_bytes, marker=marker,
+                          duration_s=time.perf_counter() - t0)
+
+    def _dump(self, container: str, path: Path, processes: tuple) -> CheckpointRecord:
+        work = self.store.work_dir(path)
+        try:
+            self.dumper.dump(self.api, container, path, work)
+            self.api.wait(container, condition="not-running", timeout=int(self.settings.op_timeout_s))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        drop_host_clock_image(path)
+        record = CheckpointRecord(container_id=container, name=path.name, path=path, created=time.time(),
+                                  image_bytes=disk_bytes(path), processes=processes)
+        self.store.save(record)
+        return record
+
+    def _probe_dump(self, container: str) -> None:
+        with self.store.reserve(container, _MIN_RESERVATION) as path:
+            self._dump(container, path, ())
+        self.store.delete_container(container)
+
+    def _write_restore_marker(self, ref: ContainerRef) -> str:
+        """A fresh random marker in the container's runtime dir, dumped with its memory: a restore that
+        really restored finds it there again (see `_verify`)."""
+        marker = secrets.token_hex(16)
+        r = self._root_exec(ref, f'printf %s "$1" > {RUNTIME_DIR}/marker', marker)
+        if r.exit_code != 0:
+            raise CheckpointError(f"could not write the restore marker: {r.stderr.decode(errors='replace')}")
+        return marker
+
+    def _uid_hint(self, ref: ContainerRef, user: str) -> str:
+        """Why a dump of a uid-1000 sandbox failed on hosts whose CRIU cannot dump other uids ('' else)."""
+        if user == "agent" and not self.probe(self.api.inspect_container(ref.container)["Image"]) \
+                .can_checkpoint_other_uids:
+            return ("; this host's CRIU cannot checkpoint processes of uid 1000 (see `agentenv info`): "
+                    "create sandboxes with `user: auto` (root without capabilities) to pause them")
+        return ""
+
+    # ---- resume and fork ---------------------------------------------------------------------
+    @_docker_errors
+    def restore(self, ref: ContainerRef, checkpoint: Checkpoint, *, sandbox_id: str) -> None:
+        self._restore(ref, checkpoint, sandbox_id)
+
+    @_docker_errors
+    def fork(self, source: ContainerRef, checkpoint: Checkpoint, spec: ContainerSpec) -> ContainerRef:
+        ref = self._new_container(spec)
+        try:
+            self._copy_files(source, ref, copy_rootfs=not spec.config.read_only)
+            self._restore(ref, checkpoint, spec.sandbox_id)
+        except BaseException:
+            self.remove(ref)
+            raise
+        return ref
+
+    def _copy_files(self, source: ContainerRef, ref: ContainerRef, *, copy_rootfs: bool) -> None:
+        """A fork's files: the work-dir volume and (unless read-only) the writable rootfs layer."""
+        copy_tree(Path(self.api.inspect_volume(source.volume)["Mountpoint"]),
+                  Path(self.api.inspect_volume(ref.volume)["Mountpoint"]))
+        if copy_rootfs:
+            copy_tree(Path(self.api.inspect_container(source.container)["GraphDriver"]["Data"]["UpperDir"]),
+                      Path(self.api.inspect_container(ref.container)["GraphDriver"]["Data"]["UpperDir"]))
+
+    def _restore(self, ref: ContainerRef, checkpoint: Checkpoint, sandbox_id: str) -> None:
+        """Docker's `start --checkpoint` from a folder linking to `checkpoint`'s images, verified."""
+        self._require_experimental()
+        images = Path(checkpoint.path)
+        record = self.store.record_at(images)
+        name = f"agentenv-r-{uuid.uuid4().hex[:12]}"
+        folder = self.docker_root() / "containers" / ref.container / "checkpoints" / name
+        token = checkpoint_dir.materialize(images, folder, self.settings.link_pages)
+        started = time.time()
+        try:
+            res = self.api._post(self.api._url("/containers/{0}/start", ref.container),
+                                 params={"checkpoint": name})
+            self.api._raise_for_status(res)
+        except docker.errors.APIError as e:
+            message = str(e.explanation or e)
+            why = criu_log.explain(criu_log.log_named_in(message)) or f": {_first_line(e)}"
+            raise CheckpointError(f"CRIU could not restore checkpoint {checkpoint.id}{why}") from None
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+            containerd.remove_restore_copies(token=token)
+        self._verify(ref, checkpoint, record, sandbox_id, started)
+
+    def _verify(self, ref: ContainerRef, checkpoint: Checkpoint, record: CheckpointRecord | None,
+                sandbox_id: str, started: float) -> None:
+        """The restore marker written before the dump must be back (else: a fresh start, or it died); with
+        `verify_restore`, CRIU's log of this start must report success and the init must be back."""
+        try:
+            found = self._write_identity(ref, sandbox_id)
+        except ContainerNotRunning as e:
+            found, detail = "", str(e)
+        else:
+            detail = ""
+        problem = ""
+        if found != checkpoint.marker:
+            problem = ("its restore marker is missing: it started afresh or died"
+                       f"{': ' + detail if detail else ''}")
+        elif self.settings.verify_restore:
+            info = self.api.inspect_container(ref.container)
+            log_file = self._restore_log(info["Id"])
+            if log_file is not None and not criu_log.restore_finished(log_file, started):
+                problem = f"CRIU's log {log_file} shows no finished restore of this start"
+            elif record is not None and not tree_matches(record.processes,
+                                                          process_tree(int(info["State"].get("Pid") or 0))):
+                problem = "its checkpointed init process is not back"
+        if problem:
+            with contextlib.suppress(docker.errors.APIError):
+                self.api.kill(ref.container)
+            raise RestoreNotVerified(
+                f"Docker reported a successful restore of checkpoint {checkpoint.id}, but the container did "
+                f"not come back from it ({problem}); the checkpoint is kept at {checkpoint.path}")
+
+    def _restore_log(self, container_id: str) -> Path | None:
+        """CRIU's restore log in the container's task bundle (None when containerd was not found)."""
+        if self.host.containerd is None:
+            return None
+        return self.host.containerd.bundle(self.settings.containerd_namespace, container_id) / "work" / \
+            "restore.log"
+
+    # ---- disk hygiene ------------------------------------------------------------------------
+    @_docker_errors
+    def discard_checkpoint(self, ref: ContainerRef, checkpoint: Checkpoint) -> None:
+        path = Path(checkpoint.path)
+        record = self.store.record_at(path)
+        if record is not None:
+            self.store.delete(record)
+
+    @_docker_errors
+    def remove(self, ref: ContainerRef) -> None:
+        super().remove(ref)
+        if ref.container:
+            self.store.delete_container(ref.container)
+
+    @_docker_errors
+    def collect_leftovers(self, dry_run: bool = False, older_than_s: float = 600.0) -> list[str]:
+        """`agentenv gc`: images of containers Docker no longer has, and containerd's unpacked copies."""
+        live = {c["Id"] for c in self.api.containers(all=True, quiet=True)}
+        removed = []
+        for cid in self.store.container_ids():
+            if cid not in live:
+                removed.append(str(self.store.container_dir(cid)))
+                if not dry_run:
+                    self.store.delete_container(cid)
+        return removed + containerd.remove_restore_copies(older_than_s=older_than_s, dry_run=dry_run)
+
+    @_docker_errors
+    def describe(self) -> dict[str, object]:
+        ctrd = self.host.containerd
+        return {
+            **super().describe(),
+            "backend_reason": self.reason,
+            "dump": "containerd checkpoint RPC" if self.name == "fastpath" else "Docker checkpoint API",
+            "restore": "docker start --checkpoint, page images " + (
+                "symlinked" if self.settings.link_pages else "hard-linked"),
+            "containerd_address": ctrd.address if ctrd else None,
+            "containerd_found_by": ctrd.source if ctrd else None,
+            "checkpoint_store": str(self.store.root),
+            "checkpoint_store_fs": self.host.store_fs,
+            "checkpoint_store_bytes": self.store.usage(),
+            "checkpoint_disk_cap": self.settings.disk_cap,
+            "criu_lazy_pages": self.host.lazy_pages,
+            "criu_dirty_tracking": self.host.dirty_tracking,
+        }
+
+
