@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentenv.backend import default_backend
+from agentenv.backend import select_backend
 from agentenv.backend.base import (
     LABEL_HOME,
     UIDS,
@@ -69,7 +69,7 @@ def runtime() -> _Runtime:
     with _runtimes_lock:
         rt = _runtimes.get(home)
         if rt is None:
-            rt = _runtimes[home] = _Runtime(home, Registry(home), default_backend(home))
+            rt = _runtimes[home] = _Runtime(home, Registry(home), select_backend(home))
         return rt
 
 
