@@ -209,6 +209,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from agentenv.server.serve import serve
+
+    return serve(host=args.host, port=args.port)
+
+
 # ---- parser ---------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -275,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("ids", nargs="+", metavar="ID")
     gc = add("gc", cmd_gc, "reconcile the registry with Docker (remove orphans, close lost sandboxes)")
     gc.add_argument("--dry-run", action="store_true")
+    sv = add("serve", cmd_serve, "serve sandboxes over E2B's API (control plane + envd) for the E2B SDKs")
+    sv.add_argument("--host", help="listen address (default: conf/agentenv/server.yaml, 127.0.0.1)")
+    sv.add_argument("--port", type=int, help="listen port (default: conf/agentenv/server.yaml, 3000)")
     return p
 
 

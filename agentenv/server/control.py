@@ -1,0 +1,329 @@
+"""E2B's control plane (the sandbox lifecycle calls the SDKs make) on AgentENV sandboxes.
+
+Templates are `agentenv images` names (or local Docker tags): `Sandbox.create("base")` runs image
+`base`. Pause checkpoints to disk with CRIU (no memory, no CPU), connect restores, fork copies a sandbox
+with its memory. Handlers are plain functions: FastAPI runs them in worker threads, since every
+lifecycle call blocks on Docker.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import urllib.parse
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentenv.errors import AgentEnvError, SandboxStateError
+from agentenv.sandbox import MAX_FORKS, Sandbox
+from agentenv.server.errors import ApiError
+from agentenv.server.reaper import NEVER
+from agentenv.server.state import ServerState, Unauthorized
+from agentenv.server.store import E2BRecord
+
+CLIENT_ID = "agentenv"
+
+
+# ---- request and response bodies (field names as E2B's OpenAPI spells them) ----------------------
+class NewSandbox(BaseModel):
+    """POST /sandboxes and /v2/sandboxes. Unknown fields are ignored; E2B features AgentENV does not
+    have (internet access, custom networks, MCP, volumes, auto-resume) are refused when asked for."""
+
+    model_config = ConfigDict(extra="allow")
+    templateID: str = Field(min_length=1, max_length=256, description="an `agentenv images` name or tag")
+    timeout: int | None = Field(None, ge=0, description="time to live in seconds")
+    autoPause: bool | None = Field(None, description="pause instead of kill when the TTL runs out")
+    autoPauseMemory: bool | None = None
+    autoResume: Any = None
+    secure: bool | None = None
+    allow_internet_access: bool | None = None
+    network: Any = None
+    mcp: Any = None
+    volumeMounts: Any = None
+    metadata: dict[str, str] | None = None
+    envVars: dict[str, str] | None = None
+
+
+class TimeoutBody(BaseModel):
+    timeout: int = Field(ge=0)
+
+
+class ConnectBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    timeout: int | None = Field(None, ge=0)
+    memory: bool | None = None
+
+
+class ResumeBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    timeout: int | None = Field(None, ge=0)
+    autoPause: bool | None = None
+
+
+class PauseBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    memory: bool | None = None
+    requireHealthyGuest: bool | None = None
+
+
+class ForkBody(BaseModel):
+    timeout: int | None = Field(None, ge=0)
+    count: int | None = Field(None, ge=1, le=MAX_FORKS)
+
+
+class RefreshBody(BaseModel):
+    duration: int | None = Field(None, ge=0)
+
+
+class CreatedSandbox(BaseModel):
+    templateID: str
+    sandboxID: str
+    clientID: str
+    envdVersion: str
+    envdAccessToken: str
+    trafficAccessToken: str | None = None
+    domain: str | None = None
+
+
+class Lifecycle(BaseModel):
+    autoResume: bool
+    onTimeout: Literal["kill", "pause"]
+
+
+class ListedSandbox(BaseModel):
+    templateID: str
+    sandboxID: str
+    clientID: str
+    startedAt: str
+    endAt: str
+    cpuCount: int
+    memoryMB: int
+    diskSizeMB: int
+    state: Literal["running", "paused"]
+    envdVersion: str
+    metadata: dict[str, str]
+
+
+class SandboxDetail(ListedSandbox):
+    envdAccessToken: str
+    allowInternetAccess: bool
+    lifecycle: Lifecycle
+
+
+class ForkResult(BaseModel):
+    sandbox: CreatedSandbox | None = None
+    error: dict[str, Any] | None = None
+
+
+class ErrorBody(BaseModel):
+    code: int
+    message: str
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    s: {"model": ErrorBody} for s in (400, 401, 404, 409, 500)}
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(min(ts, NEVER), UTC).isoformat().replace("+00:00", "Z")
+
+
+def control_router(state: ServerState) -> APIRouter:
+    """Every route requires the API key (X-API-Key)."""
+    settings = state.settings
+
+    def api_key(request: Request) -> None:
+        try:
+            state.check_api_key(request.headers)
+        except Unauthorized as e:
+            raise ApiError(401, str(e)) from None
+
+    r = APIRouter(dependencies=[Depends(api_key)], responses=_ERRORS, tags=["sandboxes"])
+
+    def ttl(timeout: int | None) -> int:
+        t = settings.default_timeout_s if timeout is None else timeout
+        if t > settings.max_timeout_s:
+            raise ApiError(400, f"timeout {t} s exceeds the server's max_timeout_s={settings.max_timeout_s}")
+        return t
+
+    def created(sb: Sandbox, rec: E2BRecord) -> CreatedSandbox:
+        return CreatedSandbox(templateID=rec.template_id, sandboxID=sb.id, clientID=CLIENT_ID,
+                              envdVersion=settings.envd_version, envdAccessToken=rec.envd_token)
+
+    def listed(sb: Sandbox, rec: E2BRecord, status: str) -> dict[str, Any]:
+        cfg = sb.config
+        return dict(templateID=rec.template_id, sandboxID=sb.id, clientID=CLIENT_ID,
+                    startedAt=_iso(rec.started_at), endAt=_iso(rec.end_at),
+                    cpuCount=max(1, math.ceil(cfg.cpus)),
+                    memoryMB=cfg.memory_bytes // 2**20, diskSizeMB=0, state=status,
+                    envdVersion=settings.envd_version, metadata=rec.metadata)
+
+    def served(sandbox_id: str, *states: str) -> tuple[Sandbox, E2BRecord, str]:
+        sb, rec = state.sandbox(sandbox_id)
+        status = sb.status
+        if states and status not in states:
+            raise SandboxStateError(f"sandbox {sandbox_id} is {status}" +
+                                    (f": {sb.reason}" if sb.reason else ""))
+        return sb, rec, status
+
+    # ---- create ----------------------------------------------------------------------------------
+    def create(body: NewSandbox) -> CreatedSandbox:
+        unsupported = [name for name, on in (
+            ("allow_internet_access", body.allow_internet_access is True),
+            ("network", bool(body.network)), ("mcp", bool(body.mcp)),
+            ("volumeMounts", bool(body.volumeMounts)),
+            ("autoResume", body.autoResume is True or (isinstance(body.autoResume, dict)
+                                                       and bool(body.autoResume.get("enabled")))),
+        ) if on]
+        if unsupported:
+            raise ApiError(400, f"not supported by agentenv serve: {', '.join(unsupported)} (sandboxes have "
+                                "no network; paused sandboxes resume on connect)")
+        timeout = ttl(body.timeout)
+        sb = Sandbox.create(image=body.templateID, labels={"org.k3rl.agentenv.e2b": "1"})
+        try:
+            rec = state.store.insert(sb.id, body.templateID, body.metadata or {}, body.envVars or {}, timeout,
+                                     bool(body.autoPause))
+        except BaseException:
+            sb.close()
+            raise
+        return created(sb, rec)
+
+    r.add_api_route("/sandboxes", create, methods=["POST"], status_code=201, response_model=CreatedSandbox,
+                    summary="Create a sandbox from a template (an agentenv image)")
+    r.add_api_route("/v2/sandboxes", create, methods=["POST"], status_code=201, response_model=CreatedSandbox,
+                    summary="Create a sandbox (v2 path of the same call)")
+
+    # ---- list / get ------------------------------------------------------------------------------
+    def select(metadata: str | None, states: set[str]) -> list[dict[str, Any]]:
+        want: dict[str, str] = {}
+        if metadata:
+            try:
+                want = dict(urllib.parse.parse_qsl(metadata, keep_blank_values=True, strict_parsing=True))
+            except ValueError:
+                raise ApiError(400, f"metadata filter {metadata!r} is not key=value&key=value") from None
+        out = []
+        for sid in state.store.ids():
+            try:
+                sb, rec = state.sandbox(sid)
+            except AgentEnvError:
+                continue
+            status = sb.status
+            if status not in states or any(rec.metadata.get(k) != v for k, v in want.items()):
+                continue
+            out.append(listed(sb, rec, status))
+        return sorted(out, key=lambda s: (s["startedAt"], s["sandboxID"]))
+
+    @r.get("/v2/sandboxes", response_model=list[ListedSandbox], summary="List sandboxes (paginated)")
+    def list_v2(response: Response, metadata: str | None = None,
+                state_: str | None = Query(None, alias="state"),
+                limit: int | None = Query(None, ge=1, le=1000), nextToken: str | None = None,
+                order: Literal["asc", "desc"] = "asc") -> list[dict[str, Any]]:
+        states = {s.strip() for s in (state_ or "running,paused").split(",") if s.strip()}
+        if not states <= {"running", "paused"}:
+            raise ApiError(400, f"state must be running and/or paused, got {state_!r}")
+        rows = select(metadata, states)
+        if order == "desc":
+            rows.reverse()
+        try:
+            start = int(nextToken) if nextToken else 0
+        except ValueError:
+            raise ApiError(400, f"invalid nextToken {nextToken!r}") from None
+        size = limit or settings.list_limit
+        page = rows[start:start + size]
+        if start + size < len(rows):
+            response.headers["x-next-token"] = str(start + size)
+        return page
+
+    @r.get("/sandboxes", response_model=list[ListedSandbox], summary="List running sandboxes (v1)")
+    def list_v1(metadata: str | None = None) -> list[dict[str, Any]]:
+        return select(metadata, {"running"})
+
+    @r.get("/sandboxes/{sandbox_id}", response_model=SandboxDetail, summary="Get a sandbox")
+    def get(sandbox_id: str) -> dict[str, Any]:
+        sb, rec, status = served(sandbox_id)
+        if status not in ("running", "paused"):
+            raise ApiError(500, f"sandbox {sandbox_id} is {status}: {sb.reason or 'unknown reason'}")
+        return {**listed(sb, rec, status), "envdAccessToken": rec.envd_token, "allowInternetAccess": False,
+                "lifecycle": {"autoResume": False, "onTimeout": "pause" if rec.auto_pause else "kill"}}
+
+    # ---- kill / pause / connect / resume / timeout -----------------------------------------------
+    @r.delete("/sandboxes/{sandbox_id}", status_code=204, summary="Kill a sandbox")
+    def kill(sandbox_id: str) -> Response:
+        sb, _rec = state.sandbox(sandbox_id)
+        sb.close()
+        state.store.delete(sb.id)
+        return Response(status_code=204)
+
+    @r.post("/sandboxes/{sandbox_id}/pause", status_code=204,
+            summary="Pause: checkpoint to disk (no memory, no CPU); 409 when already paused")
+    def pause(sandbox_id: str, body: PauseBody | None = None) -> Response:
+        sb, _rec, status = served(sandbox_id)
+        if status == "paused":
+            raise ApiError(409, f"sandbox {sandbox_id} is already paused")
+        sb.pause()
+        state.store.set_end(sb.id, time.time())
+        return Response(status_code=204)
+
+    def connect(sandbox_id: str, response: Response, body: ConnectBody | None = None) -> CreatedSandbox:
+        timeout = ttl(body.timeout if body else None)
+        sb, rec, status = served(sandbox_id, "running", "paused")
+        if status == "paused":
+            try:
+                sb.resume()
+                response.status_code = 201
+            except SandboxStateError:
+                if sb.status != "running":  # another request resumed it meanwhile: fine
+                    raise
+        state.store.set_end(sb.id, time.time() + timeout)
+        return created(sb, rec)
+
+    for path in ("/sandboxes/{sandbox_id}/connect", "/v2/sandboxes/{sandbox_id}/connect"):
+        r.add_api_route(path, connect, methods=["POST"], status_code=200, response_model=CreatedSandbox,
+                        summary="Connect: resume a paused sandbox (201) or extend a running one (200)",
+                        responses={201: {"model": CreatedSandbox}})
+
+    @r.post("/sandboxes/{sandbox_id}/resume", status_code=201, response_model=CreatedSandbox, deprecated=True,
+            summary="Resume a paused sandbox (deprecated: use connect)")
+    def resume(sandbox_id: str, body: ResumeBody | None = None) -> CreatedSandbox:
+        timeout = ttl(body.timeout if body else None)
+        sb, rec, status = served(sandbox_id, "running", "paused")
+        if status == "running":
+            raise ApiError(409, f"sandbox {sandbox_id} is already running")
+        sb.resume()
+        state.store.set_end(sb.id, time.time() + timeout)
+        return created(sb, rec)
+
+    @r.post("/sandboxes/{sandbox_id}/timeout", status_code=204,
+            summary="Set the time to live from now (at expiry: pause with autoPause, else kill)")
+    def set_timeout(sandbox_id: str, body: TimeoutBody) -> Response:
+        timeout = ttl(body.timeout)
+        sb, _rec, _status = served(sandbox_id, "running")
+        state.store.set_end(sb.id, time.time() + timeout)
+        return Response(status_code=204)
+
+    @r.post("/sandboxes/{sandbox_id}/refreshes", status_code=204, summary="Extend the time to live")
+    def refresh(sandbox_id: str, body: RefreshBody | None = None) -> Response:
+        timeout = ttl(body.duration if body and body.duration is not None else None)
+        sb, rec, _status = served(sandbox_id, "running")
+        state.store.set_end(sb.id, max(rec.end_at, time.time() + timeout))
+        return Response(status_code=204)
+
+    # ---- fork (k3rl extension, E2B's fork call) --------------------------------------------------
+    @r.post("/sandboxes/{sandbox_id}/fork", status_code=201, response_model=list[ForkResult],
+            response_model_exclude_none=True,
+            summary="Fork: new running sandboxes restored from this one's memory and files")
+    def fork(sandbox_id: str, body: ForkBody | None = None) -> list[ForkResult]:
+        body = body or ForkBody()
+        timeout = ttl(body.timeout)
+        sb, rec, _status = served(sandbox_id, "running", "paused")
+        out = []
+        for child in sb.fork(body.count or 1):
+            crec = state.store.insert(child.id, rec.template_id, rec.metadata, rec.env_vars, timeout,
+                                      rec.auto_pause)
+            out.append(ForkResult(sandbox=created(child, crec)))
+        return out
+
+    return r

@@ -1,0 +1,73 @@
+"""The time-to-live reaper: a running sandbox whose TTL ran out is paused (created with `autoPause`)
+or killed, as E2B does. One daemon thread; every action holds the sandbox's lock through `Sandbox`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from agentenv.errors import AgentEnvError, SandboxNotFound
+from agentenv.sandbox import Sandbox
+from agentenv.server.store import E2BStore
+
+log = logging.getLogger(__name__)
+NEVER = 253402300799.0  # paused sandboxes do not expire
+
+
+def reap_once(store: E2BStore, now: float | None = None) -> list[tuple[str, str]]:
+    """Act on every expired sandbox once; returns (sandbox id, 'paused' | 'killed' | 'forgotten')."""
+    now = time.time() if now is None else now
+    done = []
+    for sid in store.expired(now):
+        rec = store.get(sid)
+        if rec is None:
+            continue
+        try:
+            sb = Sandbox.get(sid)
+            status = sb.status
+        except SandboxNotFound:
+            store.delete(sid)
+            done.append((sid, "forgotten"))
+            continue
+        try:
+            if status == "running" and rec.auto_pause:
+                sb.pause()
+                store.set_end(sid, NEVER)
+                done.append((sid, "paused"))
+            elif status == "paused":
+                store.set_end(sid, NEVER)
+            else:
+                sb.close()
+                store.delete(sid)
+                done.append((sid, "killed"))
+        except AgentEnvError as e:
+            # e.g. a checkpoint that CRIU refused: the sandbox keeps running; retry on the next round.
+            log.warning("TTL of sandbox %s ran out but it could not be %s: %s", sid,
+                        "paused" if rec.auto_pause else "killed", e)
+    return done
+
+
+class Reaper:
+    """Runs `reap_once` every `interval_s` seconds until `stop()`."""
+
+    def __init__(self, store: E2BStore, interval_s: float) -> None:
+        self.store = store
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agentenv-ttl-reaper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                for sid, what in reap_once(self.store):
+                    log.info("sandbox %s: time to live ran out, %s", sid, what)
+            except Exception:  # keep reaping after an unexpected error (e.g. dockerd restarting)
+                log.exception("TTL reaper round failed")

@@ -1,0 +1,76 @@
+"""`ServerState`: what every route of `agentenv serve` shares (settings, API key, the E2B side table,
+the process manager) and the two checks every request passes: the API key on the control plane, the
+sandbox's envd access token on the data plane."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentenv.errors import SandboxNotFound
+from agentenv.locks import sandbox_lock
+from agentenv.sandbox import Sandbox, runtime
+from agentenv.server.auth import same_secret
+from agentenv.server.procs import ProcessManager
+from agentenv.server.settings import ServerSettings
+from agentenv.server.store import E2BRecord, E2BStore
+
+SANDBOX_ID_HEADER = "e2b-sandbox-id"
+ACCESS_TOKEN_HEADER = "x-access-token"
+API_KEY_HEADER = "x-api-key"
+
+
+class Unauthorized(Exception):
+    """Missing or wrong API key / envd access token (401)."""
+
+
+@dataclass
+class ServerState:
+    settings: ServerSettings
+    home: Path
+    api_key: str
+    store: E2BStore
+    procs: ProcessManager
+
+    @classmethod
+    def open(cls, settings: ServerSettings, api_key: str) -> ServerState:
+        home = runtime().home
+        return cls(settings, home, api_key, E2BStore(home), ProcessManager(settings.output_poll_s))
+
+    def check_api_key(self, headers: Mapping[str, str]) -> None:
+        if not same_secret(headers.get(API_KEY_HEADER), self.api_key):
+            given = API_KEY_HEADER in headers
+            raise Unauthorized("invalid API key" if given else
+                               "missing API key: send it in the X-API-Key header (E2B_API_KEY for the SDK)")
+
+    def sandbox(self, sandbox_id: str) -> tuple[Sandbox, E2BRecord]:
+        """A sandbox served by this API (created through it), or SandboxNotFound."""
+        rec = self.store.get(sandbox_id) if sandbox_id else None
+        if rec is None:
+            raise SandboxNotFound(f"sandbox {sandbox_id!r} not found")
+        sb = Sandbox.get(sandbox_id)
+        if sb.status == "closed":
+            raise SandboxNotFound(f"sandbox {sandbox_id!r} not found (it was killed)")
+        return sb, rec
+
+    def envd_sandbox(self, headers: Mapping[str, str]) -> tuple[Sandbox, E2BRecord]:
+        """The sandbox a data-plane request is for (header `E2b-Sandbox-Id`), its token checked."""
+        sid = headers.get(SANDBOX_ID_HEADER, "")
+        if not sid:
+            raise SandboxNotFound("missing E2b-Sandbox-Id header: set E2B_SANDBOX_URL to this server so "
+                                  "the SDK sends it")
+        rec = self.store.get(sid)
+        if rec is None:
+            raise SandboxNotFound(f"sandbox {sid!r} not found")
+        if not same_secret(headers.get(ACCESS_TOKEN_HEADER), rec.envd_token):
+            raise Unauthorized("missing or invalid envd access token (X-Access-Token) for sandbox " + sid)
+        return self.sandbox(sid)
+
+    @contextlib.contextmanager
+    def serialised(self, sb: Sandbox, action: str) -> Iterator[None]:
+        """Hold the sandbox's registry lock (agentenv.locks) around a data-plane operation, so that it
+        never overlaps a pause, fork or kill of the same sandbox, nor another request on it."""
+        with sandbox_lock(runtime().registry.lock_dir, sb.id, sb.config.lock_timeout_s, action):
+            yield

@@ -1,0 +1,233 @@
+"""`agentenv serve` driven by the unmodified `e2b` SDK from PyPI (pinned in pyproject.toml): lifecycle,
+commands (streams, timeout, background, kill, stdin), files, pause to zero processes and connect with a
+process's memory intact, fork, kill, list, TTL expiry, authentication and error shapes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+
+import httpx
+import pytest
+from e2b import Sandbox, SandboxQuery
+from e2b.exceptions import (
+    AuthenticationException,
+    FileNotFoundException,
+    InvalidArgumentException,
+    SandboxException,
+    SandboxNotFoundException,
+    TimeoutException,
+)
+from e2b.sandbox.commands.command_handle import CommandExitException
+
+pytestmark = [pytest.mark.docker]
+
+# Counts in memory; each value is written atomically (no reader ever sees a half-written file).
+COUNTER = ("python3 -u -c 'import os, time\nn = 0\nwhile True:\n    n += 1\n    print(n, flush=True)\n"
+           "    open(\"/workspace/n.tmp\", \"w\").write(str(n))\n"
+           "    os.replace(\"/workspace/n.tmp\", \"/workspace/n\")\n    time.sleep(0.1)'")
+
+
+def _poll(fn, timeout_s: float, what: str):
+    """fn() until it returns a truthy value (bounded in time)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _container_state(sandbox_id: str) -> tuple[bool, int]:
+    """(running, host pid of init) of the sandbox's container, straight from Docker."""
+    out = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=org.k3rl.agentenv.sandbox={sandbox_id}"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert len(out) == 1, f"expected one container for sandbox {sandbox_id}, got {out}"
+    info = json.loads(subprocess.run(["docker", "inspect", out[0]], capture_output=True, text=True,
+                                     check=True).stdout)[0]["State"]
+    return bool(info["Running"]), int(info["Pid"])
+
+
+def _n(sb) -> int:
+    try:
+        return int(sb.files.read("n") or 0)
+    except FileNotFoundException:
+        return 0
+
+
+def test_commands_through_the_sdk(sdk_sandbox):
+    sb = sdk_sandbox(timeout=300)
+    r = sb.commands.run("echo out; echo err >&2")
+    assert (r.stdout, r.stderr, r.exit_code) == ("out\n", "err\n", 0)
+    with pytest.raises(CommandExitException) as failed:
+        sb.commands.run("echo partial; exit 7")
+    assert failed.value.exit_code == 7 and failed.value.stdout == "partial\n"
+    r = sb.commands.run('echo "$FOO"; pwd', envs={"FOO": "bar"}, cwd="/tmp")
+    assert r.stdout == "bar\n/tmp\n"
+
+    # Output streams while the command runs: the first line arrives well before the last.
+    events: list[tuple[str, str, float]] = []
+    sb.commands.run("for i in 1 2 3; do echo o$i; echo e$i >&2; sleep 0.4; done",
+                    on_stdout=lambda s: events.append(("out", s, time.monotonic())),
+                    on_stderr=lambda s: events.append(("err", s, time.monotonic())))
+    assert "".join(s for k, s, _ in events if k == "out") == "o1\no2\no3\n"
+    assert "".join(s for k, s, _ in events if k == "err") == "e1\ne2\ne3\n"
+    outs = [t for k, _, t in events if k == "out"]
+    assert outs[-1] - outs[0] > 0.5, "stdout was delivered in one piece, not streamed"
+
+    # A command past its timeout: TimeoutException, and the process is gone.
+    with pytest.raises(TimeoutException):
+        sb.commands.run("sleep 30; echo never", timeout=1.5)
+    _poll(lambda: not [p for p in sb.commands.list() if "sleep 30" in " ".join(p.args)], 10,
+          "the timed-out command to be killed")
+
+    # Background command, listed, then killed.
+    h = sb.commands.run("sleep 1000", background=True)
+    assert h.pid in [p.pid for p in sb.commands.list()]
+    assert h.kill() is True
+    with pytest.raises(CommandExitException) as killed:
+        h.wait()
+    assert killed.value.exit_code == 137
+    assert h.pid not in [p.pid for p in sb.commands.list()]
+
+    # stdin: send_stdin, then close_stdin for EOF.
+    h = sb.commands.run("read line; echo got:$line", background=True, stdin=True)
+    sb.commands.send_stdin(h.pid, "hello\n")
+    assert h.wait().stdout == "got:hello\n"
+    h = sb.commands.run("cat; echo EOF", background=True, stdin=True)
+    sb.commands.send_stdin(h.pid, "abc")
+    sb.commands.send_stdin(h.pid, "def")
+    sb.commands.close_stdin(h.pid)
+    assert h.wait().stdout == "abcdefEOF\n"
+
+
+def test_files_through_the_sdk(sdk_sandbox):
+    sb = sdk_sandbox(timeout=300)
+    info = sb.files.write("dir/a.txt", "hello file")  # multipart upload
+    assert info.path == "/workspace/dir/a.txt" and info.name == "a.txt"
+    blob = bytes(range(256)) * 64
+    sb.files.write("/workspace/dir/b.bin", blob, gzip=True)  # octet-stream + gzip
+    assert sb.files.read("dir/a.txt") == "hello file"
+    assert bytes(sb.files.read("dir/b.bin", format="bytes")) == blob
+    entries = {e.name: e for e in sb.files.list("dir")}
+    assert set(entries) == {"a.txt", "b.bin"} and entries["b.bin"].size == len(blob)
+    assert sb.files.make_dir("dir/sub") is True and sb.files.make_dir("dir/sub") is False
+    moved = sb.files.rename("dir/a.txt", "dir/sub/c.txt")
+    assert moved.path == "/workspace/dir/sub/c.txt" and sb.files.get_info("dir/sub/c.txt").size == 10
+    sb.files.remove("dir/sub")
+    assert not sb.files.exists("dir/sub/c.txt") and sb.files.exists("dir/b.bin")
+    with pytest.raises(FileNotFoundException):
+        sb.files.read("missing.txt")
+    with pytest.raises(InvalidArgumentException, match="outside the sandbox work dir"):
+        sb.files.read("/etc/passwd")
+
+
+def test_pause_connect_fork_kill(server, sdk_sandbox, monkeypatch):
+    sb = sdk_sandbox(timeout=300)
+    sb.files.write("note.txt", "kept")
+    counter = sb.commands.run(COUNTER, background=True)
+    before = _poll(lambda: _n(sb) >= 3 and _n(sb), 20, "the counter to count")
+
+    assert sb.pause() is True
+    assert Sandbox.get_info(sb.sandbox_id).state.value == "paused"
+    running, pid = _container_state(sb.sandbox_id)
+    assert not running and pid == 0, "a paused sandbox still has a running container task"
+    monkeypatch.setenv("AGENTENV_HOME", str(server.home))
+    import agentenv
+
+    stats = agentenv.Sandbox.get(sb.sandbox_id).stats()
+    assert (stats.pids, stats.rss_bytes) == (0, 0) and stats.checkpoint_bytes > 0
+    assert sb.pause() is False  # 409: already paused
+    assert not sb.is_running()
+
+    sb = Sandbox.connect(sb.sandbox_id, timeout=300)  # resumes it
+    assert sb.is_running() and _container_state(sb.sandbox_id)[0]
+    after = _n(sb)
+    assert after >= before, f"counter restarted: {after} after the pause, {before} before"
+    assert counter.pid in [p.pid for p in sb.commands.list()], "the counter process did not survive"
+    _poll(lambda: _n(sb) > after + 2, 20, "the counter to go on after connect")
+    assert Sandbox.connect(sb.sandbox_id).sandbox_id == sb.sandbox_id  # running: 200, no-op
+
+    forks = sb.fork(count=2)
+    assert len(forks) == 2 and not [f for f in forks if isinstance(f, Exception)], forks
+    try:
+        for f in forks:
+            assert f.sandbox_id != sb.sandbox_id and f.files.read("note.txt") == "kept"
+            assert _n(f) >= after and counter.pid in [p.pid for p in f.commands.list()]
+            f.commands.run("echo mine > note.txt")
+        assert sb.files.read("note.txt") == "kept"
+    finally:
+        for f in forks:
+            f.kill()
+
+    assert sb.kill() is True
+    assert sb.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect(sb.sandbox_id)
+    assert Sandbox.kill(sb.sandbox_id) is False  # 404
+
+
+def test_ttl_kills_or_pauses(sdk_sandbox):
+    doomed = sdk_sandbox(timeout=2, metadata={"ttl": "kill"})
+    napper = sdk_sandbox(timeout=2, metadata={"ttl": "pause"}, lifecycle={"on_timeout": "pause"})
+    listed = Sandbox.list(query=SandboxQuery(metadata={"ttl": "pause"})).next_items()
+    assert {s.sandbox_id for s in listed} == {napper.sandbox_id}
+
+    def gone() -> bool:
+        try:
+            Sandbox.get_info(doomed.sandbox_id)
+            return False
+        except SandboxNotFoundException:
+            return True
+    _poll(gone, 20, "the sandbox without autoPause to be killed at its TTL")
+    _poll(lambda: Sandbox.get_info(napper.sandbox_id).state.value == "paused", 20,
+          "the autoPause sandbox to be paused at its TTL")
+    napper = Sandbox.connect(napper.sandbox_id, timeout=300)
+    assert napper.commands.run("echo awake").stdout == "awake\n"
+    napper.set_timeout(1)
+    _poll(lambda: Sandbox.get_info(napper.sandbox_id).state.value == "paused", 20, "the second TTL pause")
+
+
+def test_auth_and_error_shapes(server, sdk_sandbox):
+    for headers in ({}, {"X-API-Key": "e2b_" + "0" * 40}):
+        r = httpx.get(server.url + "/v2/sandboxes", headers=headers)
+        assert r.status_code == 401 and r.json()["code"] == 401 and "API key" in r.json()["message"]
+    with pytest.raises(AuthenticationException):
+        Sandbox.create("base", api_key="e2b_" + "0" * 40)
+
+    key = {"X-API-Key": server.api_key}
+    for body, needle in (({"templateID": "no-such-image"}, "no-such-image"),
+                         ({"templateID": "base", "timeout": -1}, "timeout"),
+                         ({"timeout": 5}, "templateID"),
+                         ({"templateID": "base", "allow_internet_access": True}, "not supported")):
+        r = httpx.post(server.url + "/v2/sandboxes", json=body, headers=key)
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["code"] == 400 and needle in r.json()["message"], r.json()
+    r = httpx.post(server.url + "/v2/sandboxes", content=b"{not json", headers=key)
+    assert r.status_code == 400 and r.json()["code"] == 400
+    r = httpx.get(server.url + "/templates", headers=key)
+    assert r.status_code == 501 and "not supported" in r.json()["message"]
+    r = httpx.get(server.url + "/sandboxes/nope", headers=key)
+    assert r.status_code == 404 and r.json() == {"code": 404, "message": "sandbox 'nope' not found"}
+
+    sb = sdk_sandbox(timeout=120)
+    with pytest.raises(SandboxException, match="not supported"):
+        sb.get_metrics()  # an SDK call without a server side: E2B-shaped 501
+    # The data plane wants the sandbox's own envd token.
+    rpc = {"E2b-Sandbox-Id": sb.sandbox_id, "Content-Type": "application/json"}
+    r = httpx.post(server.url + "/process.Process/List", content=b"{}", headers=rpc)
+    assert r.status_code == 401 and r.json()["code"] == "unauthenticated"
+    r = httpx.get(server.url + "/files", params={"path": "x"},
+                  headers={"E2b-Sandbox-Id": sb.sandbox_id, "X-Access-Token": "wrong"})
+    assert r.status_code == 401 and r.json()["code"] == 401
+
+    # Bodies over max_body_bytes are refused by their Content-Length before being read.
+    with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=10) as s:
+        s.sendall(b"POST /v2/sandboxes HTTP/1.1\r\nHost: x\r\nX-API-Key: " + server.api_key.encode() +
+                  b"\r\nContent-Type: application/json\r\nContent-Length: 99999999999\r\n\r\n{}")
+        head = s.recv(4096).decode()
+    assert head.startswith("HTTP/1.1 413"), head
