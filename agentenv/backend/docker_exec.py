@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 import docker
 
 from agentenv.backend.base import RawExec
-from agentenv.backend.cgroups import cgroup_dirs
+from agentenv.backend.cgroups import cgroup_pids
 
 KILL_GRACE_S = 2.0    # from TERM to KILL inside the container
 HOST_GRACE_S = 5.0    # after that, the host kills the processes itself
@@ -149,14 +149,6 @@ def _pipes(pid: int) -> set[str]:
     return out
 
 
-def _cgroup_procs(pid: int) -> list[int]:
-    """Every process in the cgroup of `pid` (host pids), i.e. the container's."""
-    for d in cgroup_dirs(pid).values():
-        with contextlib.suppress(OSError, ValueError):
-            return [int(p) for p in (d / "cgroup.procs").read_text().split()]
-    return []
-
-
 def _holds_any(pid: int, pipes: set[str]) -> bool:
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
@@ -176,7 +168,7 @@ def attached_processes(pid: int) -> list[int]:
     pipes = _pipes(pid)
     if not pipes:
         return []
-    return [p for p in _cgroup_procs(pid) if _holds_any(p, pipes)]
+    return [p for p in cgroup_pids(pid) if _holds_any(p, pipes)]
 
 
 def kill_attached(pids: Sequence[int], wait_s: float = 5.0) -> None:

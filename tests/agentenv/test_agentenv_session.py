@@ -54,7 +54,7 @@ def test_timeout_kills_the_process_group_and_the_session_goes_on(sandbox):
         t0 = time.monotonic()
         r = s.run("sleep 100", timeout=1)
         assert r.timed_out and r.exit_code == 124
-        assert 0.9 < time.monotonic() - t0 < 2.5
+        assert 0.9 < time.monotonic() - t0 < 3.0
         assert "sleep 100" not in _procs(sandbox)
         # a child (and a background grandchild) that ignore TERM get KILL after the grace period
         t0 = time.monotonic()
