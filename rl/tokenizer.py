@@ -13,6 +13,7 @@ so earlier turns are never re-tokenised.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar, Protocol
 
 BYTE_VOCAB = 256
@@ -77,7 +78,12 @@ class HFTokenizer:
             raise RuntimeError(
                 "tokenizer.kind=hf needs the `transformers` package; install it or use tokenizer.kind=bytes"
             ) from exc
-        self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        if not Path(path).is_dir():
+            raise ValueError(f"tokenizer.path={path!r} is not a folder (it must hold a saved HF tokenizer)")
+        try:
+            self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"tokenizer.path={path!r}: cannot load a tokenizer from it ({exc})") from None
         missing = [
             name for name in ("pad", "bos", "observation", "action", "end") if name not in special_tokens
         ]
@@ -90,12 +96,18 @@ class HFTokenizer:
         self.vocab_size = len(self._tok)
         self.pad_id, self.bos_id = ids["pad"], ids["bos"]
         self.observation_id, self.action_id, self.end_id = ids["observation"], ids["action"], ids["end"]
+        self._turn_ids = frozenset(ids.values())
 
     def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=False))
+        """Text to ids; special-token strings in the text (``<|end|>`` in a file an agent ``cat``-s) are
+        encoded as plain text, so an observation can never forge a turn token."""
+        return list(self._tok.encode(text, add_special_tokens=False, split_special_tokens=True))
 
     def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
+        """Ids back to text, exactly (no clean-up of spaces); turn and other special tokens are dropped,
+        whether or not the tokenizer marks the turn tokens as special."""
+        kept = [i for i in ids if i not in self._turn_ids]
+        return self._tok.decode(kept, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
 def build_tokenizer(cfg) -> Tokenizer:

@@ -15,6 +15,7 @@ TASKS = {
     "agentenv/GuessNumber-v0": "agentenv.tasks.guess_number:GuessNumber",
     "agentenv/FindValue-v0": "agentenv.tasks.find_value:FindValue",
     "agentenv/FixCode-v0": "agentenv.tasks.fix_code:FixCode",
+    "agentenv/ReasoningGym-v0": "agentenv.tasks.reasoning_gym_task:ReasoningGym",
 }
 
 for _env_id, _entry_point in TASKS.items():

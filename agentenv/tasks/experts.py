@@ -1,0 +1,235 @@
+"""Scripted experts: hand-written policies for the built-in tasks, used to write demonstration episodes.
+
+An expert plays a task exactly as a learned policy does: it reads the observation texts and answers
+with action texts that go through ``env.step(action)``. It never reads the task's hidden state (the
+number in ``guess.sh``'s state file, the value in the file tree, the tests of the module): what it
+knows is what a competent human player knows about the task's rules and, for FixCode, a catalogue of
+bugs and their fixes, matched against the source the expert has ``cat``-ed.
+
+Every expert has a ``quality`` knob so that demonstrations of different skill can be written:
+
+================================  ==========================  ============================================
+task                              quality                     play
+================================  ==========================  ============================================
+``agentenv/GuessNumber-v0``       ``bisection`` (default)     the middle of the range the answers allow
+                                  ``linear``                  the smallest number still allowed
+                                  ``random_split``            a random number in the allowed range
+``agentenv/FindValue-v0``         ``grep`` (default)          ``grep -r 'value:' .`` then ``submit``
+                                  ``wasteful``                ``ls`` each folder, ``cat`` file by file
+``agentenv/FixCode-v0``           ``fix`` (default)           ``cat``, the known fix, run tests, submit
+                                  ``partial_fix``             the same with a plausible partial fix
+================================  ==========================  ============================================
+
+Use :func:`expert_for` to get one: ``expert_for("agentenv/GuessNumber-v0", quality="linear", seed=3)``;
+then ``expert.start(first_observation)`` and ``expert.act(observation)`` for every turn.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shlex
+
+# ---------------------------------------------------------------------------------------------- base
+
+
+class Expert:
+    """A scripted policy over observation texts. Subclasses write `start` and `act`."""
+
+    quality: str = ""
+
+    def __init__(self, quality: str, seed: int = 0) -> None:
+        self.quality = quality
+        self.rng = random.Random(seed)  # the only randomness an expert may use (reproducible demos)
+
+    def start(self, observation: str) -> None:
+        """Begin an episode from its first observation."""
+        raise NotImplementedError
+
+    def act(self, observation: str) -> str:
+        """The next action, given the latest observation (the first one on the first turn)."""
+        raise NotImplementedError
+
+
+class ExpertError(ValueError):
+    """An expert was asked for with an unknown task or quality, or saw an observation it cannot read."""
+
+
+# --------------------------------------------------------------------------------------- GuessNumber
+
+_RANGE = re.compile(r"(\d+)-(\d+)")
+
+
+class GuessNumberExpert(Expert):
+    """Keeps the range of numbers that the answers still allow and guesses inside it.
+
+    ``bisection`` guesses the middle (optimal: k answers single out one of 2^k - 1 numbers), ``linear``
+    the lowest allowed number (wins only when the number is among the first ``max_turns``),
+    ``random_split`` a uniformly random allowed number. The range is read from the first observation
+    (``guess 0-5``) and narrowed with the expert's own guesses and the ``higher``/``lower`` answers,
+    so it also plays ``show_range=false`` games, whose answers are a bare word.
+    """
+
+    QUALITIES = ("bisection", "linear", "random_split")
+
+    def start(self, observation: str) -> None:
+        match = _RANGE.search(observation)
+        if match is None:
+            raise ExpertError(
+                f"GuessNumber expert: no 'LOW-HIGH' range in the first observation {observation!r}"
+            )
+        self.low, self.high = int(match.group(1)), int(match.group(2))
+        self.last_guess: int | None = None
+
+    def act(self, observation: str) -> str:
+        if self.last_guess is not None:
+            word = observation.split(" ")[0]
+            if word == "higher":
+                self.low = max(self.low, self.last_guess + 1)
+            elif word == "lower":
+                self.high = min(self.high, self.last_guess - 1)
+        low, high = self.low, max(self.low, self.high)
+        if self.quality == "bisection":
+            guess = (low + high) // 2
+        elif self.quality == "linear":
+            guess = low
+        else:  # random_split
+            guess = self.rng.randint(low, high)
+        self.last_guess = guess
+        return str(guess)
+
+
+# ----------------------------------------------------------------------------------------- FindValue
+
+_VALUE = re.compile(r"value: (\S+)")
+
+
+class FindValueExpert(Expert):
+    """Finds the ``value: N`` line in the file tree and submits N.
+
+    ``grep`` searches the whole tree with one ``grep -r`` (2 turns); ``wasteful`` lists the top folder,
+    then each folder, and ``cat``-s its files one by one until a file holds the value, so it runs out of
+    turns when the value sits in a late file.
+    """
+
+    QUALITIES = ("grep", "wasteful")
+
+    def start(self, observation: str) -> None:
+        self.plan: list[str] = []  # commands still to run (wasteful)
+        self.last: str | None = None  # the last command, whose output the next observation is
+
+    def act(self, observation: str) -> str:
+        found = _VALUE.search(observation) if self.last is not None else None
+        if found is not None:
+            return f"submit {found.group(1)}"
+        if self.quality == "grep":
+            self.last = "grep -r 'value:' ."
+            return self.last
+        if self.last is None:
+            self.last = "ls"
+            return self.last
+        if observation != "(no output)":
+            if self.last == "ls":  # the top-level folders: list each of them
+                self.plan = [f"ls {shlex.quote(name)}" for name in observation.split()]
+            elif self.last.startswith("ls "):  # one folder's files: cat them before the next folder
+                folder = shlex.split(self.last)[1]
+                self.plan[:0] = [f"cat {shlex.quote(f'{folder}/{name}')}" for name in observation.split()]
+        if not self.plan:
+            return "submit unknown"  # looked everywhere without finding it
+        self.last = self.plan.pop(0)
+        return self.last
+
+
+# ------------------------------------------------------------------------------------------- FixCode
+
+# The bugs an expert recognises in a module's source, and their fixes: (buggy line, full fix, partial
+# fix). A partial fix is the kind a hasty developer makes: it passes some tests, not all.
+KNOWN_BUGS: tuple[tuple[str, str, str], ...] = (
+    ("return a - b", "return a + b", "return a * 2"),
+    ("return n % 2 == 1", "return n % 2 == 0", "return n % 4 == 0"),
+    ("return min(xs)", "return max(xs)", "return xs[0]"),
+    ("return s", "return s[::-1]", "return s[-1:] + s[:-1]"),
+)
+
+
+def _sed_escape(text: str, replacement: bool) -> str:
+    """``text`` quoted for one side of a ``sed s/PATTERN/REPLACEMENT/`` command (basic regex)."""
+    special = "\\/&" if replacement else "\\/.*[]^$"
+    return "".join(f"\\{c}" if c in special else c for c in text)
+
+
+class FixCodeExpert(Expert):
+    """Reads ``mod.py``, replaces the line it recognises as the bug, runs the tests, and submits.
+
+    ``fix`` applies the known fix (all tests pass); ``partial_fix`` applies a plausible one that passes
+    only some tests. A module with no known bug is submitted unchanged.
+    """
+
+    QUALITIES = ("fix", "partial_fix")
+
+    def start(self, observation: str) -> None:
+        self.step_index = 0
+
+    def act(self, observation: str) -> str:
+        self.step_index += 1
+        if self.step_index == 1:
+            return "cat mod.py"
+        if self.step_index == 2:
+            edit = self._edit(observation)
+            if edit is not None:
+                return edit
+            return "submit"
+        if self.step_index == 3:
+            return "python3 run_tests.py"
+        return "submit"
+
+    def _edit(self, source: str) -> str | None:
+        lines = [line.strip() for line in source.splitlines()]
+        for buggy, fix, partial in KNOWN_BUGS:
+            if buggy in lines:
+                new = fix if self.quality == "fix" else partial
+                script = f"s/{_sed_escape(buggy, False)}$/{_sed_escape(new, True)}/"
+                return f"sed -i {shlex.quote(script)} mod.py"
+        return None
+
+
+# ------------------------------------------------------------------------------------------ registry
+
+EXPERTS: dict[str, type[Expert]] = {
+    "agentenv/GuessNumber-v0": GuessNumberExpert,
+    "agentenv/FindValue-v0": FindValueExpert,
+    "agentenv/FixCode-v0": FixCodeExpert,
+}
+
+
+def _bare_id(env_id: str) -> str:
+    """``module:Name-v0`` (gymnasium's import-then-lookup form) -> ``Name-v0``."""
+    return env_id.split(":", 1)[1] if ":" in env_id else env_id
+
+
+def qualities(env_id: str) -> tuple[str, ...]:
+    """The qualities of ``env_id``'s expert, best (the default) first."""
+    return _expert_class(env_id).QUALITIES
+
+
+def _expert_class(env_id: str) -> type[Expert]:
+    cls = EXPERTS.get(_bare_id(env_id))
+    if cls is None:
+        raise ExpertError(f"no scripted expert for task {env_id!r}; experts exist for {sorted(EXPERTS)}")
+    return cls
+
+
+def expert_for(env_id: str, quality: str | None = None, seed: int = 0) -> Expert:
+    """A fresh expert for ``env_id`` of the given quality (None: the task's best expert).
+
+    ``seed`` seeds the expert's own randomness (only ``random_split`` uses any)."""
+    cls = _expert_class(env_id)
+    quality = quality or cls.QUALITIES[0]
+    if quality not in cls.QUALITIES:
+        raise ExpertError(
+            f"expert.quality={quality!r} is unknown for {env_id}; choose one of {list(cls.QUALITIES)}"
+        )
+    return cls(quality, seed)
+
+
+__all__ = ["EXPERTS", "KNOWN_BUGS", "Expert", "ExpertError", "expert_for", "qualities"]
