@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 
 
-def compose(overrides: list[str]) -> dict:
+def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -55,11 +55,11 @@ def rollout_throughput(overrides: list[str], groups: int, repeats: int) -> dict:
 
     cfg = compose(overrides)
     torch.set_num_threads(1)
-    tokenizer = build_tokenizer(cfg["tokenizer"])
-    policy = build_policy(cfg["model"], int(cfg["seed"]))
-    engine = build_engine(cfg["rollout"], policy, tokenizer, cfg["env"].get("action_vocabulary"))
-    runner = EpisodeRunner(cfg["env"], cfg["rollout"], engine, tokenizer)
-    group = int(cfg["algo"]["group_size"])
+    tokenizer = build_tokenizer(cfg.tokenizer)
+    policy = build_policy(cfg.model, cfg.seed)
+    engine = build_engine(cfg.rollout, policy, tokenizer, cfg.env.action_vocabulary)
+    runner = EpisodeRunner(cfg.env, cfg.rollout, engine, tokenizer, cfg.sandbox)
+    group = cfg.algo.group_size
     try:
         runner.run(list(range(groups)), group, torch.Generator().manual_seed(0))  # warm-up
         steps = step_s = reset_s = total = forks = fork_s = 0.0

@@ -9,8 +9,9 @@ Each turn re-prefills the whole episode so far (the model's short convolutions c
 middle of a cached sequence, and episodes' observations differ in length). For the short contexts of
 the built-in tasks this costs less than a tenth of a learner step.
 
-``vllm`` is declared for GPU hosts; it needs the ``vllm`` package, a CUDA GPU and a vLLM build of the K3
-architecture, none of which exist on CPU machines, so ``build_engine`` refuses it with a clear message.
+``vllm`` is a configuration slot only: k3rl has no vLLM engine for the K3 policy in this version, so
+``check_vllm_available`` (run when the config is checked) and ``build_engine`` refuse it with a message
+that says so.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rl.config.schema import RolloutConfig
 from rl.tokenizer import Tokenizer
 
 
@@ -123,27 +125,33 @@ class TorchEngine:
         return loads
 
 
-def build_engine(rollout_cfg, model, tokenizer: Tokenizer, action_vocabulary: str | None = None):
+def build_engine(
+    rollout_cfg: RolloutConfig, model, tokenizer: Tokenizer, action_vocabulary: str | None = None
+) -> TorchEngine:
     """The generation engine named by ``rollout.engine``."""
-    engine = rollout_cfg["engine"]
+    engine = rollout_cfg.engine
     if engine == "torch":
-        return TorchEngine(model, tokenizer, float(rollout_cfg["temperature"]), action_vocabulary)
+        return TorchEngine(model, tokenizer, rollout_cfg.temperature, action_vocabulary)
     if engine == "vllm":
         check_vllm_available()
     raise EngineUnavailable(f"rollout.engine={engine!r} is unknown; use 'torch' or 'vllm'")
 
 
 def check_vllm_available() -> None:
-    """Raise ``EngineUnavailable`` explaining why vLLM cannot run here (it always does on CPU hosts)."""
-    problems = []
+    """Always raise ``EngineUnavailable``: k3rl has no vLLM engine for the K3 policy in this version.
+
+    ``rollout=vllm`` is kept as the configuration slot for it; the `vllm` extra installs only the vllm
+    package. The message also names what this host lacks for vLLM (the package, a CUDA GPU).
+    """
+    missing = []
     try:
         import vllm  # noqa: F401
     except ImportError:
-        problems.append("the `vllm` package is not installed (pip install 'k3rl[vllm]' on a GPU host)")
+        missing.append("the vllm package")
     if not torch.cuda.is_available():
-        problems.append("no CUDA GPU is visible")
-    if not problems:
-        problems.append("k3rl's vLLM engine for the K3 architecture is not implemented in this version")
+        missing.append("a CUDA GPU")
+    lacks = f"; this host also lacks {' and '.join(missing)}" if missing else ""
     raise EngineUnavailable(
-        "rollout=vllm cannot run on this host: " + "; ".join(problems) + ". Use rollout=torch (the default)."
+        "rollout=vllm is not implemented: k3rl has no vLLM engine for the K3 policy in this version (the "
+        f"`vllm` extra only installs the vllm package){lacks}. Use rollout=torch (the default)."
     )

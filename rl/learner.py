@@ -3,8 +3,9 @@
 Pipeline of ``train_step``: collate → advantages (GRPO / RLOO per episode, or GAE per token with a
 value head for PPO) → clipped surrogate with truncated-IS correction against the rollout log-probs,
 optional KL to a frozen reference, value loss, entropy bonus → AdamW step with gradient clipping and
-linear warm-up → **quantile balancing** of every MoE router's bias from the batch's router scores, with
-MaxVio per layer logged → a new weights version.
+linear warm-up, and after **every** optimizer step (PPO's epochs x minibatches included) **quantile
+balancing** of every MoE router's bias from the router scores of the tokens that step trained on, with
+the step's MaxVio per layer logged → a new weights version.
 
 `Learner` is a plain class (tested directly); ``rl.actors`` wraps it as a Ray actor.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import copy
 import random
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from torch import nn
 
 from model import K3Config, K3ForCausalLM
 from model.balancing import max_violation, quantile_balance
+from model.moe import RouterStats
 from rl.algos import (
     broadcast_to_tokens,
     clipped_policy_loss,
@@ -36,14 +37,16 @@ from rl.algos import (
     truncated_is_weights,
     zero_variance_groups,
 )
+from rl.config import AlgoConfig, RunConfig
 from rl.episode import Batch, Episode, collate
 from rl.generation import MASKED_LOGIT, disallowed_tokens
+from rl.tokenizer import build_tokenizer
 
 
-def build_policy(model_cfg: dict, seed: int) -> K3ForCausalLM:
+def build_policy(model_cfg: K3Config, seed: int) -> K3ForCausalLM:
     """A freshly initialised K3 policy; the same ``seed`` gives the same weights in every process."""
     torch.manual_seed(seed)
-    return K3ForCausalLM(K3Config.from_dict(dict(model_cfg)))
+    return K3ForCausalLM(model_cfg)
 
 
 def lr_schedule(warmup_steps: int, decay_steps: int | None, min_ratio: float):
@@ -56,7 +59,7 @@ def lr_schedule(warmup_steps: int, decay_steps: int | None, min_ratio: float):
             return (step + 1) / warmup
         if not decay_steps:
             return 1.0
-        done = min(1.0, (step - warmup) / max(1, int(decay_steps)))
+        done = min(1.0, (step - warmup) / max(1, decay_steps))
         return 1.0 - (1.0 - min_ratio) * done
 
     return factor
@@ -65,46 +68,37 @@ def lr_schedule(warmup_steps: int, decay_steps: int | None, min_ratio: float):
 class Learner:
     """Holds the policy, optimizer and schedule; see the module docstring.
 
-    ``cfg`` is the whole resolved run config as a plain dict (``algo``, ``model``, ``rollout``, ``seed``).
+    ``cfg`` is the whole checked run config (``algo``, ``model``, ``rollout``, ``tokenizer``, ``seed``).
     """
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
-        self.algo = cfg["algo"]
-        self.pad_id = int(cfg["tokenizer"]["pad_id"])
-        self.temperature = float(cfg["rollout"]["temperature"])
-        from rl.tokenizer import build_tokenizer
-
-        self.disallowed = disallowed_tokens(
-            build_tokenizer(cfg["tokenizer"]),
-            cfg["env"].get("action_vocabulary"),
-            int(cfg["model"]["vocab_size"]),
-        )
-        self.model = build_policy(cfg["model"], int(cfg["seed"]))
+        self.algo: AlgoConfig = cfg.algo
+        tokenizer = build_tokenizer(cfg.tokenizer)
+        self.pad_id = tokenizer.pad_id
+        self.temperature = cfg.rollout.temperature
+        self.disallowed = disallowed_tokens(tokenizer, cfg.env.action_vocabulary, cfg.model.vocab_size)
+        self.model = build_policy(cfg.model, cfg.seed)
         self.value_head: nn.Linear | None = None
-        if self.algo["advantage"] == "gae":
+        if self.algo.advantage == "gae":
             self.value_head = nn.Linear(self.model.config.hidden_size, 1)
             nn.init.zeros_(self.value_head.weight)
             nn.init.zeros_(self.value_head.bias)
         self.reference: K3ForCausalLM | None = None
-        if float(self.algo["kl_coef"]) > 0:
+        if self.algo.kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.value_head is not None:
             params += list(self.value_head.parameters())
         self.optimizer = torch.optim.AdamW(
             params,
-            lr=float(self.algo["lr"]),
-            weight_decay=float(self.algo["weight_decay"]),
+            lr=self.algo.lr,
+            weight_decay=self.algo.weight_decay,
             betas=(0.9, 0.99),
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
-            lr_schedule(
-                int(self.algo["warmup_steps"]),
-                self.algo.get("decay_steps"),
-                float(self.algo.get("min_lr_ratio", 1.0)),
-            ),
+            lr_schedule(self.algo.warmup_steps, self.algo.decay_steps, self.algo.min_lr_ratio),
         )
         self.version = 0
         self.steps = 0
@@ -119,23 +113,19 @@ class Learner:
         self, batch: Batch, values: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token advantages ``[B, T-1]`` (and PPO returns)."""
-        kind, group = self.algo["advantage"], int(self.algo["group_size"])
+        kind, group = self.algo.advantage, self.algo.group_size
         if kind == "gae":
             adv, returns = gae(
-                batch.token_rewards,
-                values.detach(),
-                batch.action_mask,
-                float(self.algo["gamma"]),
-                float(self.algo["lam"]),
+                batch.token_rewards, values.detach(), batch.action_mask, self.algo.gamma, self.algo.lam
             )
-            if self.algo.get("normalize_advantages", True):
+            if self.algo.normalize_advantages:
                 mean, std = masked_mean(adv, batch.action_mask), None
                 var = masked_mean((adv - mean) ** 2, batch.action_mask)
                 std = var.sqrt()
                 adv = (adv - mean) / (std + 1e-6) * batch.action_mask
             return adv, returns
         if kind == "grpo":
-            per_episode = grpo_advantages(batch.rewards, group, scale_by_std=bool(self.algo["scale_by_std"]))
+            per_episode = grpo_advantages(batch.rewards, group, scale_by_std=self.algo.scale_by_std)
         elif kind == "rloo":
             per_episode = rloo_advantages(batch.rewards, group)
         else:
@@ -168,15 +158,16 @@ class Learner:
 
         ``algo.epochs`` passes over the batch, each split into ``algo.minibatches`` (whole groups), make
         the clipped surrogate and the clipped value loss bite; with 1 x 1 (the default) it is a single
-        on-policy step and the learner's own log-probs are the old policy.
+        on-policy step and the learner's own log-probs are the old policy. Every optimizer step is
+        followed by quantile balancing of the routers from that step's router statistics.
         """
         self.model.train()
+        algo = self.algo
         batch = collate(episodes, self.pad_id)
-        if self.algo["advantage"] != "gae" and self.algo.get("filter_zero_variance_groups", False):
-            keep = ~zero_variance_groups(batch.rewards, int(self.algo["group_size"]))
+        if algo.advantage != "gae" and algo.filter_zero_variance_groups:
+            keep = ~zero_variance_groups(batch.rewards, algo.group_size)
             batch.action_mask = batch.action_mask * keep[:, None].float()
-        epochs, minibatches = int(self.algo.get("epochs", 1)), int(self.algo.get("minibatches", 1))
-        single = epochs * minibatches == 1
+        single = algo.epochs * algo.minibatches == 1
         first = None
         if single:
             first = self._forward(batch)
@@ -186,26 +177,28 @@ class Learner:
                 old_logp, old_values, _, _ = self._forward(batch)
         advantages, returns = self.advantages(batch, old_values)
         is_weights = None
-        if self.algo.get("tis_cap"):
-            is_weights = truncated_is_weights(old_logp, batch.rollout_logprobs, float(self.algo["tis_cap"]))
-        group = max(1, int(self.algo["group_size"]))
-        num_groups = len(episodes) // group
+        if algo.tis_cap is not None:
+            is_weights = truncated_is_weights(old_logp, batch.rollout_logprobs, algo.tis_cap)
+        num_groups = len(episodes) // algo.group_size
         chunks = [
-            torch.arange(len(episodes)).view(num_groups, group)[g].reshape(-1)
-            for g in torch.arange(num_groups).chunk(min(minibatches, num_groups))
+            torch.arange(len(episodes)).view(num_groups, algo.group_size)[g].reshape(-1)
+            for g in torch.arange(num_groups).chunk(min(algo.minibatches, num_groups))
         ]
         totals: dict[str, list[float]] = {}
-        router_stats = []
-        for _epoch in range(epochs):
+        for _epoch in range(algo.epochs):
             for rows in chunks:
                 forward = first if first is not None else self._forward(batch, rows)
-                step_metrics, router_stats = self._update(
+                step_metrics = self._update(
                     batch, rows, forward, old_logp, old_values, advantages, returns, is_weights
                 )
+                step_metrics.update(self._balance_experts([forward[3]]))
                 for key, value in step_metrics.items():
                     totals.setdefault(key, []).append(value)
         metrics = {key: float(np.mean(values)) for key, values in totals.items()}
-        metrics.update(self._balance_experts(router_stats))
+        if "maxvio" in totals:  # in-loop MaxVio of the first and the last optimizer step of this batch
+            metrics["maxvio_first_update"] = totals["maxvio"][0]
+            metrics["maxvio_last_update"] = totals["maxvio"][-1]
+        metrics["optimizer_steps"] = float(len(totals.get("loss", [])))
         self.steps += 1
         self.version += 1
         mask = batch.action_mask
@@ -216,26 +209,25 @@ class Learner:
         return metrics
 
     def _update(self, batch, rows, forward, old_logp, old_values, advantages, returns, is_weights):
-        """One optimizer step on the rows ``rows`` of the batch; returns its metrics and router stats."""
-        logp, values, logits, router_stats = forward
+        """One optimizer step on the rows ``rows`` of the batch; returns its metrics."""
+        algo = self.algo
+        logp, values, logits, _router_stats = forward
         mask = batch.action_mask[rows]
         policy_loss, stats = clipped_policy_loss(
             logp,
             old_logp[rows],
             advantages[rows],
             mask,
-            clip_low=float(self.algo["clip_low"]),
-            clip_high=float(self.algo["clip_high"]),
-            aggregation=self.algo["loss_aggregation"],
+            clip_low=algo.clip_low,
+            clip_high=algo.clip_high,
+            aggregation=algo.loss_aggregation,
             is_weights=None if is_weights is None else is_weights[rows],
         )
         loss = policy_loss
         metrics: dict[str, float] = {}
         if values is not None:
-            value_loss = clipped_value_loss(
-                values, old_values[rows], returns[rows], mask, float(self.algo["value_clip"])
-            )
-            loss = loss + float(self.algo["value_coef"]) * value_loss
+            value_loss = clipped_value_loss(values, old_values[rows], returns[rows], mask, algo.value_clip)
+            loss = loss + algo.value_coef * value_loss
             metrics["value_loss"] = value_loss.item()
         kl = torch.zeros(())
         if self.reference is not None:
@@ -246,15 +238,15 @@ class Learner:
             ref_logp = token_log_probs(
                 self.action_logits(ref_logits[:, :-1], mask), batch.input_ids[rows][:, 1:]
             )
-            kl = masked_mean(kl_estimate(logp, ref_logp, self.algo["kl_estimator"]), mask)
-            loss = loss + float(self.algo["kl_coef"]) * kl
+            kl = masked_mean(kl_estimate(logp, ref_logp, algo.kl_estimator), mask)
+            loss = loss + algo.kl_coef * kl
         entropy = masked_mean(entropy_from_logits(logits), mask)
-        if float(self.algo["entropy_coef"]) > 0:
-            loss = loss - float(self.algo["entropy_coef"]) * entropy
+        if algo.entropy_coef > 0:
+            loss = loss - algo.entropy_coef * entropy
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(
-            [p for g in self.optimizer.param_groups for p in g["params"]], float(self.algo["grad_clip"])
+            [p for g in self.optimizer.param_groups for p in g["params"]], algo.grad_clip
         )
         self.optimizer.step()
         self.scheduler.step()
@@ -266,19 +258,30 @@ class Learner:
                 "entropy": entropy.item(),
                 "clip_fraction": stats.clip_fraction,
                 "approx_kl": stats.approx_kl,
-                "grad_norm": float(grad_norm),
+                "grad_norm": grad_norm.item(),
             }
         )
-        return metrics, router_stats
+        return metrics
 
     @torch.no_grad()
-    def _balance_experts(self, router_stats) -> dict[str, float]:
-        """Quantile balancing of every router from this batch's scores; MaxVio of the batch's loads."""
+    def _balance_experts(self, forwards_router_stats: list[list[RouterStats]]) -> dict[str, float]:
+        """Quantile balancing of every router after an optimizer step, and the step's MaxVio per layer.
+
+        ``forwards_router_stats`` holds the router statistics of every forward pass that made up the
+        optimizer step (one per micro-batch); their scores and loads are pooled per layer, so the bias
+        is solved on all the tokens the step trained on, and applies from the next step's routing on.
+        """
+        scores: dict[int, list[torch.Tensor]] = {}
+        loads: dict[int, torch.Tensor] = {}
+        for router_stats in forwards_router_stats:
+            for stats in router_stats:
+                scores.setdefault(stats.layer, []).append(stats.scores)
+                loads[stats.layer] = loads.get(stats.layer, 0) + stats.loads
         metrics: dict[str, float] = {}
-        for router, stats in zip(self.model.moe_routers(), router_stats, strict=True):
-            new_bias = quantile_balance(stats.scores, router.top_k, router.e_score_correction_bias)
-            router.update_bias(new_bias)
-            metrics[f"maxvio/layer{stats.layer}"] = max_violation(stats.loads)
+        for router, layer in zip(self.model.moe_routers(), sorted(scores), strict=True):
+            bias = router.e_score_correction_bias
+            router.update_bias(quantile_balance(torch.cat(scores[layer]), router.top_k, bias))
+            metrics[f"maxvio/layer{layer}"] = max_violation(loads[layer])
         if metrics:
             metrics["maxvio"] = float(np.mean(list(metrics.values())))
         return metrics

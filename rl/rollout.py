@@ -20,6 +20,9 @@ sandbox from the pool for the length of an episode). With ``warm_starts: true`` 
 of the pool's checkpointed template of the task. The pool's counters, latencies and sizes are reported
 in `RolloutStats.pool`; ``close()`` removes every member and template.
 
+Envs are made by ``rl.wrappers.make_env``: ``gymnasium.make`` (env checker on), then the user's
+``env.wrappers``; the runner steps the wrapped env and sends sandbox operations to the task under it.
+
 `RolloutWorker` (in ``rl.actors``) is the Ray actor around a runner and a policy copy.
 """
 
@@ -33,16 +36,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import gymnasium
 import torch
 
 import agentenv.tasks  # noqa: F401  (registers the built-in tasks)
 from agentenv.pool import PoolMetrics, SandboxPool
-from agentenv.tasks import SandboxTask
+from rl.config import EnvConfig, RolloutConfig, SandboxPoolConfig
 from rl.episode import Episode
 from rl.generation import TorchEngine
 from rl.tokenizer import Tokenizer
+from rl.wrappers import fork_env, make_env, task, wrapper_specs
 
 
 @dataclass
@@ -83,63 +88,68 @@ class RolloutStats:
         return out
 
 
-def make_env(env_id: str, kwargs: dict, pool: SandboxPool | None = None) -> SandboxTask:
-    """A task env by gymnasium id, unwrapped (the runner needs `fork`), its sandbox from `pool`."""
-    env = gymnasium.make(env_id, **kwargs, **({"pool": pool} if pool is not None else {})).unwrapped
-    if not isinstance(env, SandboxTask):
-        raise TypeError(f"{env_id} is not a SandboxTask env (got {type(env).__name__})")
-    return env
+def task_kwargs(env_cfg: EnvConfig, sandbox: dict[str, Any] | None) -> dict[str, Any]:
+    """The task's constructor kwargs: ``env.kwargs``, with the ``sandbox`` group's profile under the
+    env's own sandbox overrides (e.g. its image)."""
+    kwargs = dict(env_cfg.kwargs)
+    if sandbox:
+        kwargs["sandbox"] = {"config": dict(sandbox), **(kwargs.get("sandbox") or {})}
+    return kwargs
 
 
-def make_sandbox_pool(rollout_cfg: dict) -> SandboxPool:
-    """This runner's own pool (``rollout.sandbox_pool``; the other settings: conf/agentenv/pool.yaml)."""
-    cfg = dict(rollout_cfg["sandbox_pool"])
-    name = f"{cfg.pop('name')}-{os.getpid()}-{secrets.token_hex(3)}"
-    cfg.pop("pause_idle")
-    return SandboxPool(name, **cfg)
+def make_sandbox_pool(pool_cfg: SandboxPoolConfig) -> SandboxPool:
+    """This runner's own pool: conf/agentenv/pool.yaml with ``rollout.sandbox_pool.overrides``."""
+    name = f"{pool_cfg.name}-{os.getpid()}-{secrets.token_hex(3)}"
+    return SandboxPool(name, **pool_cfg.overrides)
 
 
 class EpisodeRunner:
     """Runs groups of episodes in live sandboxes (see the module docstring)."""
 
-    def __init__(self, env_cfg: dict, rollout_cfg: dict, engine: TorchEngine, tokenizer: Tokenizer) -> None:
-        self.env_id = env_cfg["id"]
-        self.env_kwargs = dict(env_cfg.get("kwargs") or {})
-        self.group_start = env_cfg.get("group_start", "fork")
-        if self.group_start not in ("fork", "seed"):
-            raise ValueError(f"env.group_start={self.group_start!r}; use 'fork' or 'seed'")
-        self.max_new_tokens = int(env_cfg["max_new_tokens"])
-        self.max_episode_tokens = int(env_cfg["max_episode_tokens"])
+    def __init__(
+        self,
+        env_cfg: EnvConfig,
+        rollout_cfg: RolloutConfig,
+        engine: TorchEngine,
+        tokenizer: Tokenizer,
+        sandbox: dict[str, Any] | None = None,
+    ) -> None:
+        self.env_id = env_cfg.id
+        self.env_kwargs = task_kwargs(env_cfg, sandbox)
+        self.wrappers = wrapper_specs(env_cfg.wrappers)
+        self.group_start = env_cfg.group_start
+        self.max_new_tokens = env_cfg.max_new_tokens
+        self.max_episode_tokens = env_cfg.max_episode_tokens
         self.engine = engine
         self.tokenizer = tokenizer
-        self.sandbox_pool = make_sandbox_pool(rollout_cfg)
-        self.pause_idle = bool(rollout_cfg["sandbox_pool"]["pause_idle"])
-        self.free_envs: list[SandboxTask] = []  # envs between runs; their sandboxes stay pool members
+        self.sandbox_pool = make_sandbox_pool(rollout_cfg.sandbox_pool)
+        self.pause_idle = rollout_cfg.sandbox_pool.pause_idle
+        self.free_envs: list[gymnasium.Env] = []  # envs between runs; their sandboxes stay pool members
         self._pool_counts = {"pauses": 0, "resumes": 0}
         self._generator = torch.Generator()
         self._stats_lock = threading.Lock()
-        self.threads = ThreadPoolExecutor(max_workers=int(rollout_cfg.get("env_threads", 8)))
+        self.threads = ThreadPoolExecutor(max_workers=rollout_cfg.env_threads)
 
     # ------------------------------------------------------------------ envs and their sandboxes
-    def _take_envs(self, n: int, stats: RolloutStats) -> list[SandboxTask]:
+    def _take_envs(self, n: int, stats: RolloutStats) -> list[gymnasium.Env]:
         while len(self.free_envs) < n:
-            self.free_envs.append(make_env(self.env_id, self.env_kwargs, self.sandbox_pool))
+            self.free_envs.append(make_env(self.env_id, self.env_kwargs, self.wrappers, self.sandbox_pool))
             stats.sandboxes_created += 1
         taken, self.free_envs = self.free_envs[:n], self.free_envs[n:]
         return taken
 
-    def _give_back(self, env: SandboxTask, broken: bool) -> None:
+    def _give_back(self, env: gymnasium.Env, broken: bool) -> None:
         if broken:
             self._discard(env)
             return
         try:
-            env.release_sandbox()  # an episode the runner cut short (token limit) still holds it
+            task(env).release_sandbox()  # an episode the runner cut short (token limit) still holds it
         except Exception:  # its sandbox is gone: replace the env
             self._discard(env)
             return
         self.free_envs.append(env)
 
-    def _discard(self, env: SandboxTask) -> None:
+    def _discard(self, env: gymnasium.Env) -> None:
         try:
             env.close()
         except Exception:  # the sandbox may already be gone; nothing else to free
@@ -160,14 +170,14 @@ class EpisodeRunner:
             self.sandbox_pool.ensure_budget()
 
     @contextmanager
-    def _pausing_idle_while_waiting(self, envs: list[SandboxTask]):
+    def _pausing_idle_while_waiting(self, envs: list[gymnasium.Env]):
         """With ``pause_idle``: while the policy generates, the active envs release their sandboxes and
         the pool pauses them once idle for ``idle_after_s`` (their next steps resume them on demand)."""
         if not self.pause_idle:
             yield
             return
         for env in envs:
-            env.release_sandbox()
+            task(env).release_sandbox()
         timer = threading.Timer(self.sandbox_pool.settings.idle_after_s, self.sandbox_pool.pause_idle)
         timer.start()
         try:
@@ -219,7 +229,7 @@ class EpisodeRunner:
 
     def _start_groups(self, seeds, group_size, episodes, stats):
         """Reset the envs of every group; returns one env per episode (None where the start failed)."""
-        envs: list[SandboxTask | None] = [None] * len(episodes)
+        envs: list[gymnasium.Env | None] = [None] * len(episodes)
         owned_forks: set[int] = set()
         if self.group_start == "seed":
             taken = self._take_envs(len(episodes), stats)
@@ -248,7 +258,7 @@ class EpisodeRunner:
                 return obs, err, []
             t = time.perf_counter()
             try:
-                forks = env.fork(group_size - 1)
+                forks = fork_env(env, group_size - 1)
             except Exception as exc:
                 return obs, exc, []
             with self._stats_lock:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from rl.config.schema import TokenizerConfig
+
 BYTE_VOCAB = 256
 SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>", "<|observation|>", "<|action|>", "<|end|>")
 # Ids 256..271: the six specials above, then reserved ids so that the vocabulary is a multiple of 16.
@@ -110,11 +112,10 @@ class HFTokenizer:
         return self._tok.decode(kept, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
-def build_tokenizer(cfg) -> Tokenizer:
+def build_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
     """The tokenizer named by the ``tokenizer`` config section (``kind: bytes`` or ``kind: hf``)."""
-    kind = cfg.get("kind", "bytes")
-    if kind == "bytes":
-        return ByteTokenizer(vocab_size=int(cfg.get("vocab_size", BYTE_TOKENIZER_VOCAB_SIZE)))
-    if kind == "hf":
-        return HFTokenizer(str(cfg["path"]), dict(cfg.get("special_tokens", {})))
-    raise ValueError(f"tokenizer.kind={kind!r} is unknown; use 'bytes' or 'hf'")
+    if cfg.kind == "bytes":
+        return ByteTokenizer(vocab_size=cfg.vocab_size)
+    if cfg.kind == "hf":
+        return HFTokenizer(cfg.path, dict(cfg.special_tokens or {}))
+    raise ValueError(f"tokenizer.kind={cfg.kind!r} is unknown; use 'bytes' or 'hf'")

@@ -1,9 +1,10 @@
 """`python -m rl.train [overrides]` (console script `k3rl-train`): the Hydra entry point of k3rl.
 
-Composes ``conf/config.yaml`` (groups ``model/ algo/ env/ sandbox/ rollout/ trainer/``), validates it,
-starts Ray and trains. Hydra's run folder (``outputs/<date>/<time>/``) receives the resolved config,
-the log, ``metrics.jsonl``, TensorBoard events, checkpoints and the learning-curve plot; their paths
-are printed at the end. A bad config value stops the run before anything starts, naming the key.
+Composes ``conf/config.yaml`` (groups ``model/ algo/ env/ sandbox/ rollout/ trainer/``), checks it
+against the typed schemas of ``rl.config``, starts Ray and trains. Hydra's run folder
+(``outputs/<date>/<time>/``) receives the resolved config, the log, ``metrics.jsonl``, TensorBoard
+events, checkpoints and the learning-curve plot; their paths are printed at the end. A bad config value
+stops the run before anything starts, with one line naming the key and the file to fix.
 
 Examples::
 
@@ -20,37 +21,42 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from rl.config import ConfigError, validate
+from agentenv.paths import conf_dir
+from rl.config import ConfigError, RunConfig, load
 
 
-def resolve_config(cfg: DictConfig) -> dict[str, Any]:
-    """The composed config as a plain dict, with the tokenizer's special ids filled in."""
-    from rl.tokenizer import build_tokenizer
-
-    data = OmegaConf.to_container(cfg, resolve=True)
-    validate(data)
-    tokenizer = build_tokenizer(data["tokenizer"])
-    data["tokenizer"]["pad_id"] = tokenizer.pad_id
-    env_kwargs = data["env"].setdefault("kwargs", {}) or {}
-    data["env"]["kwargs"] = env_kwargs
-    if data.get("sandbox"):  # the sandbox group's values, under the env's own overrides (e.g. image)
-        env_kwargs["sandbox"] = {"config": data["sandbox"], **(env_kwargs.get("sandbox") or {})}
-    return data
+def resolve_config(cfg: DictConfig) -> RunConfig:
+    """The composed config as a checked `RunConfig` (raises a one-line `ConfigError`)."""
+    return load(cfg)
 
 
 def train(cfg: DictConfig, run_dir: str | Path):
-    """Validate, train, and return the `TrainResult` (used by ``main`` and by ``bench/train.py``)."""
+    """Check the config, train, and return the `TrainResult` (used by ``main`` and ``bench/train.py``)."""
     from rl.trainer import Trainer
 
-    data = resolve_config(cfg)
-    (Path(run_dir)).mkdir(parents=True, exist_ok=True)
-    (Path(run_dir) / "resolved_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(data)))
-    return Trainer(data, run_dir).run()
+    run = resolve_config(cfg)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(run_dir) / "resolved_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(run)))
+    return Trainer(run, run_dir).run()
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="config")
+class CheckConfigFirst(Callback):
+    """Hydra callback (``hydra.callbacks`` in conf/config.yaml): checks the composed config when the run
+    starts, before Hydra creates its run folder, so that a rejected config leaves no ``outputs/`` behind."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            resolve_config(config)
+        except ConfigError as exc:
+            print(f"k3rl-train: config error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+
+# An absolute config path: conf/ of the checkout, or the copy an installed wheel ships (agentenv.paths).
+@hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 

@@ -24,9 +24,12 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 from ray.exceptions import RayActorError, RayTaskError
 
+from model.balancing import max_violation
 from rl.actors import LearnerActor, RolloutWorker, StaleWeights
+from rl.config import RunConfig
 from rl.metrics import MetricsLogger
 from rl.rollout import RolloutStats
 
@@ -87,6 +90,22 @@ def check_failures(stats: RolloutStats, max_fraction: float, iteration: int) -> 
         )
 
 
+def rollout_balance_metrics(loads: dict[int, torch.Tensor]) -> dict[str, Any]:
+    """The rollout's expert loads (tokens routed per expert, summed over workers) per MoE layer:
+    ``rollout_maxvio/layer<L>``, ``rollout_expert_load/layer<L>`` (each expert's share of the layer's
+    routed tokens, a list: JSONL only) and ``rollout_maxvio`` (mean over layers)."""
+    out: dict[str, Any] = {}
+    for layer in sorted(loads):
+        out[f"rollout_maxvio/layer{layer}"] = max_violation(loads[layer])
+        total = float(loads[layer].sum())
+        out[f"rollout_expert_load/layer{layer}"] = [
+            round(float(x) / total, 6) if total else 0.0 for x in loads[layer]
+        ]
+    if loads:
+        out["rollout_maxvio"] = float(np.mean([out[f"rollout_maxvio/layer{k}"] for k in loads]))
+    return out
+
+
 def latest_checkpoint(path: str | Path) -> Path:
     """The newest checkpoint in a run directory, or ``path`` itself if it is a checkpoint."""
     path = Path(path)
@@ -100,15 +119,15 @@ def latest_checkpoint(path: str | Path) -> Path:
 
 
 class Trainer:
-    """Runs one training job from a validated, resolved config (a plain dict)."""
+    """Runs one training job from a checked `RunConfig` (see ``rl.config``)."""
 
-    def __init__(self, cfg: dict[str, Any], run_dir: str | Path) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: str | Path) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
-        self.algo, self.rollout_cfg, self.tcfg = cfg["algo"], cfg["rollout"], cfg["trainer"]
-        self.group_size = int(self.algo["group_size"])
-        self.num_groups = int(self.algo["episodes_per_step"]) // self.group_size
-        self.metrics = MetricsLogger(self.run_dir, tensorboard=bool(self.tcfg["tensorboard"]))
+        self.algo, self.rollout_cfg, self.tcfg = cfg.algo, cfg.rollout, cfg.trainer
+        self.group_size = self.algo.group_size
+        self.num_groups = self.algo.episodes_per_step // self.group_size
+        self.metrics = MetricsLogger(self.run_dir, tensorboard=self.tcfg.tensorboard)
         self.started_ray = False
         self.workers: list = []
         self.learner = None
@@ -123,7 +142,7 @@ class Trainer:
         # Ray runs its workers at niceness 15 by default; the actors ARE the training job here, so on a
         # shared machine they would crawl behind any other process. Run them at normal priority.
         os.environ.setdefault("RAY_worker_niceness", "0")
-        address = self.tcfg.get("ray_address")
+        address = self.tcfg.ray_address
         kwargs: dict[str, Any] = {
             "include_dashboard": False,
             "logging_level": logging.WARNING,
@@ -132,17 +151,16 @@ class Trainer:
         if address:
             ray.init(address=address, **kwargs)
         else:
-            ray.init(num_cpus=int(self.tcfg["num_cpus"]), **kwargs)
+            ray.init(num_cpus=self.tcfg.num_cpus, **kwargs)
         self.started_ray = True
 
     def _start_actors(self) -> None:
-        learner_cls = ray.remote(LearnerActor).options(num_cpus=float(self.tcfg["learner_cpus"]))
+        learner_cls = ray.remote(LearnerActor).options(num_cpus=self.tcfg.learner_cpus)
         self.learner = learner_cls.remote(self.cfg)
         worker_cls = ray.remote(RolloutWorker).options(
-            num_cpus=float(self.rollout_cfg["worker_cpus"]),
-            max_restarts=int(self.rollout_cfg["max_worker_restarts"]),
+            num_cpus=self.rollout_cfg.worker_cpus, max_restarts=self.rollout_cfg.max_worker_restarts
         )
-        self.workers = [worker_cls.remote(self.cfg, i) for i in range(int(self.rollout_cfg["num_workers"]))]
+        self.workers = [worker_cls.remote(self.cfg, i) for i in range(self.rollout_cfg.num_workers)]
         ray.get(
             [w.ready.remote() for w in self.workers]
             + [self.learner.publish.options(num_returns=2).remote()[0]]
@@ -158,7 +176,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ rollout with retries
     def _rollout(self, iteration: int):
-        seeds = group_seeds(int(self.cfg["seed"]), iteration, self.num_groups)
+        seeds = group_seeds(self.cfg.seed, iteration, self.num_groups)
         shares = split(seeds, len(self.workers))
         results: dict[int, Any] = {}
         attempts = 0
@@ -176,7 +194,7 @@ class Trainer:
                         raise
                     attempts += 1
                     self.worker_restarts += 1
-                    if attempts > int(self.rollout_cfg["max_worker_restarts"]):
+                    if attempts > self.rollout_cfg.max_worker_restarts:
                         raise RolloutWorkerLost(
                             f"rollout worker {w} failed {attempts} times in iteration {iteration}: {exc}"
                         ) from None
@@ -186,22 +204,18 @@ class Trainer:
                         type(exc).__name__,
                     )
                     self._reload_worker(w)
-        episodes, stats, rollout_maxvio = [], RolloutStats(), {}
+        episodes, stats, loads = [], RolloutStats(), {}
         for w in range(len(shares)):
-            eps, st, mv = results[w]
+            eps, st, worker_loads = results[w]
             episodes.extend(eps)
             stats.merge(st)
-            for layer, value in mv.items():
-                rollout_maxvio.setdefault(layer, []).append(value)
-        return episodes, stats, {k: float(np.mean(v)) for k, v in rollout_maxvio.items()}
+            for layer, value in worker_loads.items():
+                loads[layer] = loads.get(layer, 0) + value
+        return episodes, stats, loads
 
     def _submit(self, w: int, iteration: int, offset: int, chunk: list[int]):
-        sample_seed = int(
-            np.random.SeedSequence([int(self.cfg["seed"]), iteration, 1, w]).generate_state(1)[0]
-        )
-        return self.workers[w].rollout.remote(
-            chunk, self.group_size, offset, sample_seed, self.version, iteration
-        )
+        sample_seed = int(np.random.SeedSequence([self.cfg.seed, iteration, 1, w]).generate_state(1)[0])
+        return self.workers[w].rollout.remote(chunk, self.group_size, offset, sample_seed, self.version)
 
     def _reload_worker(self, w: int, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -225,7 +239,7 @@ class Trainer:
         return path
 
     def _resume(self) -> int:
-        path = latest_checkpoint(self.tcfg["resume"])
+        path = latest_checkpoint(self.tcfg.resume)
         ray.get(self.learner.load.remote(str(path)))
         state = json.loads((path / "trainer_state.json").read_text())
         self.metrics.history = list(state.get("history", []))
@@ -238,17 +252,17 @@ class Trainer:
         checkpoint: Path | None = None
         plot: Path | None = None
         iteration = 0
-        target = self.tcfg.get("stop_at_success")
-        window = int(self.tcfg["success_window"])
+        target = self.tcfg.stop_at_success
+        window = self.tcfg.success_window
         reached = False
         try:
             self._start_ray()
             self._start_actors()
-            first = self._resume() if self.tcfg.get("resume") else 0
+            first = self._resume() if self.tcfg.resume else 0
             self._publish()
-            progress = _progress(int(self.tcfg["iterations"]), first, bool(self.tcfg["progress_bar"]))
+            progress = _progress(self.tcfg.iterations, first, self.tcfg.progress_bar)
             iteration = first - 1
-            for iteration in range(first, int(self.tcfg["iterations"])):
+            for iteration in range(first, self.tcfg.iterations):
                 record = self._iteration(iteration, started)
                 self.metrics.log(iteration, record)
                 progress.update(1)
@@ -257,15 +271,15 @@ class Trainer:
                     reward=f"{record['reward']:.2f}",
                     tok_s=f"{record['generated_tokens_per_s']:.0f}",
                 )
-                every = int(self.tcfg["checkpoint_every"])
+                every = self.tcfg.checkpoint_every
                 if every and (iteration + 1) % every == 0:
                     checkpoint = self._save(iteration)
                 recent = [r["success"] for r in self.metrics.history[-window:]]
-                if target is not None and len(recent) == window and np.mean(recent) >= float(target):
+                if target is not None and len(recent) == window and np.mean(recent) >= target:
                     reached = True
                     break
-                limit = self.tcfg.get("time_limit_s")
-                if limit is not None and time.perf_counter() - started > float(limit):
+                limit = self.tcfg.time_limit_s
+                if limit is not None and time.perf_counter() - started > limit:
                     log.warning("trainer.time_limit_s=%s reached; stopping", limit)
                     break
             progress.close()
@@ -293,9 +307,9 @@ class Trainer:
 
     def _iteration(self, iteration: int, started: float) -> dict[str, Any]:
         t0 = time.perf_counter()
-        episodes, stats, rollout_maxvio = self._rollout(iteration)
+        episodes, stats, rollout_loads = self._rollout(iteration)
         rollout_s = time.perf_counter() - t0
-        check_failures(stats, float(self.rollout_cfg["max_failed_fraction"]), iteration)
+        check_failures(stats, self.rollout_cfg.max_failed_fraction, iteration)
         for error in stats.errors[:3]:
             log.warning("iteration %d: episode failed: %s", iteration, error)
         t1 = time.perf_counter()
@@ -331,7 +345,7 @@ class Trainer:
             "sandboxes_created": stats.sandboxes_created,
             "worker_restarts": self.worker_restarts,
             "elapsed_s": time.perf_counter() - started,
-            **{f"rollout_maxvio/layer{k}": v for k, v in rollout_maxvio.items()},
+            **rollout_balance_metrics(rollout_loads),
             **learner_metrics,
         }
         return record

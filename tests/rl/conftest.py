@@ -1,21 +1,28 @@
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tasks"))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tasks"))
 
 from task_fixtures import make_task, sandbox_config, task_home  # noqa: E402, F401
 
 
 @pytest.fixture(scope="module")
 def local_ray(task_home):  # noqa: F811  (the fixture imported above)
-    """Local Ray for the module, started after $AGENTENV_HOME is set so that workers inherit it."""
-    import os
-
+    """Local Ray for the module, started after $AGENTENV_HOME is set so that workers inherit it, with
+    this folder on the workers' PYTHONPATH (the test wrappers and tasks are imported there by name)."""
     import ray
 
     os.environ.setdefault("RAY_worker_niceness", "0")
+    old_path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), old_path) if p)
     ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
     yield
     ray.shutdown()
+    if old_path is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = old_path

@@ -5,15 +5,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def compose(*overrides: str) -> dict:
-    """The resolved run config (as `rl.train` builds it) for the given Hydra overrides."""
+def compose_raw(*overrides: str):
+    """Hydra's composed config (with its ``hydra`` node, so errors can name the file) for ``overrides``."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+
+
+def compose(*overrides: str):
+    """The checked, typed `RunConfig` (as `rl.train` builds it) for the given Hydra overrides."""
     from rl.train import resolve_config
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        return resolve_config(hydra_compose("config", overrides=list(overrides)))
+    return resolve_config(compose_raw(*overrides))
 
 
 # A run small enough for the test budget: 2 groups of 2 episodes, 2-turn games, no progress bar.

@@ -1,6 +1,7 @@
 """The learner on synthetic episodes (no sandboxes): balancing, KL, zero-weight samples, weight versions."""
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -43,7 +44,7 @@ def test_a_step_rebalances_every_router_and_logs_maxvio(cfg):
 
 
 def test_kl_to_the_frozen_reference_starts_at_zero_and_grows(cfg):
-    learner = Learner({**cfg, "algo": {**cfg["algo"], "kl_coef": 0.1}})
+    learner = Learner(replace(cfg, algo=replace(cfg.algo, kl_coef=0.1)))
     assert learner.train_step(episodes())["kl"] == pytest.approx(0.0, abs=1e-7)
     assert learner.train_step(episodes(seed=1))["kl"] > 0
 
@@ -76,7 +77,7 @@ def test_workers_refuse_stale_weights(cfg):
     with pytest.raises(StaleWeights, match="refusing older v0"):
         worker.load_weights(0, state)
     with pytest.raises(StaleWeights, match="holds weights v1 but the batch needs v2"):
-        worker.rollout([1], 2, 0, sample_seed=0, expected_version=2, iteration=0)
+        worker.rollout([1], 2, 0, sample_seed=0, expected_version=2)
 
 
 def test_lr_schedule_warms_up_then_decays_linearly():
@@ -85,3 +86,36 @@ def test_lr_schedule_warms_up_then_decays_linearly():
     constant, decaying = lr_schedule(2, None, 0.1), lr_schedule(2, 10, 0.1)
     assert [constant(s) for s in (0, 1, 5, 100)] == [0.5, 1.0, 1.0, 1.0]
     assert [round(decaying(s), 2) for s in (0, 2, 7, 12, 50)] == [0.5, 1.0, 0.55, 0.1, 0.1]
+
+
+def test_ppo_balances_the_routers_after_every_optimizer_step(monkeypatch):
+    """2 epochs x 2 minibatches = 4 optimizer steps, each followed by a bias update of every router."""
+    from model.moe import TopKRouter
+
+    updates = []
+    original = TopKRouter.update_bias
+
+    def counting_update(self, new_bias):
+        updates.append(self)
+        original(self, new_bias)
+
+    monkeypatch.setattr(TopKRouter, "update_bias", counting_update)
+    learner = Learner(compose("algo=ppo", "algo.episodes_per_step=8"))
+    metrics = learner.train_step(episodes())
+    assert metrics["optimizer_steps"] == 4.0
+    assert len(updates) == 4 * len(learner.model.moe_routers())
+
+
+def test_in_loop_maxvio_falls_over_optimizer_steps_from_a_collapsed_router():
+    """A short PPO run from routers that send every token to experts 0 and 1 (MaxVio = 16/2 - 1 = 7):
+    balancing after each optimizer step brings the next steps' routing close to even within the first
+    batch, and it stays there."""
+    learner = Learner(compose("algo=ppo", "algo.episodes_per_step=8"))
+    for router in learner.model.moe_routers():
+        collapsed = torch.zeros_like(router.e_score_correction_bias)
+        collapsed[:2] = 1.0
+        router.update_bias(collapsed)
+    history = [learner.train_step(episodes(seed=i)) for i in range(3)]
+    assert history[0]["maxvio_first_update"] == pytest.approx(7.0)
+    assert history[0]["maxvio_last_update"] < 2.0  # within the first batch: 3 updates later
+    assert all(m["maxvio"] < 1.5 for m in history[1:])

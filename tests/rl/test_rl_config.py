@@ -1,42 +1,125 @@
-"""Config validation: bad values stop the run up front with the key in the message."""
+"""The run config: typed schemas, checked up front; every bad value is one line naming key and file."""
+
+import dataclasses
+import subprocess
+import sys
 
 import pytest
-from rl_testutil import compose
+from hydra.core.config_store import ConfigStore
+from rl_testutil import ROOT, compose
 
-from rl.config import ConfigError
+from agentenv.errors import ConfigError as AgentEnvConfigError
+from model.config import K3Config
+from rl.config import AlgoConfig, ConfigError, EnvConfig, RunConfig, register_schemas
 
 
-def test_default_config_composes_and_validates():
+def test_default_config_loads_as_typed_objects():
     cfg = compose()
-    assert cfg["algo"]["name"] == "grpo" and cfg["env"]["id"] == "agentenv/GuessNumber-v0"
-    assert cfg["model"]["vocab_size"] == cfg["tokenizer"]["vocab_size"] == 272
-    assert (
-        cfg["env"]["kwargs"]["sandbox"]["config"]["network"] == "none"
-    )  # the sandbox group reaches the task
+    assert isinstance(cfg, RunConfig) and isinstance(cfg.algo, AlgoConfig) and isinstance(cfg.env, EnvConfig)
+    assert isinstance(cfg.model, K3Config)  # the model group's schema is the model's own config
+    assert cfg.algo.name == "grpo" and cfg.env.id == "agentenv/GuessNumber-v0"
+    assert isinstance(cfg.algo.lr, float) and isinstance(cfg.algo.group_size, int)
+    assert cfg.model.vocab_size == cfg.tokenizer.vocab_size == 272
+    assert cfg.sandbox["network"] == "none" and cfg.env.wrappers == []
+
+
+def test_the_yaml_files_hold_every_value_the_schemas_only_types_and_ranges():
+    """No schema field carries a value of its own: required (MISSING) or None ("not set")."""
+    from omegaconf import MISSING
+
+    from rl.config.schema import GROUP_SCHEMAS
+
+    for name, schema in GROUP_SCHEMAS.items():
+        if schema is K3Config:
+            continue
+        for field in dataclasses.fields(schema):
+            assert field.default in (MISSING, None, dataclasses.MISSING), f"{name}.{field.name}"
+
+
+def test_schemas_are_registered_in_hydras_config_store():
+    register_schemas()
+    repo = ConfigStore.instance().repo
+    assert "k3rl_schema.yaml" in repo
+    assert all(f"{g}_schema.yaml" in repo[g] for g in ("model", "algo", "env", "rollout", "trainer"))
+
+
+def test_one_config_error_for_the_project():
+    assert ConfigError is AgentEnvConfigError and issubclass(ConfigError, ValueError)
 
 
 @pytest.mark.parametrize(
-    "overrides, key",
+    "overrides, message",
     [
-        (["algo.group_size=1"], "algo.group_size"),
-        (["algo.episodes_per_step=10"], "algo.episodes_per_step"),
-        (["algo.loss_aggregation=sum"], "algo.loss_aggregation"),
-        (["env.id=agentenv/Nope-v0"], "env.id"),
-        (["env.group_start=clone"], "env.group_start"),
-        (["rollout.num_workers=3"], "trainer.num_cpus"),
-        (["model.vocab_size=200"], "model.vocab_size"),
+        # a wrong type, an out-of-range value, an unknown key, a missing key
+        (["algo.lr=abc"], "algo.lr: expected float, got 'abc' (command-line override algo.lr=abc)"),
+        (["algo.lr=-1"], "algo.lr: must be > 0, got -1.0 (command-line override algo.lr=-1)"),
+        (["+algo.foo=1"], "algo.foo: unknown key 'foo' (no such setting in algo)"),
+        (["~algo.kl_coef"], "algo.kl_coef: missing: every option of this group must set it"),
+        (["algo=ppo", "algo.lam=1.5"], "algo.lam: must be <= 1, got 1.5"),
+        (["algo.group_size=1"], "algo.group_size: GRPO needs groups of at least 2 episodes"),
+        (["algo.episodes_per_step=10"], "algo.episodes_per_step: 10 episodes per step cannot be split"),
+        (["algo.loss_aggregation=sum"], "algo.loss_aggregation: 'sum' is not one of"),
+        (["env.id=agentenv/Nope-v0"], "env.id: 'agentenv/Nope-v0' is not a registered gymnasium env"),
+        (["env.group_start=clone"], "env.group_start: 'clone' is not one of ['fork', 'seed']"),
+        (["env.wrappers=[nope:Wrapper]"], "env.wrappers[0]: cannot import module 'nope'"),
+        (["rollout.num_workers=3"], "trainer.num_cpus: the learner (1.0) and 3 worker(s)"),
+        (["model.vocab_size=200"], "model.vocab_size: 200 is smaller than the tokenizer's vocabulary"),
+        (["model.hidden_size=-3"], "model.hidden_size: must be a positive integer, got -3"),
+        (["sandbox.memory=lots"], "sandbox.memory: expected a size like '512m' or '1g', got 'lots'"),
+        (["+rollout.sandbox_pool.overrides.idle_after_s=x"], "rollout.sandbox_pool.overrides: pool config"),
+        (["trainer.stop_at_success=2"], "trainer.stop_at_success: must be <= 1, got 2.0"),
+        (["tokenizer.kind=hf"], "tokenizer.path: tokenizer.kind=hf needs the path"),
     ],
 )
-def test_bad_values_name_their_key(overrides, key):
-    with pytest.raises(ConfigError, match=f"^{key}:"):
+def test_bad_values_are_one_line_naming_their_key(overrides, message):
+    with pytest.raises(ConfigError) as caught:
         compose(*overrides)
+    text = str(caught.value)
+    assert text.startswith(message) and "\n" not in text
+
+
+def test_an_error_names_the_yaml_file_to_fix_when_no_override_set_the_value():
+    with pytest.raises(ConfigError, match=r"^trainer\.num_cpus: .* \(conf/trainer/local\.yaml\)$"):
+        compose("rollout.num_workers=3")
+
+
+def test_inherited_keys_name_the_file_that_sets_them():
+    from rl.config.load import Origin
+
+    origin = Origin({"algo": "ppo", "rollout": "vllm"}, [])
+    assert origin.of("algo.gamma") == "conf/algo/ppo.yaml"  # set in ppo.yaml itself
+    assert origin.of("algo.lr") == "conf/algo/grpo.yaml"  # inherited from grpo.yaml
+    assert origin.of("rollout.temperature") == "conf/rollout/torch.yaml"
+    assert origin.of("seed") == "conf/config.yaml"
 
 
 def test_vllm_rollout_is_refused_with_an_explanation_on_this_host():
-    with pytest.raises(ConfigError, match="rollout=vllm cannot run on this host.*rollout=torch"):
+    with pytest.raises(ConfigError, match=r"^rollout\.engine: rollout=vllm .*Use rollout=torch"):
         compose("rollout=vllm")
 
 
 def test_ppo_and_rloo_compose():
-    assert compose("algo=ppo")["algo"]["advantage"] == "gae"
-    assert compose("algo=rloo")["algo"]["advantage"] == "rloo"
+    ppo = compose("algo=ppo")
+    assert ppo.algo.advantage == "gae" and ppo.algo.gamma == 1.0 and ppo.algo.minibatches == 2
+    assert compose("algo=rloo").algo.advantage == "rloo"
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("algo.lr=-1", "k3rl-train: config error: algo.lr: must be > 0, got -1.0"),
+        ("algo.clip_low=abc", "k3rl-train: config error: algo.clip_low: expected float, got 'abc'"),
+    ],
+)
+def test_the_cli_prints_one_line_and_no_traceback(tmp_path, override, expected):
+    """`python -m rl.train <bad override>` exits 2 with the message, before Ray or any sandbox."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "rl.train", override, f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().startswith(expected) and len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr and not (tmp_path / "checkpoints").exists()

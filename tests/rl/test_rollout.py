@@ -1,15 +1,20 @@
 """`EpisodeRunner` with the tiny K3 policy and real sandboxes: token layout, group starts, faults."""
 
+import warnings
+from dataclasses import replace
+
 import pytest
 import torch
 from rl_testutil import compose
 
+import agentenv.tasks
 from rl.episode import collate
 from rl.generation import TorchEngine
 from rl.learner import build_policy
 from rl.rollout import EpisodeRunner
 from rl.tokenizer import ByteTokenizer
 from rl.trainer import TooManyFailures, check_failures
+from rl.wrappers import task
 
 pytestmark = pytest.mark.docker
 TOK = ByteTokenizer()
@@ -18,20 +23,27 @@ TOK = ByteTokenizer()
 @pytest.fixture(scope="module")
 def policy():
     torch.manual_seed(0)
-    return build_policy(compose()["model"], seed=0)
+    return build_policy(compose().model, seed=0)
 
 
 def make_runner(
-    policy, sandbox_config, env_id="agentenv/GuessNumber-v0", group_start="seed", pool=None, **rollout
+    policy,
+    sandbox_config,
+    env_id="agentenv/GuessNumber-v0",
+    group_start="seed",
+    pool=None,
+    pause_idle=False,
+    wrappers=None,
 ):
+    """A runner on ``env_id`` with the test sandbox limits; ``pool``: conf/agentenv/pool.yaml overrides."""
     import fault_tasks  # noqa: F401  (registers faults/*)
 
-    cfg = compose("env.kwargs.max_turns=2")
-    env_cfg = {**cfg["env"], "id": env_id, "group_start": group_start}
-    env_cfg["kwargs"] = {**env_cfg["kwargs"], "sandbox": {"config": sandbox_config}}
-    rollout_cfg = {**cfg["rollout"], "env_threads": 4, **rollout}
-    rollout_cfg["sandbox_pool"] = {**rollout_cfg["sandbox_pool"], **(pool or {})}
-    return EpisodeRunner(env_cfg, rollout_cfg, TorchEngine(policy, TOK), TOK)
+    cfg = compose("env.kwargs.max_turns=2", "rollout.env_threads=4")
+    env_cfg = replace(cfg.env, id=env_id, group_start=group_start, wrappers=wrappers)
+    pool_cfg = cfg.rollout.sandbox_pool
+    pool_cfg = replace(pool_cfg, pause_idle=pause_idle, overrides={**pool_cfg.overrides, **(pool or {})})
+    rollout_cfg = replace(cfg.rollout, sandbox_pool=pool_cfg)
+    return EpisodeRunner(env_cfg, rollout_cfg, TorchEngine(policy, TOK), TOK, sandbox=sandbox_config)
 
 
 def test_episodes_keep_exact_tokens_masks_and_sampling_logprobs(policy, sandbox_config):
@@ -120,13 +132,13 @@ def test_a_sandbox_killed_mid_episode_fails_the_episode_and_is_replaced(policy, 
 def test_a_failed_resume_fails_the_episode_not_the_run(policy, sandbox_config):
     from agentenv.sandbox import runtime
 
-    runner = make_runner(policy, sandbox_config, pool={"pause_idle": True, "idle_after_s": 0.0})
+    runner = make_runner(policy, sandbox_config, pause_idle=True, pool={"idle_after_s": 0.0})
     try:
         _, first = runner.run([1], group_size=2, generator=torch.Generator().manual_seed(0))
         # paused while the policy generated (and resumed for each step), and again at the end of the run
         assert first.pauses >= 4 and first.resumes >= 2 and first.failed == 0
-        assert all(env.paused for env in runner.free_envs)
-        broken = runner.free_envs[0]
+        assert all(task(env).paused for env in runner.free_envs)
+        broken = task(runner.free_envs[0])
         checkpoint = runtime().registry.latest_checkpoint(broken.sandbox.id)
         import shutil
 
@@ -150,8 +162,8 @@ def test_sandboxes_are_pool_members_paused_over_budget_and_removed_at_close(poli
     try:
         episodes, first = runner.run([1, 2], group_size=2, generator=torch.Generator().manual_seed(0))
         member_ids = {m.id for m in pool.members()}
-        assert {env.sandbox.id for env in runner.free_envs} <= member_ids and len(member_ids) == 2
-        assert all(env.paused for env in runner.free_envs)  # over budget and idle after the run
+        assert {task(env).sandbox.id for env in runner.free_envs} <= member_ids and len(member_ids) == 2
+        assert all(task(env).paused for env in runner.free_envs)  # over budget and idle after the run
         again, second = runner.run([3, 4], group_size=2, generator=torch.Generator().manual_seed(1))
         assert first.failed == second.failed == 0 and all(e.turns >= 1 for e in episodes + again)
         assert first.pauses >= 2 and second.resumes >= 2 and second.sandboxes_created == 0
@@ -163,3 +175,42 @@ def test_sandboxes_are_pool_members_paused_over_budget_and_removed_at_close(poli
         runner.close()
     assert pool.members() == [] and pool.metrics().templates == 0
     assert all(s.status == "closed" for s in Sandbox.list(include_closed=True) if s.id in member_ids)
+
+
+def test_user_wrappers_shape_what_the_policy_sees_and_is_trained_on_forks_included(policy, sandbox_config):
+    """``env.wrappers``: the runner steps the wrapped env; a fork gets a copy of the wrapper chain."""
+    wrappers = [
+        "user_wrappers:NumberedObservations",
+        {"cls": "user_wrappers:BonusReward", "kwargs": {"bonus": 10.0}},
+    ]
+    runner = make_runner(policy, sandbox_config, group_start="fork", wrappers=wrappers)
+    try:
+        episodes, stats = runner.run([3, 4], group_size=2, generator=torch.Generator().manual_seed(0))
+        env = runner.free_envs[0]
+        chain = []
+        while env is not env.unwrapped:
+            chain.append(type(env).__name__)
+            env = env.env
+    finally:
+        runner.close()
+    assert chain[:2] == ["BonusReward", "NumberedObservations"] and "PassiveEnvChecker" in chain
+    assert stats.failed == 0 and stats.forks == 2
+    for episode in episodes:  # forked members go on counting from the state they were forked in
+        assert [o.split(" ", 1)[0] for o in episode.observations] == [
+            f"#{i}" for i in range(len(episode.observations))
+        ]
+        assert TOK.decode(episode.tokens).startswith("#0 guess 0-5")
+        assert episode.turns >= 1 and all(r >= 9.0 for _, r in episode.step_rewards)
+    batch = collate(episodes, TOK.pad_id)
+    assert bool((batch.rewards >= 9.0).all()) and batch.token_rewards.sum() == batch.rewards.sum()
+
+
+@pytest.mark.parametrize("env_id", sorted(agentenv.tasks.TASKS))
+def test_every_registered_task_passes_gymnasiums_env_checker(env_id, make_task):
+    """gymnasium's full `check_env` (spaces, reset seeding and determinism, step API) on each task."""
+    from gymnasium.utils.env_checker import check_env
+
+    env = make_task(env_id)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the checker reports most problems as warnings
+        check_env(env, skip_render_check=True)

@@ -2,6 +2,7 @@
 
 import pytest
 
+from rl.config import TokenizerConfig
 from rl.tokenizer import BYTE_TOKENIZER_VOCAB_SIZE, ByteTokenizer, build_tokenizer
 
 
@@ -28,4 +29,4 @@ def test_vocab_size_matches_the_tiny_model_and_too_small_is_refused():
 
 def test_unknown_kind_names_the_key():
     with pytest.raises(ValueError, match="tokenizer.kind='sentencepiece'"):
-        build_tokenizer({"kind": "sentencepiece"})
+        build_tokenizer(TokenizerConfig(kind="sentencepiece"))

@@ -1,16 +1,43 @@
-"""End to end: local Ray, real sandboxes, the tiny K3 policy — GRPO and PPO for 2 iterations, a dead
-rollout worker restarted with its batch retried, and exact resume (2 + 2 iterations == 4)."""
+"""End to end: local Ray, real sandboxes, the tiny K3 policy. GRPO survives a dead rollout worker; PPO
+trains through the user's gymnasium wrappers; and exact resume for GRPO, PPO (value head) and a run
+with a KL reference model: N iterations straight == N/2 + resume + N/2, bit for bit."""
 
 import json
 from pathlib import Path
 
 import pytest
+import torch
 from rl_testutil import TINY, compose
 from safetensors.torch import load_file
 
-from rl.trainer import Trainer
+from rl.trainer import Trainer, group_seeds
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+# What a resumed run must reproduce exactly (timings and sandbox latencies are not part of it).
+LEARNING_METRICS = (
+    "success",
+    "reward",
+    "turns",
+    "episode_tokens",
+    "loss",
+    "policy_loss",
+    "value_loss",
+    "kl",
+    "entropy",
+    "grad_norm",
+    "maxvio",
+    "rollout_maxvio",
+    "lr",
+    "weights_version",
+)
+PPO = (
+    "algo=ppo",
+    "algo.group_size=2",
+    "env.group_start=fork",
+    "env.wrappers=[{cls: 'user_wrappers:BonusReward', kwargs: {bonus: 10.0}}]",
+)
+KL = ("algo.kl_coef=0.05",)
 
 
 def run(tmp_path: Path, name: str, *overrides: str):
@@ -22,10 +49,45 @@ def weights(checkpoint: Path) -> dict:
     return load_file(str(checkpoint / "policy" / "model.safetensors"))
 
 
+def learner_state(checkpoint: Path) -> dict:
+    return torch.load(checkpoint / "learner.pt", weights_only=False)
+
+
+def assert_same_run(straight, resumed) -> None:
+    """Same iterations, learning metrics, policy, value head, reference and optimizer state."""
+    assert [r["iteration"] for r in resumed.history] == [r["iteration"] for r in straight.history]
+    for a, b in zip(straight.history, resumed.history, strict=True):
+        for key in LEARNING_METRICS:
+            assert a.get(key) == b.get(key), f"iteration {a['iteration']}: {key} {a.get(key)} != {b.get(key)}"
+    wa, wb = weights(straight.checkpoint), weights(resumed.checkpoint)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), "policy weights differ"
+    sa, sb = learner_state(straight.checkpoint), learner_state(resumed.checkpoint)
+    for part in ("value_head", "reference"):
+        assert (sa[part] is None) == (sb[part] is None)
+        if sa[part] is not None:
+            assert all(torch.equal(sa[part][k], sb[part][k]) for k in sa[part]), f"{part} differs"
+    moments = [(s["exp_avg"], s["exp_avg_sq"]) for s in sa["optimizer"]["state"].values()]
+    moments_b = [(s["exp_avg"], s["exp_avg_sq"]) for s in sb["optimizer"]["state"].values()]
+    assert all(
+        torch.equal(x, y) for p, q in zip(moments, moments_b, strict=True) for x, y in zip(p, q, strict=True)
+    )
+
+
 @pytest.fixture(scope="module")
 def grpo_run(local_ray, tmp_path_factory):
-    """2 GRPO iterations in which rollout worker 0 dies once (iteration 1)."""
-    return run(tmp_path_factory.mktemp("grpo"), "grpo", "rollout.chaos.crash_worker_at_iteration=1")
+    """2 GRPO iterations in which the rollout worker dies once, at the first reset of iteration 1."""
+    tmp = tmp_path_factory.mktemp("grpo")
+    seed = group_seeds(0, 1, 2)[0]
+    dies = f"{{cls: 'user_wrappers:DiesOnce', kwargs: {{seed: {seed}, marker: '{tmp / 'died'}'}}}}"
+    result = run(tmp, "grpo", f"env.wrappers=[{dies}]")
+    assert (tmp / "died").exists()  # the fault really fired
+    return result
+
+
+@pytest.fixture(scope="module")
+def ppo_run(local_ray, tmp_path_factory):
+    """2 PPO iterations (forked group starts, a reward wrapper), run straight."""
+    return run(tmp_path_factory.mktemp("ppo"), "ppo", *PPO)
 
 
 def test_grpo_two_iterations_survive_a_dead_rollout_worker(grpo_run):
@@ -40,19 +102,37 @@ def test_grpo_two_iterations_survive_a_dead_rollout_worker(grpo_run):
     assert (result.checkpoint / "policy" / "model.safetensors").is_file()
 
 
-def test_ppo_two_iterations_with_forked_group_starts(local_ray, tmp_path):
-    result = run(tmp_path, "ppo", "algo=ppo", "algo.group_size=2", "env.group_start=fork")
-    records = result.history
+def test_ppo_trains_on_the_wrapped_env_and_balances_every_optimizer_step(ppo_run):
+    records = ppo_run.history
     assert len(records) == 2 and all(r["failed_episodes"] == 0 for r in records)
     assert records[0]["sandbox_forks"] == 2 and "value_loss" in records[0]
+    # BonusReward (+10 per step) is what the learner saw: rewards, and the value head's targets.
+    assert all(r["reward"] >= 9.0 * r["turns"] for r in records) and records[1]["value_loss"] > 1.0
+    assert all(r["optimizer_steps"] == 4.0 for r in records)  # 2 epochs x 2 minibatches, each balanced
+    for layer in (1, 2, 3):  # rollout-side expert loads, per layer
+        loads = records[0][f"rollout_expert_load/layer{layer}"]
+        assert len(loads) == 16 and abs(sum(loads) - 1.0) < 1e-4
+        assert records[0][f"rollout_maxvio/layer{layer}"] >= 0.0 and f"maxvio/layer{layer}" in records[0]
 
 
-def test_resume_continues_exactly(grpo_run, tmp_path):
+def test_grpo_resume_continues_exactly(grpo_run, tmp_path):
     """4 iterations == the 2 of `grpo_run` + resume + 2 (whose retried batch was replayed identically)."""
     straight = run(tmp_path, "straight", "trainer.iterations=4")
     resumed = run(tmp_path, "resumed", "trainer.iterations=4", f"trainer.resume={grpo_run.run_dir}")
-    assert [r["iteration"] for r in resumed.history] == [0, 1, 2, 3]
-    a, b = weights(straight.checkpoint), weights(resumed.checkpoint)
-    assert a.keys() == b.keys()
-    assert all((a[k] == b[k]).all() for k in a), "resumed weights differ from the uninterrupted run"
-    assert [r["reward"] for r in straight.history] == [r["reward"] for r in resumed.history]
+    assert_same_run(straight, resumed)
+
+
+def test_ppo_resume_continues_exactly(ppo_run, tmp_path):
+    """PPO (value head, optimizer moments of both): 2 straight == 1 + resume + 1."""
+    half = run(tmp_path, "half", *PPO, "trainer.iterations=1")
+    resumed = run(tmp_path, "resumed", *PPO, f"trainer.resume={half.run_dir}")
+    assert_same_run(ppo_run, resumed)
+
+
+def test_resume_with_a_kl_reference_model_continues_exactly(local_ray, tmp_path):
+    """algo.kl_coef > 0 (a frozen reference policy): 2 straight == 1 + resume + 1, KL > 0 throughout."""
+    straight = run(tmp_path, "straight", *KL)
+    half = run(tmp_path, "half", *KL, "trainer.iterations=1")
+    resumed = run(tmp_path, "resumed", *KL, f"trainer.resume={half.run_dir}")
+    assert straight.history[1]["kl"] > 0
+    assert_same_run(straight, resumed)

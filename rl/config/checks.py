@@ -1,0 +1,169 @@
+"""Range and consistency checks of a typed `RunConfig`; each failure names the key (``algo.lr``).
+
+Per-key ranges are declared on the schema's fields (``required(gt=0)``, ``optional(choices=...)``) and
+checked by `check_fields`; rules that tie several keys together are the ``check_*`` functions below.
+They raise `ConfigError` with the key and the problem; `rl.config.load` adds the file to fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+import gymnasium
+
+import agentenv.tasks  # noqa: F401  (registers the built-in tasks)
+from agentenv.errors import ConfigError
+
+
+def _fail(key: str, message: str) -> None:
+    raise ConfigError(f"{key}: {message}")
+
+
+def check_field(key: str, value: Any, rules: dict[str, Any]) -> None:
+    """One value against its declared rules: ``choices``, ``gt``, ``ge``, ``lt``, ``le``."""
+    if value is None:
+        return
+    choices = rules.get("choices")
+    if choices is not None and value not in choices:
+        _fail(key, f"{value!r} is not one of {list(choices)}")
+    bounds = {"gt": (">", lambda v, b: v > b), "ge": (">=", lambda v, b: v >= b)}
+    bounds |= {"lt": ("<", lambda v, b: v < b), "le": ("<=", lambda v, b: v <= b)}
+    for rule, (symbol, holds) in bounds.items():
+        if rule in rules and not holds(value, rules[rule]):
+            _fail(key, f"must be {symbol} {rules[rule]}, got {value}")
+
+
+def check_fields(obj: Any, prefix: str) -> None:
+    """Every declared rule of dataclass ``obj`` and of the dataclasses it holds."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        if dataclasses.is_dataclass(value):
+            check_fields(value, key)
+        else:
+            check_field(key, value, dict(f.metadata))
+
+
+def check_algo(algo) -> None:
+    """Groups, minibatches and the keys only PPO needs."""
+    group, episodes = algo.group_size, algo.episodes_per_step
+    if algo.advantage in ("grpo", "rloo") and group < 2:
+        _fail(
+            "algo.group_size",
+            f"{algo.advantage.upper()} needs groups of at least 2 episodes to compare, got {group}",
+        )
+    if episodes % group:
+        _fail(
+            "algo.episodes_per_step",
+            f"{episodes} episodes per step cannot be split into groups of algo.group_size={group}",
+        )
+    if algo.minibatches > episodes // group:
+        _fail(
+            "algo.minibatches",
+            f"{algo.minibatches} minibatches need at least as many groups per step ({episodes // group})",
+        )
+    if algo.advantage == "gae":
+        for key in ("gamma", "lam", "normalize_advantages", "value_coef", "value_clip"):
+            if getattr(algo, key) is None:
+                _fail(f"algo.{key}", "PPO (advantage: gae) needs it; set it in the algo's YAML")
+
+
+def import_object(spec: str, key: str) -> Any:
+    """``module:Name`` -> the object, or a `ConfigError` on ``key`` saying what is wrong."""
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        _fail(key, f"{spec!r} must be written 'module:Name'")
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"{key}: cannot import module {module!r}: {exc}") from None
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            _fail(key, f"module {module!r} has no {name!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def check_env(env) -> None:
+    """The task is registered with gymnasium, the wrappers import, the token limits agree."""
+    env_id = env.id
+    if ":" in env_id:  # gymnasium's import-then-lookup form
+        module, env_id = env_id.split(":", 1)
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f"env.id: cannot import module {module!r}: {exc}") from None
+    if env_id not in gymnasium.registry:
+        _fail(
+            "env.id",
+            f"{env.id!r} is not a registered gymnasium env; register it with gymnasium.register and "
+            "name it as 'your_module:Name-v0' so that the module is imported first",
+        )
+    if env.max_episode_tokens <= env.max_new_tokens:
+        _fail("env.max_episode_tokens", f"must be larger than env.max_new_tokens ({env.max_new_tokens})")
+    for i, entry in enumerate(env.wrappers or []):
+        from rl.wrappers import wrapper_spec
+
+        wrapper_spec(entry, f"env.wrappers[{i}]")
+
+
+def check_rollout(rollout) -> None:
+    """The engine can run here and the pool overrides are valid `PoolSettings` keys."""
+    if rollout.engine == "vllm":
+        from rl.generation import EngineUnavailable, check_vllm_available
+
+        try:
+            check_vllm_available()
+        except EngineUnavailable as exc:
+            raise ConfigError(f"rollout.engine: {exc}") from None
+    from agentenv.pool import PoolSettings
+
+    try:
+        PoolSettings.load(**rollout.sandbox_pool.overrides)
+    except ConfigError as exc:
+        raise ConfigError(f"rollout.sandbox_pool.overrides: {exc}") from None
+
+
+def check_sandbox(sandbox: dict[str, Any]) -> None:
+    """The sandbox group holds exactly the keys and values AgentENV's `SandboxConfig` accepts."""
+    from agentenv.config import SandboxConfig
+
+    try:
+        SandboxConfig.from_dict(sandbox)
+    except ConfigError as exc:
+        raise ConfigError(f"sandbox: {exc}") from None
+
+
+def check_resources(cfg) -> None:
+    """Local Ray gets enough CPUs for the learner and the workers; the tokenizer fits the model."""
+    trainer, rollout = cfg.trainer, cfg.rollout
+    if trainer.ray_address is None:
+        needed = trainer.learner_cpus + rollout.num_workers * rollout.worker_cpus
+        if needed > trainer.num_cpus:
+            _fail(
+                "trainer.num_cpus",
+                f"the learner ({trainer.learner_cpus}) and {rollout.num_workers} worker(s) of "
+                f"{rollout.worker_cpus} CPU need {needed} CPUs but local Ray gets {trainer.num_cpus}",
+            )
+    tokenizer = cfg.tokenizer
+    if tokenizer.kind == "hf" and not tokenizer.path:
+        _fail("tokenizer.path", "tokenizer.kind=hf needs the path of a local tokenizer folder")
+    if tokenizer.kind == "bytes" and tokenizer.vocab_size is None:
+        _fail("tokenizer.vocab_size", "tokenizer.kind=bytes needs its vocabulary size")
+    if tokenizer.vocab_size is not None and cfg.model.vocab_size < tokenizer.vocab_size:
+        _fail(
+            "model.vocab_size",
+            f"{cfg.model.vocab_size} is smaller than the tokenizer's vocabulary ({tokenizer.vocab_size})",
+        )
+
+
+def check_run(cfg) -> None:
+    """Every check, in the order a reader of conf/config.yaml meets the keys."""
+    check_fields(cfg, "")
+    check_algo(cfg.algo)
+    check_env(cfg.env)
+    check_sandbox(cfg.sandbox)
+    check_rollout(cfg.rollout)
+    check_resources(cfg)

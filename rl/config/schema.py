@@ -1,0 +1,155 @@
+"""Typed schemas of the run config: one dataclass per Hydra group of ``conf/``.
+
+The dataclasses declare each key's type and allowed range, not its value: every default lives in the
+YAML files of ``conf/``. A field is ``MISSING`` (the YAML must set it) or, for keys that only some
+options of a group carry (PPO's ``gamma``, a ``hf`` tokenizer's ``path``), ``None`` meaning "not set".
+`rl.config.load` merges the composed config into these schemas and checks the ranges (see
+``rl/config/checks.py``) before anything starts. The ``model`` group's schema is the model's own
+`model.K3Config`; the ``sandbox`` group's is AgentENV's `agentenv.config.SandboxConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+from model.config import K3Config
+
+
+def required(**rules: Any) -> Any:
+    """A key every option of the group must set; ``rules`` are its range (see `checks.check_field`)."""
+    return field(default=MISSING, metadata=rules)
+
+
+def optional(**rules: Any) -> Any:
+    """A key some options of the group leave out (``None``: not set); ``rules`` apply when it is set."""
+    return field(default=None, metadata=rules)
+
+
+@dataclass
+class AlgoConfig:
+    """``conf/algo/*.yaml``: the RL algorithm, its loss and the optimizer."""
+
+    name: str = required(choices=("grpo", "rloo", "ppo"))
+    advantage: str = required(choices=("grpo", "rloo", "gae"))
+    group_size: int = required(ge=1)
+    episodes_per_step: int = required(ge=1)
+    scale_by_std: bool = required()
+    filter_zero_variance_groups: bool = required()
+    clip_low: float = required(gt=0, lt=1)
+    clip_high: float = required(gt=0, lt=1)
+    loss_aggregation: str = required(choices=("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"))
+    tis_cap: float | None = optional(gt=0)
+    kl_coef: float = required(ge=0)
+    kl_estimator: str = required(choices=("k1", "k2", "k3"))
+    entropy_coef: float = required(ge=0)
+    epochs: int = required(ge=1)
+    minibatches: int = required(ge=1)
+    lr: float = required(gt=0)
+    weight_decay: float = required(ge=0)
+    warmup_steps: int = required(ge=0)
+    decay_steps: int | None = optional(ge=1)
+    min_lr_ratio: float = required(ge=0, le=1)
+    grad_clip: float = required(gt=0)
+    # PPO (advantage: gae) only; required there (see checks.check_algo).
+    gamma: float | None = optional(ge=0, le=1)
+    lam: float | None = optional(ge=0, le=1)
+    normalize_advantages: bool | None = optional()
+    value_coef: float | None = optional(ge=0)
+    value_clip: float | None = optional(gt=0)
+
+
+@dataclass
+class EnvConfig:
+    """``conf/env/*.yaml``: the gymnasium task, how groups start, and token limits of an episode."""
+
+    id: str = required()
+    group_start: str = required(choices=("fork", "seed"))
+    max_new_tokens: int = required(ge=1)
+    action_vocabulary: str | None = optional()
+    max_episode_tokens: int = required(ge=2)
+    kwargs: dict[str, Any] = required()
+    # gymnasium wrappers applied, innermost first, to every env the runner makes: "module:Class" or
+    # {cls: "module:Class", kwargs: {...}}. None (key absent) = no wrappers.
+    wrappers: list[Any] | None = optional()
+
+
+@dataclass
+class SandboxPoolConfig:
+    """``rollout.sandbox_pool``: each worker's `agentenv.SandboxPool`."""
+
+    name: str = required()
+    pause_idle: bool = required()
+    # keys of conf/agentenv/pool.yaml set differently for the trainer's pools (empty: that file as is)
+    overrides: dict[str, Any] = required()
+
+
+@dataclass
+class RolloutConfig:
+    """``conf/rollout/*.yaml``: the generation engine and the rollout workers."""
+
+    engine: str = required(choices=("torch", "vllm"))
+    num_workers: int = required(ge=1)
+    worker_cpus: float = required(gt=0)
+    torch_threads: int = required(ge=1)
+    temperature: float = required(gt=0)
+    env_threads: int = required(ge=1)
+    sandbox_pool: SandboxPoolConfig = MISSING
+    max_failed_fraction: float = required(ge=0, le=1)
+    max_worker_restarts: int = required(ge=0)
+
+
+@dataclass
+class TrainerConfig:
+    """``conf/trainer/*.yaml``: Ray, the iteration loop, stopping, checkpoints and logging."""
+
+    ray_address: str | None = optional()
+    num_cpus: int = required(ge=1)
+    learner_cpus: float = required(gt=0)
+    learner_threads: int = required(ge=1)
+    iterations: int = required(ge=1)
+    stop_at_success: float | None = optional(ge=0, le=1)
+    success_window: int = required(ge=1)
+    time_limit_s: float | None = optional(gt=0)
+    checkpoint_every: int = required(ge=0)
+    resume: str | None = optional()
+    tensorboard: bool = required()
+    progress_bar: bool = required()
+
+
+@dataclass
+class TokenizerConfig:
+    """``tokenizer`` (in conf/config.yaml): ``bytes`` (no download) or a local Hugging Face tokenizer."""
+
+    kind: str = required(choices=("bytes", "hf"))
+    vocab_size: int | None = optional(ge=1)  # bytes only
+    path: str | None = optional()  # hf only
+    special_tokens: dict[str, str] | None = optional()  # hf only
+
+
+@dataclass
+class RunConfig:
+    """The whole run (``conf/config.yaml`` and its groups)."""
+
+    seed: int = required(ge=0)
+    model: K3Config = MISSING
+    algo: AlgoConfig = MISSING
+    env: EnvConfig = MISSING
+    # AgentENV's keys (conf/sandbox/default.yaml), checked by agentenv.config.SandboxConfig itself
+    sandbox: dict[str, Any] = required()
+    rollout: RolloutConfig = MISSING
+    tokenizer: TokenizerConfig = MISSING
+    trainer: TrainerConfig = MISSING
+
+
+# Hydra group -> its schema (the top-level keys `seed` and `tokenizer` live in conf/config.yaml).
+GROUP_SCHEMAS: dict[str, type] = {
+    "model": K3Config,
+    "algo": AlgoConfig,
+    "env": EnvConfig,
+    "rollout": RolloutConfig,
+    "trainer": TrainerConfig,
+    "tokenizer": TokenizerConfig,
+}
