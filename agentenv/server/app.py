@@ -96,7 +96,16 @@ class Dispatch:
 
 
 def create_app(state: ServerState, reaper: bool = True) -> ASGIApp:
-    """The whole server; `reaper=False` leaves TTL expiry off (for the OpenAPI writer)."""
+    """The whole server: body limit, then Connect RPC paths or the FastAPI app."""
+    limit = state.settings.max_body_bytes
+    rpc = {"process.Process": process_app(state, limit),
+           "filesystem.Filesystem": filesystem_app(state, limit)}
+    return BodyLimit(Dispatch(create_api(state, reaper), rpc), limit)
+
+
+def create_api(state: ServerState, reaper: bool = True) -> FastAPI:
+    """The HTTP routes (control plane, /health, /files); `reaper=False` leaves TTL expiry off (for the
+    OpenAPI writer, which builds the app without serving it)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -109,7 +118,8 @@ def create_app(state: ServerState, reaper: bool = True) -> ASGIApp:
             if r:
                 r.stop()
 
-    api = FastAPI(title=TITLE, version=state.settings.envd_version, lifespan=lifespan,
+    api = FastAPI(title=TITLE, version=state.settings.envd_version, lifespan=lifespan, docs_url=None,
+                  redoc_url=None,
                   description="E2B's control plane on AgentENV: Docker sandboxes that pause to zero memory "
                               "(CRIU), resume and fork. Authenticate with X-API-Key.")
 
@@ -169,7 +179,4 @@ def create_app(state: ServerState, reaper: bool = True) -> ASGIApp:
         return e2b_json(501, f"{request.method} /{path} is not supported by agentenv serve (see "
                              "docs/agentenv.md, 'Serving sandboxes over E2B's API')")
 
-    limit = state.settings.max_body_bytes
-    rpc = {"process.Process": process_app(state, limit),
-           "filesystem.Filesystem": filesystem_app(state, limit)}
-    return BodyLimit(Dispatch(api, rpc), limit)
+    return api

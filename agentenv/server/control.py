@@ -14,17 +14,20 @@ import urllib.parse
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Response, Security
+from fastapi.security import APIKeyHeader
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentenv.errors import AgentEnvError, SandboxStateError
 from agentenv.sandbox import MAX_FORKS, Sandbox
 from agentenv.server.errors import ApiError
 from agentenv.server.reaper import NEVER
-from agentenv.server.state import ServerState, Unauthorized
+from agentenv.server.state import API_KEY_HEADER, ServerState, Unauthorized
 from agentenv.server.store import E2BRecord
 
 CLIENT_ID = "agentenv"
+API_KEY = APIKeyHeader(name="X-API-Key", auto_error=False,
+                       description="the server's key: $AGENTENV_API_KEY or $AGENTENV_HOME/server-api-key")
 
 
 # ---- request and response bodies (field names as E2B's OpenAPI spells them) ----------------------
@@ -135,9 +138,9 @@ def control_router(state: ServerState) -> APIRouter:
     """Every route requires the API key (X-API-Key)."""
     settings = state.settings
 
-    def api_key(request: Request) -> None:
+    def api_key(key: str | None = Security(API_KEY)) -> None:
         try:
-            state.check_api_key(request.headers)
+            state.check_api_key({API_KEY_HEADER: key} if key is not None else {})
         except Unauthorized as e:
             raise ApiError(401, str(e)) from None
 

@@ -14,18 +14,13 @@ DEFAULT_PATH = PROJECT_ROOT / "docs" / "agentenv-openapi.json"
 
 
 def document() -> dict:
-    """The OpenAPI document, built from the routes without starting a server or touching Docker."""
-    from fastapi.openapi.utils import get_openapi
-
-    from agentenv.server.app import TITLE
-    from agentenv.server.control import control_router
+    """The OpenAPI document the server serves, built without starting it or touching Docker."""
+    from agentenv.server.app import create_api
     from agentenv.server.state import ServerState
 
     settings = ServerSettings.load()
-    state = ServerState(settings, Path("."), "", None, None)  # type: ignore[arg-type]  # routes only
-    router = control_router(state)
-    return get_openapi(title=TITLE, version=settings.envd_version, routes=router.routes,
-                       description="E2B's control plane on AgentENV sandboxes. Authenticate with X-API-Key.")
+    routes_only = ServerState(settings, Path("."), "", None, None)  # type: ignore[arg-type]
+    return create_api(routes_only, reaper=False).openapi()
 
 
 def main(argv: list[str] | None = None) -> int:

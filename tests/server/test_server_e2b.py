@@ -150,6 +150,14 @@ def test_pause_connect_fork_kill(server, sdk_sandbox, monkeypatch):
     assert after >= before, f"counter restarted: {after} after the pause, {before} before"
     assert counter.pid in [p.pid for p in sb.commands.list()], "the counter process did not survive"
     _poll(lambda: _n(sb) > after + 2, 20, "the counter to go on after connect")
+    follow = sb.commands.connect(counter.pid, timeout=20)  # its stdout, from now on
+    lines: list[int] = []
+    for out, _err, _pty in follow:
+        lines += [int(x) for x in (out or "").split()]
+        if len(lines) >= 3:
+            break
+    follow.disconnect()
+    assert lines[0] > after and lines == list(range(lines[0], lines[0] + len(lines))), lines
     assert Sandbox.connect(sb.sandbox_id).sandbox_id == sb.sandbox_id  # running: 200, no-op
 
     forks = sb.fork(count=2)
