@@ -4,6 +4,8 @@ The state dict already carries the checkpoint names (the module tree mirrors the
 `K3Config.to_hf_dict()` (`model_type: kimi_linear`, `architectures: [KimiLinearForCausalLM]`), so vLLM,
 sglang and transformers can read what `save_pretrained` writes. Loading is strict: a missing, unexpected or
 differently shaped tensor raises `CheckpointMismatch` naming the first such tensor.
+`K3ForCausalLM.from_pretrained` builds the model from `read_config` and fills it with `load_pretrained`;
+this module never imports the model class (model.k3 imports it, not the other way round).
 """
 
 from __future__ import annotations
@@ -59,20 +61,23 @@ def load_state_checked(model, state: dict[str, torch.Tensor]) -> None:
     model.load_state_dict(state, strict=not model.config.tie_word_embeddings)
 
 
-def from_pretrained(directory: str | Path, dtype: torch.dtype | None = None):
-    from model.k3 import K3ForCausalLM
-
+def read_config(directory: str | Path) -> K3Config:
+    """The `config.json` of a folder written by `save_pretrained` (both of its files must be there)."""
     directory = Path(directory)
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         if not (directory / name).is_file():
             raise FileNotFoundError(
                 f"{directory / name} is missing; expected a folder written by save_pretrained"
             )
-    cfg = K3Config.from_json(directory / CONFIG_NAME)
-    model = K3ForCausalLM(cfg)
-    load_state_checked(model, load_file(str(directory / WEIGHTS_NAME)))
+    return K3Config.from_json(directory / CONFIG_NAME)
+
+
+def load_pretrained(model, directory: str | Path, dtype: torch.dtype | None = None):
+    """Load `directory/model.safetensors` into `model` (built from `read_config(directory)`), strictly;
+    with `dtype`, cast the model but keep the routers' selection bias fp32, as in the checkpoints."""
+    load_state_checked(model, load_file(str(Path(directory) / WEIGHTS_NAME)))
     if dtype is not None:
         model.to(dtype)
-        for router in model.moe_routers():  # the selection bias stays fp32, as in the checkpoints
+        for router in model.moe_routers():
             router.e_score_correction_bias.data = router.e_score_correction_bias.data.float()
     return model

@@ -302,13 +302,3 @@ def _to_plain(d: Any) -> Any:
     if isinstance(d, (DictConfig, ListConfig)):
         return OmegaConf.to_container(d, resolve=True)
     return d
-
-
-def hybrid_layer_schedule(num_layers: int, period: int = 4) -> tuple[list[int], list[int]]:
-    """K3's schedule: (period-1) KDA layers then one MLA layer, repeated, and the last layer always MLA.
-
-    Returns 1-based (kda_layers, full_attn_layers), the form `linear_attn_config` stores.
-    """
-    full = [i for i in range(1, num_layers + 1) if i % period == 0 or i == num_layers]
-    kda = [i for i in range(1, num_layers + 1) if i not in full]
-    return kda, full

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from model import checkpoint
 from model.attn_res import DepthSources, depth_mix, make_depth_query
 from model.cache import K3Cache, KDALayerCache, MLALayerCache
 from model.config import K3Config
@@ -220,13 +221,9 @@ class K3ForCausalLM(nn.Module):
     # ------------------------------------------------------------------ weights
     def save_pretrained(self, directory: str | Path) -> None:
         """Write `model.safetensors` and `config.json` (model_type kimi_linear) into `directory`."""
-        from model.checkpoint import save_pretrained
-
-        save_pretrained(self, directory)
+        checkpoint.save_pretrained(self, directory)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, dtype: torch.dtype | None = None) -> K3ForCausalLM:
         """Build from `directory/config.json` and load `model.safetensors` (strict: names and shapes)."""
-        from model.checkpoint import from_pretrained
-
-        return from_pretrained(directory, dtype=dtype)
+        return checkpoint.load_pretrained(cls(checkpoint.read_config(directory)), directory, dtype)

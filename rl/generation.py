@@ -70,7 +70,6 @@ class TorchEngine:
         self.temperature = temperature
         self.disallowed = disallowed_tokens(tokenizer, action_vocabulary, model.config.vocab_size)
         self.expert_loads: dict[int, torch.Tensor] = {}  # layer -> tokens routed to each expert
-        self.generated_tokens = 0
 
     @torch.inference_mode()
     def generate(
@@ -110,7 +109,6 @@ class TorchEngine:
                 break
             out = self.model(sampled[:, None], cache=cache)
             self._record_loads(out.router_stats)
-        self.generated_tokens += sum(len(t) for t in tokens)
         return [Generation(t, lp, bool(t and t[-1] == end)) for t, lp in zip(tokens, logprobs, strict=True)]
 
     def _record_loads(self, router_stats) -> None:

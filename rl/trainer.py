@@ -74,7 +74,8 @@ def split(items: list, parts: int) -> list[tuple[int, list]]:
     return out
 
 
-def failure_summary(errors: list[str], total: int) -> str:
+def failure_summary(errors: list[str]) -> str:
+    """The five most common errors, with their counts."""
     kinds = Counter(e.split(": ", 1)[1] if ": " in e else e for e in errors)
     lines = ["most common errors:"]
     lines += [f"  {count} x {kind[:200]}" for kind, count in kinds.most_common(5)]
@@ -86,7 +87,7 @@ def check_failures(stats: RolloutStats, max_fraction: float, iteration: int) -> 
     if stats.episodes and stats.failed / stats.episodes > max_fraction:
         raise TooManyFailures(
             f"iteration {iteration}: {stats.failed} of {stats.episodes} episodes failed, more than "
-            f"rollout.max_failed_fraction={max_fraction}.\n" + failure_summary(stats.errors, stats.episodes)
+            f"rollout.max_failed_fraction={max_fraction}.\n" + failure_summary(stats.errors)
         )
 
 
