@@ -29,3 +29,5 @@ __all__ = [
     "load",
     "register_schemas",
 ]
+
+register_schemas()  # at import, so that group files of `python -m rl.train` can name them in defaults

@@ -123,3 +123,17 @@ def test_the_cli_prints_one_line_and_no_traceback(tmp_path, override, expected):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().startswith(expected) and len(proc.stderr.strip().splitlines()) == 1
     assert "Traceback" not in proc.stderr and not (tmp_path / "checkpoints").exists()
+
+
+def test_a_users_group_file_can_start_from_the_stored_schema(tmp_path):
+    """``defaults: [algo_schema, ...]`` types a user's own algo file at composition time."""
+    from hydra.errors import ConfigCompositionException
+    from rl_testutil import compose_raw
+
+    (tmp_path / "algo").mkdir()
+    (tmp_path / "algo" / "mine.yaml").write_text("defaults: [algo_schema, grpo, _self_]\nlr: 1.0e-3\n")
+    register_schemas()
+    searchpath = f"hydra.searchpath=[file://{tmp_path}]"
+    assert compose("algo=mine", searchpath).algo.lr == 1.0e-3
+    with pytest.raises(ConfigCompositionException, match="algo.lr=abc"):
+        compose_raw("algo=mine", searchpath, "algo.lr=abc")
