@@ -1,7 +1,8 @@
 """The two ways a running container's processes get dumped into the checkpoint store.
 
-Both leave the container stopped (no process, no memory) and the CRIU images in the store folder given;
-they differ only in who asks runc to checkpoint:
+Both leave the container stopped (no process, no memory) and the CRIU images in the store folder given,
+or raise CheckpointError with CRIU's error lines (the container keeps running); they differ only in who
+asks runc to checkpoint:
 
 * `ContainerdDump` (the `fastpath` backend): containerd's own checkpoint RPC with an image path
   (`ctr tasks checkpoint --exit --image-path`), the call Docker makes minus its content store: no tar,
@@ -14,10 +15,7 @@ they differ only in who asks runc to checkpoint:
 
 from __future__ import annotations
 
-import logging
-import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import docker
@@ -27,11 +25,9 @@ from agentenv.backend.host import HostSupport
 from agentenv.backend.settings import BackendSettings
 from agentenv.errors import CheckpointError
 
-log = logging.getLogger(__name__)
-
-# CRIU could not freeze every task in time (e.g. one in uninterruptible sleep): it resumed them all.
-_TRANSIENT_DUMP_ERRORS = ("Timeout reached", "Unseizable non-zombie")
-_DUMP_ATTEMPTS = 3
+# CRIU could not freeze every task in time (e.g. one in uninterruptible sleep): it resumed them all, and
+# a new attempt usually succeeds (seen on a heavily loaded host).
+TRANSIENT_DUMP_ERRORS = ("Timeout reached", "Unseizable non-zombie")
 
 
 class ContainerdDump:
@@ -50,24 +46,9 @@ class ContainerdDump:
             raise CheckpointError(f"`{' '.join(cmd)}` ran past {self.settings.op_timeout_s:.0f} s") from None
 
     def dump(self, api: docker.APIClient, container: str, path: Path, work: Path) -> None:
-        """Up to `_DUMP_ATTEMPTS` tries when CRIU could not freeze every task in time (a task caught in
-        uninterruptible sleep, seen on a heavily loaded host); CRIU then resumed them all."""
-        for attempt in range(_DUMP_ATTEMPTS):
-            for leftover in path.iterdir():
-                leftover.unlink()
-            shutil.rmtree(work, ignore_errors=True)
-            work.mkdir()
-            r = self.ctr("tasks", "checkpoint", "--exit", "--image-path", str(path), "--work-path", str(work),
-                         container)
-            if r.returncode == 0:
-                return
-            errors = criu_log.error_lines(work / "dump.log", limit=6)
-            transient = any(s in e for e in errors for s in _TRANSIENT_DUMP_ERRORS)
-            if attempt + 1 < _DUMP_ATTEMPTS and transient and \
-                    api.inspect_container(container)["State"].get("Running"):
-                log.warning("checkpoint of %s failed transiently, retrying: %s", container[:12], errors)
-                time.sleep(0.2 * (attempt + 1))
-                continue
+        r = self.ctr("tasks", "checkpoint", "--exit", "--image-path", str(path), "--work-path", str(work),
+                     container)
+        if r.returncode != 0:
             raise CheckpointError(f"CRIU could not checkpoint container {container[:12]}: "
                                   f"{r.stderr.strip()[-300:]}{criu_log.explain(work / 'dump.log')}")
 

@@ -24,6 +24,7 @@ processes stay in the host's time namespace and CLOCK_MONOTONIC advances across 
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
 import shutil
 import time
@@ -41,7 +42,7 @@ from agentenv.backend.base import (
     ContainerSpec,
 )
 from agentenv.backend.containers import DockerContainers, _docker_errors, _first_line
-from agentenv.backend.dumpers import ContainerdDump, DockerApiDump
+from agentenv.backend.dumpers import TRANSIENT_DUMP_ERRORS, ContainerdDump, DockerApiDump
 from agentenv.backend.errors import DiskCapExceeded, RestoreNotVerified
 from agentenv.backend.files import copy_tree
 from agentenv.backend.host import HostSupport
@@ -50,7 +51,10 @@ from agentenv.backend.settings import BackendSettings
 from agentenv.backend.store import CheckpointRecord, CheckpointStore, disk_bytes
 from agentenv.errors import CheckpointError
 
+log = logging.getLogger(__name__)
+
 _MIN_RESERVATION = 8 * 2**20
+_DUMP_ATTEMPTS = 3
 
 
 def drop_host_clock_image(images: Path) -> None:
@@ -95,9 +99,24 @@ class CriuRuntime(DockerContainers):
                           duration_s=time.perf_counter() - t0)
 
     def _dump(self, container: str, path: Path, processes: tuple) -> CheckpointRecord:
+        """The backend's dump into `path`, retried (up to `_DUMP_ATTEMPTS`) when CRIU could not freeze
+        every task in time and the container still runs; then the record of the images."""
         work = self.store.work_dir(path)
         try:
-            self.dumper.dump(self.api, container, path, work)
+            for attempt in range(_DUMP_ATTEMPTS):
+                for leftover in path.iterdir():
+                    leftover.unlink()
+                shutil.rmtree(work, ignore_errors=True)
+                work.mkdir()
+                try:
+                    self.dumper.dump(self.api, container, path, work)
+                    break
+                except CheckpointError as e:
+                    transient = any(s in str(e) for s in TRANSIENT_DUMP_ERRORS)
+                    if attempt + 1 == _DUMP_ATTEMPTS or not transient or not self._running(container):
+                        raise
+                    log.warning("checkpoint of %s failed transiently, retrying: %s", container[:12], e)
+                    time.sleep(0.2 * (attempt + 1))
             self.api.wait(container, condition="not-running", timeout=int(self.settings.op_timeout_s))
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -106,6 +125,9 @@ class CriuRuntime(DockerContainers):
                                   image_bytes=disk_bytes(path), processes=processes)
         self.store.save(record)
         return record
+
+    def _running(self, container: str) -> bool:
+        return bool(self.api.inspect_container(container)["State"].get("Running"))
 
     def _probe_dump(self, container: str) -> None:
         with self.store.reserve(container, _MIN_RESERVATION) as path:

@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from agentenv_testutil import ROOT, run_cli
+from agentenv_testutil import ROOT, SMALL, count, run_cli, start_counter
 
-from agentenv import Sandbox
+from agentenv import Sandbox, SandboxConfig
 from agentenv.backend import BackendSettings, select_backend
 from agentenv.backend.containerd import SYSTEM_SOCKET, find_containerd, resolve_address, serving
 from agentenv.errors import BackendUnavailable, ConfigError
@@ -130,3 +130,24 @@ def test_containerd_detection_on_this_host(sandbox):
                             capture_output=True, text=True, timeout=30)
     assert listed.returncode == 0 and sandbox.container_id in listed.stdout.split(), listed
     assert (found.bundle(ns, sandbox.container_id) / "config.json").is_file(), found
+
+
+def test_the_docker_criu_backend_pauses_resumes_and_forks(tmp_path, monkeypatch, base_image):
+    """The fallback is a real backend, not a name: Docker's checkpoint API dumps into the same store."""
+    monkeypatch.setenv("AGENTENV_BACKEND", "docker-criu")
+    monkeypatch.setenv("AGENTENV_HOME", str(tmp_path / "home"))
+    backend = runtime().backend
+    assert backend.name == "docker-criu" and backend.describe()["dump"] == "Docker checkpoint API"
+    sb = Sandbox.create(config=SandboxConfig.load(**SMALL))
+    try:
+        before = start_counter(sb)
+        sb.pause()
+        record = backend.store.latest(sb.container_id)
+        assert record is not None and sb.stats().checkpoint_bytes == record.image_bytes > 0
+        sb.resume()
+        assert count(sb) >= before
+        (fork,) = sb.fork(1)
+        assert count(fork) >= before and fork.exec("cat /run/agentenv/sandbox-id").stdout == fork.id
+        fork.close()
+    finally:
+        sb.close()
