@@ -342,7 +342,9 @@ def wait_until(cond: Callable[[], bool], timeout_s: float, why: Callable[[], str
 
 
 def settle() -> None:
-    """Let the kernel finish freeing/reclaiming before MemAvailable is read."""
+    """Write back dirty pages (checkpoint images just written) and let the kernel finish freeing memory
+    before MemAvailable is read."""
+    os.sync()
     time.sleep(2.0)
 
 
