@@ -372,7 +372,7 @@ class Sandbox:
             raise self._mark_broken(CONTAINER_REMOVED, "paused")
         from agentenv.session import end_sessions
 
-        end_sessions(ref.container)  # CRIU cannot dump a session shell: its stdio leads to the daemon
+        end_sessions(ref.container)  # no checkpoint may hold a shell whose stdio leads to the daemon
         _rss, cpu_now, _pids, _oom = self._rt.backend.usage(ref)
         try:
             ck = self._rt.backend.checkpoint(ref, f"ck-{secrets.token_hex(4)}", user=rec.user)

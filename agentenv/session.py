@@ -18,10 +18,12 @@ own, then a `printf` of an end marker (a fresh random nonce per command) to each
 on stdout's. Nothing of one command survives into the next (each runs in its own `sh -c`), so a new shell
 is indistinguishable from the old one except for its cost; `reopened` says when one had to be started.
 
-Pause and fork: CRIU cannot dump a process whose stdio is a pipe to the Docker daemon. `Sandbox.pause`
-(and `fork`, which pauses) therefore ends every session shell of the sandbox first, from whichever process
-opened it (`end_sessions`), together with anything still attached to its pipes; a session notices on its
-next `run()` and opens a new shell. After `os.fork` a session used in the child opens the child's own shell.
+Pause and fork: a session shell's stdio are pipes to the Docker daemon, which no checkpoint can carry:
+depending on the CRIU setup the dump fails on them, or the shell and every job still attached to them
+come back from a restore cut off from any caller. `Sandbox.pause` (and `fork`, which pauses) therefore
+ends every session shell of the sandbox first, from whichever process opened it (`end_sessions`),
+together with anything still attached to its pipes; a session notices on its next `run()` and opens a
+new shell. After `os.fork` a session used in the child opens the child's own shell.
 """
 
 from __future__ import annotations
