@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentenv.errors import AgentEnvError
@@ -27,6 +28,7 @@ from agentenv.server.state import SANDBOX_ID_HEADER, ServerState, Unauthorized
 
 log = logging.getLogger(__name__)
 TITLE = "AgentENV sandboxes (E2B-compatible API)"
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 
 class BodyTooLarge(Exception):
@@ -173,10 +175,17 @@ def create_api(state: ServerState, reaper: bool = True) -> FastAPI:
     api.include_router(files_router(state))
     api.include_router(control_router(state))
 
-    @api.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+    @api.api_route("/{path:path}", methods=list(_METHODS), include_in_schema=False)
     def unsupported(path: str, request: Request) -> Response:
         state.check_api_key(request.headers)
+        routes = [r for r in api.routes if r is not catch_all]
+        allowed = [m for m in _METHODS
+                   if any(r.matches({**request.scope, "method": m})[0] == Match.FULL for r in routes)]
+        if allowed:
+            return e2b_json(405, f"{request.method} is not allowed on /{path}; use {', '.join(allowed)}")
         return e2b_json(501, f"{request.method} /{path} is not supported by agentenv serve (see "
                              "docs/agentenv.md, 'Serving sandboxes over E2B's API')")
+
+    catch_all = api.routes[-1]
 
     return api

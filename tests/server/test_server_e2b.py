@@ -217,6 +217,9 @@ def test_auth_and_error_shapes(server, sdk_sandbox):
         assert r.json()["code"] == 400 and needle in r.json()["message"], r.json()
     r = httpx.post(server.url + "/v2/sandboxes", content=b"{not json", headers=key)
     assert r.status_code == 400 and r.json()["code"] == 400
+    r = httpx.put(server.url + "/sandboxes", headers=key)
+    assert r.status_code == 405 and r.json() == {"code": 405, "message": "PUT is not allowed on /sandboxes; "
+                                                                          "use GET, POST"}
     r = httpx.get(server.url + "/templates", headers=key)
     assert r.status_code == 501 and "not supported" in r.json()["message"]
     r = httpx.get(server.url + "/sandboxes/nope", headers=key)
