@@ -1,6 +1,7 @@
 """End to end: local Ray, real sandboxes, the tiny K3 policy. GRPO survives a dead rollout worker; PPO
-trains through the user's gymnasium wrappers; and exact resume for GRPO, PPO (value head) and a run
-with a KL reference model: N iterations straight == N/2 + resume + N/2, bit for bit."""
+with a KL reference model trains through the user's gymnasium wrappers; and exact resume for both,
+so for every kind of learner state (policy, value head, frozen reference, AdamW moments): N iterations
+straight == N/2 + resume + N/2, bit for bit."""
 
 import json
 from pathlib import Path
@@ -31,13 +32,13 @@ LEARNING_METRICS = (
     "lr",
     "weights_version",
 )
-PPO = (
+PPO = (  # PPO's value head and GAE, a frozen KL reference, forked group starts and a reward wrapper
     "algo=ppo",
+    "algo.kl_coef=0.05",
     "algo.group_size=2",
     "env.group_start=fork",
     "env.wrappers=[{cls: 'user_wrappers:BonusReward', kwargs: {bonus: 10.0}}]",
 )
-KL = ("algo.kl_coef=0.05",)
 
 
 def run(tmp_path: Path, name: str, *overrides: str):
@@ -86,7 +87,7 @@ def grpo_run(local_ray, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ppo_run(local_ray, tmp_path_factory):
-    """2 PPO iterations (forked group starts, a reward wrapper), run straight."""
+    """2 iterations of `PPO`, run straight."""
     return run(tmp_path_factory.mktemp("ppo"), "ppo", *PPO)
 
 
@@ -105,7 +106,7 @@ def test_grpo_two_iterations_survive_a_dead_rollout_worker(grpo_run):
 def test_ppo_trains_on_the_wrapped_env_and_balances_every_optimizer_step(ppo_run):
     records = ppo_run.history
     assert len(records) == 2 and all(r["failed_episodes"] == 0 for r in records)
-    assert records[0]["sandbox_forks"] == 2 and "value_loss" in records[0]
+    assert records[0]["sandbox_forks"] == 2 and "value_loss" in records[0] and records[1]["kl"] > 0
     # BonusReward (+10 per step) is what the learner saw: rewards, and the value head's targets.
     assert all(r["reward"] >= 9.0 * r["turns"] for r in records) and records[1]["value_loss"] > 1.0
     assert all(r["optimizer_steps"] == 4.0 for r in records)  # 2 epochs x 2 minibatches, each balanced
@@ -122,17 +123,10 @@ def test_grpo_resume_continues_exactly(grpo_run, tmp_path):
     assert_same_run(straight, resumed)
 
 
-def test_ppo_resume_continues_exactly(ppo_run, tmp_path):
-    """PPO (value head, optimizer moments of both): 2 straight == 1 + resume + 1."""
+def test_ppo_with_a_kl_reference_resumes_exactly(ppo_run, tmp_path):
+    """Value head, frozen reference and their optimizer state: 2 straight == 1 + resume + 1."""
     half = run(tmp_path, "half", *PPO, "trainer.iterations=1")
     resumed = run(tmp_path, "resumed", *PPO, f"trainer.resume={half.run_dir}")
+    assert learner_state(resumed.checkpoint)["reference"] is not None
+    assert learner_state(resumed.checkpoint)["value_head"] is not None
     assert_same_run(ppo_run, resumed)
-
-
-def test_resume_with_a_kl_reference_model_continues_exactly(local_ray, tmp_path):
-    """algo.kl_coef > 0 (a frozen reference policy): 2 straight == 1 + resume + 1, KL > 0 throughout."""
-    straight = run(tmp_path, "straight", *KL)
-    half = run(tmp_path, "half", *KL, "trainer.iterations=1")
-    resumed = run(tmp_path, "resumed", *KL, f"trainer.resume={half.run_dir}")
-    assert straight.history[1]["kl"] > 0
-    assert_same_run(straight, resumed)
