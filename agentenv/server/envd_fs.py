@@ -133,6 +133,8 @@ def files_router(state: ServerState) -> APIRouter:
         if not path:
             raise ApiError(400, "query parameter `path` is required")
         sb = envd(request)
+        if fsops.sandbox_path(sb, path) == sb.config.workspace.rstrip("/"):
+            raise ApiError(400, f"{path!r} is the work dir, a directory: give a file path")
         with state.serialised(sb, "read a file"):
             try:
                 data = sb.read_file(path)

@@ -36,6 +36,7 @@ from agentenv.sandbox import Sandbox
 
 PROC_ROOT = "/tmp/.agentenv-e2b"
 CHUNK = 32 * 1024            # bytes per data event
+MAX_READ = 1024 * 1024       # bytes read per stream per poll (bounds the server's memory per stream)
 LAUNCH_TIMEOUT_S = 30.0
 STDIN_WRITE_TIMEOUT_S = 10.0
 _EXIT_BAD_CWD = 96
@@ -247,9 +248,13 @@ class ProcessManager:
         while True:
             try:
                 exited = (d / "exit").exists()
-                for kind, path in files.items():
-                    for chunk in _read_from(path, offsets, kind):
+                while True:  # once exited, drain everything; before, one MAX_READ per stream per poll
+                    chunks = [(kind, c) for kind, path in files.items()
+                              for c in _read_from(path, offsets, kind)]
+                    for kind, chunk in chunks:
                         yield OutputEvent(kind, chunk)
+                    if not (exited and chunks):
+                        break
                 if exited:
                     code = int((d / "exit").read_text().strip() or -1)
                     yield OutputEvent("end", exit_code=code)
@@ -274,7 +279,7 @@ def _read_from(path: Path, offsets: dict[str, int], kind: str) -> list[bytes]:
         return []
     with open(path, "rb") as f:
         f.seek(offsets[kind])
-        data = f.read(size - offsets[kind])
+        data = f.read(min(size - offsets[kind], MAX_READ))  # the rest on the next poll
     offsets[kind] += len(data)
     return [data[i:i + CHUNK] for i in range(0, len(data), CHUNK)]
 

@@ -66,6 +66,8 @@ def test_commands_through_the_sdk(sdk_sandbox):
     with pytest.raises(CommandExitException) as failed:
         sb.commands.run("echo partial; exit 7")
     assert failed.value.exit_code == 7 and failed.value.stdout == "partial\n"
+    big = sb.commands.run("head -c 3000000 /dev/zero | tr '\\0' a; echo; echo done >&2")
+    assert len(big.stdout) == 3000001 and set(big.stdout[:-1]) == {"a"} and big.stderr == "done\n"
     r = sb.commands.run('echo "$FOO"; pwd', envs={"FOO": "bar"}, cwd="/tmp")
     assert r.stdout == "bar\n/tmp\n"
 
