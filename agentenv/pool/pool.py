@@ -327,7 +327,6 @@ class SandboxPool:
         except SandboxNotFound:
             pass
         self.state.drop(sid)
-        self._before_pause.pop(sid, None)
 
     # ---- the budget --------------------------------------------------------------------------
     def _running(self) -> tuple[list[tuple[Any, Sandbox, int]], int]:
