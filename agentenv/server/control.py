@@ -121,6 +121,17 @@ class ForkResult(BaseModel):
     error: dict[str, Any] | None = None
 
 
+class SnapshotBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str | None = Field(None, min_length=1, max_length=128)
+    memory: bool | None = None
+
+
+class SnapshotInfo(BaseModel):
+    snapshotID: str
+    names: list[str]
+
+
 class ErrorBody(BaseModel):
     code: int
     message: str
@@ -185,9 +196,14 @@ def control_router(state: ServerState) -> APIRouter:
             raise ApiError(400, f"not supported by agentenv serve: {', '.join(unsupported)} (sandboxes have "
                                 "no network; paused sandboxes resume on connect)")
         timeout = ttl(body.timeout)
-        sb = Sandbox.create(image=body.templateID, labels={"org.k3rl.agentenv.e2b": "1"})
+        snap = state.store.snapshot(body.templateID)
+        if snap is not None:  # a snapshot: fork its paused sandbox (memory and files)
+            sb = Sandbox.get(snap["snapshot_id"]).fork(1)[0]
+        else:
+            sb = Sandbox.create(image=body.templateID, labels={"org.k3rl.agentenv.e2b": "1"})
         try:
-            rec = state.store.insert(sb.id, body.templateID, body.metadata or {}, body.envVars or {}, timeout,
+            template = snap["snapshot_id"] if snap is not None else body.templateID
+            rec = state.store.insert(sb.id, template, body.metadata or {}, body.envVars or {}, timeout,
                                      bool(body.autoPause))
         except BaseException:
             sb.close()
@@ -328,5 +344,53 @@ def control_router(state: ServerState) -> APIRouter:
                                       rec.auto_pause)
             out.append(ForkResult(sandbox=created(child, crec)))
         return out
+
+    # ---- snapshots: a paused fork that new sandboxes fork from ----------------------------------
+    @r.post("/sandboxes/{sandbox_id}/snapshots", status_code=201, response_model=SnapshotInfo,
+            summary="Snapshot memory and files into a template (the sandbox keeps running)")
+    def create_snapshot(sandbox_id: str, body: SnapshotBody | None = None) -> SnapshotInfo:
+        body = body or SnapshotBody()
+        if body.memory is False:
+            raise ApiError(400, "filesystem-only snapshots are not supported by agentenv serve: snapshots "
+                                "always hold memory and files (CRIU)")
+        sb, rec, _status = served(sandbox_id, "running", "paused")
+        snap = sb.fork(1)[0]
+        try:
+            snap.pause()
+            old = state.store.snapshot(body.name) if body.name else None
+            if old is not None and old["name"] == body.name:  # the name moves to the new snapshot
+                Sandbox.get(old["snapshot_id"]).close()
+                state.store.delete_snapshot(old["snapshot_id"])
+            state.store.insert_snapshot(snap.id, sb.id, body.name, rec.template_id)
+        except BaseException:
+            snap.close()
+            raise
+        return SnapshotInfo(snapshotID=snap.id, names=[body.name] if body.name else [])
+
+    @r.get("/snapshots", response_model=list[SnapshotInfo], summary="List snapshots")
+    def list_snapshots(response: Response, sandboxID: str | None = None, name: str | None = None,
+                       limit: int | None = Query(None, ge=1, le=1000),
+                       nextToken: str | None = None) -> list[SnapshotInfo]:
+        rows = state.store.snapshots(sandboxID, name)
+        try:
+            start = int(nextToken) if nextToken else 0
+        except ValueError:
+            raise ApiError(400, f"invalid nextToken {nextToken!r}") from None
+        size = limit or settings.list_limit
+        if start + size < len(rows):
+            response.headers["x-next-token"] = str(start + size)
+        return [SnapshotInfo(snapshotID=s["snapshot_id"], names=[s["name"]] if s["name"] else [])
+                for s in rows[start:start + size]]
+
+    @r.delete("/templates/{template_id}", status_code=204,
+              summary="Delete a snapshot (templates that are images are managed with `agentenv images`)")
+    def delete_snapshot(template_id: str) -> Response:
+        snap = state.store.snapshot(template_id)
+        if snap is None:
+            raise ApiError(404, f"no snapshot {template_id!r} (image templates are not deleted through the "
+                                "API)")
+        Sandbox.get(snap["snapshot_id"]).close()
+        state.store.delete_snapshot(snap["snapshot_id"])
+        return Response(status_code=204)
 
     return r

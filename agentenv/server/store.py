@@ -27,6 +27,13 @@ CREATE TABLE IF NOT EXISTS e2b_sandboxes (
     end_at      REAL NOT NULL,        -- when its time to live runs out (while running)
     auto_pause  INTEGER NOT NULL      -- 1: pause at end_at, 0: kill
 );
+CREATE TABLE IF NOT EXISTS e2b_snapshots (
+    snapshot_id TEXT PRIMARY KEY,     -- a paused sandbox (a fork of the source) that new sandboxes fork from
+    source_id   TEXT NOT NULL,        -- the sandbox it was taken of
+    name        TEXT,                 -- optional name, unique (create accepts it as templateID)
+    template_id TEXT NOT NULL,        -- the source's template
+    created_at  REAL NOT NULL
+);
 """
 
 
@@ -89,3 +96,22 @@ class E2BStore:
 
     def delete(self, sandbox_id: str) -> None:
         self._conn().execute("DELETE FROM e2b_sandboxes WHERE sandbox_id = ?", (sandbox_id,))
+
+    # ---- snapshots ------------------------------------------------------------------------------
+    def insert_snapshot(self, snapshot_id: str, source_id: str, name: str | None, template_id: str) -> None:
+        self._conn().execute("INSERT INTO e2b_snapshots VALUES (?,?,?,?,?)",
+                             (snapshot_id, source_id, name, template_id, time.time()))
+
+    def snapshot(self, id_or_name: str) -> dict | None:
+        row = self._conn().execute("SELECT * FROM e2b_snapshots WHERE snapshot_id = ? OR name = ?",
+                                   (id_or_name, id_or_name)).fetchone()
+        return dict(row) if row else None
+
+    def snapshots(self, source_id: str | None = None, name: str | None = None) -> list[dict]:
+        rows = self._conn().execute(
+            "SELECT * FROM e2b_snapshots WHERE (? IS NULL OR source_id = ?) AND (? IS NULL OR name = ?) "
+            "ORDER BY created_at, snapshot_id", (source_id, source_id, name, name)).fetchall()
+        return [dict(r) for r in rows]
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self._conn().execute("DELETE FROM e2b_snapshots WHERE snapshot_id = ?", (snapshot_id,))

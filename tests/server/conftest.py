@@ -96,8 +96,8 @@ def sdk_sandbox(server) -> Iterator:
 
     made = []
 
-    def make(**kw):
-        sb = Sandbox.create("base", **kw)
+    def make(template: str = "base", **kw):
+        sb = Sandbox.create(template, **kw)
         made.append(sb)
         return sb
 

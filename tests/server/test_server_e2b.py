@@ -181,6 +181,29 @@ def test_pause_connect_fork_kill(server, sdk_sandbox, monkeypatch):
     assert Sandbox.kill(sb.sandbox_id) is False  # 404
 
 
+def test_snapshots(sdk_sandbox):
+    sb = sdk_sandbox(timeout=300)
+    sb.files.write("note.txt", "before")
+    counter = sb.commands.run(COUNTER, background=True)
+    _poll(lambda: _n(sb) >= 3, 20, "the counter to count")
+    snap = sb.create_snapshot(name="counting")
+    assert snap.names == ["counting"] and sb.is_running()
+    sb.files.write("note.txt", "after")
+    listed = Sandbox.list_snapshots(sandbox_id=sb.sandbox_id).next_items()
+    assert [s.snapshot_id for s in listed] == [snap.snapshot_id]
+
+    for template in (snap.snapshot_id, "counting"):  # by id and by name
+        child = sdk_sandbox(template=template, timeout=120)
+        assert child.files.read("note.txt") == "before" and _n(child) >= 3
+        assert counter.pid in [p.pid for p in child.commands.list()], "the snapshot lost the process"
+        assert Sandbox.get_info(child.sandbox_id).template_id == snap.snapshot_id
+    with pytest.raises(SandboxException, match="filesystem-only"):
+        sb.create_snapshot(mode="filesystem")
+    assert Sandbox.delete_snapshot(snap.snapshot_id) is True
+    assert Sandbox.delete_snapshot(snap.snapshot_id) is False
+    assert not Sandbox.list_snapshots(sandbox_id=sb.sandbox_id).next_items()
+
+
 def test_ttl_kills_or_pauses(sdk_sandbox):
     doomed = sdk_sandbox(timeout=2, metadata={"ttl": "kill"})
     napper = sdk_sandbox(timeout=2, metadata={"ttl": "pause"}, lifecycle={"on_timeout": "pause"})
