@@ -60,7 +60,7 @@ def _n(sb) -> int:
 
 
 def test_commands_through_the_sdk(sdk_sandbox):
-    sb = sdk_sandbox(timeout=300)
+    sb = sdk_sandbox(timeout=300, envs={"FROM_CREATE": "yes", "FOO": "create"})
     r = sb.commands.run("echo out; echo err >&2")
     assert (r.stdout, r.stderr, r.exit_code) == ("out\n", "err\n", 0)
     with pytest.raises(CommandExitException) as failed:
@@ -68,8 +68,8 @@ def test_commands_through_the_sdk(sdk_sandbox):
     assert failed.value.exit_code == 7 and failed.value.stdout == "partial\n"
     big = sb.commands.run("head -c 3000000 /dev/zero | tr '\\0' a; echo; echo done >&2")
     assert len(big.stdout) == 3000001 and set(big.stdout[:-1]) == {"a"} and big.stderr == "done\n"
-    r = sb.commands.run('echo "$FOO"; pwd', envs={"FOO": "bar"}, cwd="/tmp")
-    assert r.stdout == "bar\n/tmp\n"
+    r = sb.commands.run('echo "$FOO $FROM_CREATE"; pwd', envs={"FOO": "bar"}, cwd="/tmp")
+    assert r.stdout == "bar yes\n/tmp\n"  # per-command envs over the sandbox's
 
     # Output streams while the command runs: the first line arrives well before the last.
     events: list[tuple[str, str, float]] = []
@@ -267,3 +267,22 @@ def test_auth_and_error_shapes(server, sdk_sandbox):
                   b"\r\nContent-Type: application/json\r\nContent-Length: 99999999999\r\n\r\n{}")
         head = s.recv(4096).decode()
     assert head.startswith("HTTP/1.1 413"), head
+
+
+def test_async_sdk(server):
+    """The SDK's asyncio client speaks the same protocol: create, run with streaming, files, kill."""
+    import asyncio
+
+    from e2b import AsyncSandbox
+
+    async def main() -> None:
+        sb = await AsyncSandbox.create("base", timeout=120)
+        try:
+            seen: list[str] = []
+            r = await sb.commands.run("echo a; sleep 0.3; echo b", on_stdout=seen.append)
+            assert r.stdout == "a\nb\n" and "".join(seen) == "a\nb\n"
+            await sb.files.write("async.txt", "x")
+            assert await sb.files.read("async.txt") == "x"
+        finally:
+            assert await sb.kill() is True
+    asyncio.run(main())
