@@ -16,6 +16,7 @@ TASKS = {
     "agentenv/FindValue-v0": "agentenv.tasks.find_value:FindValue",
     "agentenv/FixCode-v0": "agentenv.tasks.fix_code:FixCode",
     "agentenv/ReasoningGym-v0": "agentenv.tasks.reasoning_gym_task:ReasoningGym",
+    "agentenv/KVLookup-v0": "agentenv.tasks.kv_lookup:KVLookup",
 }
 
 for _env_id, _entry_point in TASKS.items():

@@ -14,6 +14,7 @@ task                              quality                     play
 ``agentenv/GuessNumber-v0``       ``bisection`` (default)     the middle of the range the answers allow
                                   ``linear``                  the smallest number still allowed
                                   ``random_split``            a random number in the allowed range
+``agentenv/KVLookup-v0``          as GuessNumber              (its first observation ``key K: 0-5``)
 ``agentenv/FindValue-v0``         ``grep`` (default)          ``grep -r 'value:' .`` then ``submit``
                                   ``wasteful``                ``ls`` each folder, ``cat`` file by file
 ``agentenv/FixCode-v0``           ``fix`` (default)           ``cat``, the known fix, run tests, submit
@@ -199,6 +200,7 @@ EXPERTS: dict[str, type[Expert]] = {
     "agentenv/GuessNumber-v0": GuessNumberExpert,
     "agentenv/FindValue-v0": FindValueExpert,
     "agentenv/FixCode-v0": FixCodeExpert,
+    "agentenv/KVLookup-v0": GuessNumberExpert,  # the same game: answers "higher LOW-HIGH" to guesses
 }
 
 
