@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 
+from agentenv.errors import ConfigError
 from agentenv.sandbox import runtime
 from agentenv.server.auth import load_api_key
 from agentenv.server.settings import ServerSettings
@@ -24,6 +26,7 @@ def serve(host: str | None = None, port: int | None = None) -> int:
     from agentenv.server.app import create_app
 
     settings, state, source = build(host, port)
+    _check_bindable(settings.host, settings.port)
     url = f"http://{settings.host}:{settings.port}"
     print(f"agentenv serve: E2B API and envd on {url} (registry {state.home})\n"
           f"  API key: {source}\n"
@@ -34,3 +37,15 @@ def serve(host: str | None = None, port: int | None = None) -> int:
     uvicorn.run(create_app(state), host=settings.host, port=settings.port, log_level="warning",
                 http="h11", ws="none", lifespan="on", timeout_graceful_shutdown=5)
     return 0
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """A clear one-line error (not uvicorn's exit 3) when the address cannot be listened on."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(infos[0][4])
+    except OSError as e:
+        why = e.strerror or str(e)
+        raise ConfigError(f"cannot listen on {host}:{port}: {why} (choose another --host/--port)") from None

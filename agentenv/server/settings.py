@@ -56,8 +56,8 @@ class ServerSettings:
             if isinstance(e, ConfigError):
                 raise
             raise ConfigError(f"server config has a value of the wrong type: {e}") from None
-        if not 0 <= s.port <= 65535:
-            raise ConfigError(f"server config: port must be from 0 to 65535, got {s.port}")
+        if not 1 <= s.port <= 65535:
+            raise ConfigError(f"server config: port must be from 1 to 65535, got {s.port}")
         if not 0 < s.default_timeout_s <= s.max_timeout_s:
             raise ConfigError("server config: need 0 < default_timeout_s <= max_timeout_s")
         if s.ttl_check_interval_s <= 0 or s.output_poll_s <= 0 or s.list_limit < 1:

@@ -5,9 +5,12 @@ process's memory intact, fork, kill, list, TTL expiry, authentication and error 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -23,6 +26,7 @@ from e2b.exceptions import (
 from e2b.sandbox.commands.command_handle import CommandExitException
 
 pytestmark = [pytest.mark.docker]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Counts in memory; each value is written atomically (no reader ever sees a half-written file).
 COUNTER = ("python3 -u -c 'import os, time\nn = 0\nwhile True:\n    n += 1\n    print(n, flush=True)\n"
@@ -286,3 +290,15 @@ def test_async_sdk(server):
         finally:
             assert await sb.kill() is True
     asyncio.run(main())
+
+
+def test_serve_refuses_a_busy_port(server):
+    """`agentenv serve` on a port in use (the test server's own): one line on stderr, exit 1."""
+    port = server.url.rsplit(":", 1)[1]
+    env = {**os.environ, "AGENTENV_HOME": str(server.home)}
+    r = subprocess.run([sys.executable, "-m", "agentenv.cli", "serve", "--port", port], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT, env=env)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == \
+        f"agentenv: error: cannot listen on 127.0.0.1:{port}: Address already in use (choose another " \
+        "--host/--port)"
