@@ -71,7 +71,7 @@ def test_kv_lookup_needs_the_services_answers(make_task):
     most; the scripted expert's binary search on the answers wins all of them."""
     env = make_task(ENV_ID, data_mib=MIB)
     assert env.max_turns / env.num_values == 0.5
-    seeds = range(48)
+    seeds = range(96)
 
     def blind(obs, history):
         return str(len(history))  # 0, 1, 2 whatever the answers
@@ -84,7 +84,7 @@ def test_kv_lookup_needs_the_services_answers(make_task):
 
     blind_wins = sum(_play(env, s, blind)[0] for s in seeds) / len(seeds)
     expert_wins = sum(_play(env, s, expert)[0] for s in seeds) / len(seeds)
-    assert 0.3 <= blind_wins <= 0.65  # expectation 0.5
+    assert 0.35 <= blind_wins <= 0.6  # expectation 0.5
     assert expert_wins == 1.0
 
 
