@@ -221,13 +221,15 @@ class KVLookup(SandboxTask):
         self._requests += 1
         request_id = f"r{self._requests}"
         line = shlex.quote(" ".join([request_id, *(str(w) for w in words)]))
-        result = self.run(f"timeout 10 sh -c 'printf \"%s\\n\" \"$1\" > {KV_DIR}/req && cat {KV_DIR}/resp' "
+        alive = f'read -r _ pid < {KV_DIR}/status && kill -0 "$pid" 2>/dev/null'
+        result = self.run(f"{{ {alive}; }} || {{ echo 'the KV service is not running'; exit 3; }}; "
+                          f"timeout 10 sh -c 'printf \"%s\\n\" \"$1\" > {KV_DIR}/req && cat {KV_DIR}/resp' "
                           f"sh {line}")
         reply = result.output.strip()
         if result.exit_code != 0 or not reply.startswith(f"{request_id} "):
             request = " ".join(map(str, words))
             raise RuntimeError(f"KVLookup: the sandbox's KV service did not answer {request!r} "
-                               f"(exit {result.exit_code}: {reply[-200:]!r}); is it still running?")
+                               f"(exit {result.exit_code}: {reply[-200:]!r})")
         reply = reply[len(request_id) + 1:]
         if reply.startswith("error"):
             raise RuntimeError(f"KVLookup: the sandbox's KV service answered {reply!r}")

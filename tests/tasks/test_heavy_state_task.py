@@ -88,11 +88,14 @@ def test_kv_lookup_needs_the_services_answers(make_task):
     assert expert_wins == 1.0
 
 
-def test_kv_lookup_rejects_bad_actions_and_kwargs(make_task):
+def test_kv_lookup_rejects_bad_actions_and_kwargs_and_reports_a_dead_service(make_task):
     env = make_task(ENV_ID, data_mib=MIB, ruled_out_penalty=0.2)
     assert env.reset(seed=3)[0] == f"key {env.key}: 0-5"
     obs, reward, terminated, _, info = env.step("no digit")
     assert (obs, reward, terminated, info["valid"]) == ("invalid", -0.1, False, False)
+    env.run("kill $(cut -d' ' -f2 /workspace/kv/status)")  # the service dies: a clear error, no hang
+    with pytest.raises(RuntimeError, match="the KV service is not running"):
+        env.step("1")
     with pytest.raises(ValueError, match="data_mib must be an integer in 1..4096"):
         KVLookup(data_mib=0)
     with pytest.raises(ValueError, match="data_seed must be a non-negative integer"):
