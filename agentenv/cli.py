@@ -1,5 +1,9 @@
 """The `agentenv` command line: images, sandboxes, pause/resume/fork, files, stats, gc.
 
+With `--server URL` (or `$AGENTENV_SERVER`) the sandbox verbs act on the sandboxes of an `agentenv serve`
+host through `agentenv.remote` (API key: `$AGENTENV_API_KEY`); verbs that work on this machine's Docker
+engine (`images`, `gc`, `serve`) refuse `--server`.
+
 Human tables by default, `--json` for scripts. Every error is one line on stderr (`agentenv: error: ...`)
 and a non-zero exit: 1 for refused or failed operations, 2 for bad usage; `exec` exits with the
 command's own exit code (124 when it timed out).
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +24,7 @@ import docker
 from agentenv import images
 from agentenv.config import SandboxConfig
 from agentenv.errors import AgentEnvError, BackendUnavailable, ConfigError
+from agentenv.remote import SERVER_ENV, SandboxHost
 from agentenv.sandbox import Sandbox, runtime
 
 PROG = "agentenv"
@@ -56,9 +62,31 @@ def _kv_pairs(items: Sequence[str] | None, what: str) -> dict[str, str]:
     return out
 
 
+def _sandboxes(args: argparse.Namespace) -> type[Sandbox] | SandboxHost:
+    """Where the sandbox verbs act: this machine's sandboxes, or the `--server` host's (same methods:
+    create, get, list)."""
+    return SandboxHost(args.server) if args.server else Sandbox
+
+
+def _local_only(fn: Callable[[argparse.Namespace], int], verb: str) -> Callable[[argparse.Namespace], int]:
+    """`fn`, refused with `--server`: it works on this machine's Docker engine, not through the API."""
+    def run(args: argparse.Namespace) -> int:
+        if args.server:
+            raise ConfigError(f"`{PROG} {verb}` works on the Docker engine of the machine it runs on and has "
+                              f"no remote form: run it on the sandbox host {args.server} itself (without "
+                              f"--server / ${SERVER_ENV})")
+        return fn(args)
+    return run
+
+
 # ---- commands -------------------------------------------------------------------------------------
 def cmd_info(args: argparse.Namespace) -> int:
     """The backend in use and why it was chosen (or why none can run), the daemon, the sandbox user."""
+    if args.server:
+        host = SandboxHost(args.server)
+        data = {"server": host.url, **host.info()}
+        _emit(args, data, lambda: [print(f"{k:26} {v}") for k, v in data.items()])
+        return 0
     try:
         rt = runtime()
     except BackendUnavailable as e:
@@ -100,8 +128,11 @@ def cmd_images_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
+    if args.server and args.set:
+        raise ConfigError("--set changes this machine's sandbox config; a remote sandbox takes its host's "
+                          "config (conf/sandbox/default.yaml on the host)")
     cfg = SandboxConfig.load().with_assignments(args.set or [])
-    sb = Sandbox.create(image=args.image, memory=args.memory, cpus=args.cpus, config=cfg,
+    sb = _sandboxes(args).create(image=args.image, memory=args.memory, cpus=args.cpus, config=cfg,
                         labels=_kv_pairs(args.label, "--label"))
     data = sb.describe()
 
@@ -116,7 +147,7 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    rows = [s.describe() for s in Sandbox.list(include_closed=args.all)]
+    rows = [s.describe() for s in _sandboxes(args).list(include_closed=args.all)]
     _emit(args, rows, lambda: _table(
         [[r["id"], r["state"], r["image"], r["user"], r["parent"] or "-"] for r in rows],
         ["ID", "STATE", "IMAGE", "USER", "PARENT"]))
@@ -128,7 +159,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not cmd:
         raise ConfigError("exec needs a command after the id, e.g. `agentenv exec ID -- ls -l`")
     stdin = sys.stdin.buffer.read() if args.stdin else None
-    r = Sandbox.get(args.id).exec(cmd, timeout=args.timeout, stdin=stdin,
+    r = _sandboxes(args).get(args.id).exec(cmd, timeout=args.timeout, stdin=stdin,
                                   env=_kv_pairs(args.env, "--env") or None, workdir=args.workdir)
     if args.json:
         print(json.dumps(r.to_dict()))
@@ -146,7 +177,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 def cmd_put(args: argparse.Namespace) -> int:
     data = sys.stdin.buffer.read() if args.src == "-" else _read_local(args.src)
-    Sandbox.get(args.id).write_file(args.dest, data, mode=int(args.mode, 8))
+    _sandboxes(args).get(args.id).write_file(args.dest, data, mode=int(args.mode, 8))
     _emit(args, {"id": args.id, "path": args.dest, "bytes": len(data)}, lambda: None)
     return 0
 
@@ -159,7 +190,7 @@ def _read_local(path: str) -> bytes:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    data = Sandbox.get(args.id).read_file(args.src)
+    data = _sandboxes(args).get(args.id).read_file(args.src)
     if args.dest in (None, "-"):
         sys.stdout.buffer.write(data)
     else:
@@ -170,13 +201,13 @@ def cmd_get(args: argparse.Namespace) -> int:
     return 0
 
 
-def _each(args: argparse.Namespace, action: Callable[[Sandbox], Any]) -> int:
-    """Apply `action` to every id; report each failure on its own line and go on with the others."""
+def _each(args: argparse.Namespace, action: str) -> int:
+    """Call method `action` of every id's sandbox; report each failure on its own line and go on."""
     results, failed = [], 0
     for sid in args.ids:
         try:
-            sb = Sandbox.get(sid)
-            action(sb)
+            sb = _sandboxes(args).get(sid)
+            getattr(sb, action)()
             results.append({"id": sb.id, "state": sb.status})
         except AgentEnvError as e:
             failed += 1
@@ -187,14 +218,14 @@ def _each(args: argparse.Namespace, action: Callable[[Sandbox], Any]) -> int:
 
 
 def cmd_fork(args: argparse.Namespace) -> int:
-    forks = Sandbox.get(args.id).fork(args.n)
+    forks = _sandboxes(args).get(args.id).fork(args.n)
     data = [f.describe() for f in forks]
     _emit(args, data, lambda: [print(f.id) for f in forks])
     return 0
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    stats = [Sandbox.get(sid).stats().to_dict() for sid in args.ids]
+    stats = [_sandboxes(args).get(sid).stats().to_dict() for sid in args.ids]
     _emit(args, stats[0] if len(stats) == 1 else stats, lambda: _table(
         [[s["id"], s["state"], _mib(s["rss_bytes"]), f"{s['cpu_seconds']:.2f}", _mib(s["checkpoint_bytes"]),
           str(s["pids"])] for s in stats], ["ID", "STATE", "RSS", "CPU_S", "CHECKPOINT", "PIDS"]))
@@ -220,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="machine-readable output")
+    common.add_argument("--server", metavar="URL", default=argparse.SUPPRESS,
+                        help=f"act on the sandboxes of this `agentenv serve` host (default: ${SERVER_ENV}; "
+                             "API key: $AGENTENV_API_KEY)")
     p = _Parser(prog=PROG, description="AgentENV sandboxes: create, exec, pause, resume, fork.",
                 parents=[common])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -237,9 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("name", nargs="?")
     b.add_argument("--force", action="store_true", help="rebuild even when the tag exists")
     b.add_argument("--quiet", "-q", action="store_true", help="no build output")
-    b.set_defaults(fn=cmd_images_build)
+    b.set_defaults(fn=_local_only(cmd_images_build, "images build"))
     img_sub.add_parser("ls", help="list image recipes and their tags", parents=[common]).set_defaults(
-        fn=cmd_images_ls)
+        fn=_local_only(cmd_images_ls, "images ls"))
 
     c = add("create", cmd_create, "create a running sandbox; prints its id")
     c.add_argument("--image", help="image name or Docker tag (default: config `image`)")
@@ -269,9 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("src")
     g.add_argument("dest", nargs="?")
 
-    for name, method, help in (("pause", Sandbox.pause, "checkpoint sandboxes to disk (no memory, no CPU)"),
-                               ("resume", Sandbox.resume, "restore paused sandboxes"),
-                               ("rm", Sandbox.close, "remove sandboxes (container, files, checkpoints)")):
+    for name, method, help in (("pause", "pause", "checkpoint sandboxes to disk (no memory, no CPU)"),
+                               ("resume", "resume", "restore paused sandboxes"),
+                               ("rm", "close", "remove sandboxes (container, files, checkpoints)")):
         sp = add(name, lambda args, m=method: _each(args, m), help)
         sp.add_argument("ids", nargs="+", metavar="ID")
     f = add("fork", cmd_fork, "restore a sandbox's checkpoint into N new sandboxes")
@@ -279,9 +313,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("-n", type=int, required=True, help="number of forks")
     s = add("stats", cmd_stats, "memory, CPU and checkpoint size")
     s.add_argument("ids", nargs="+", metavar="ID")
-    gc = add("gc", cmd_gc, "reconcile the registry with Docker (remove orphans, close lost sandboxes)")
+    gc = add("gc", _local_only(cmd_gc, "gc"),
+             "reconcile the registry with Docker (remove orphans, close lost sandboxes)")
     gc.add_argument("--dry-run", action="store_true")
-    sv = add("serve", cmd_serve, "serve sandboxes over E2B's API (control plane + envd) for the E2B SDKs")
+    sv = add("serve", _local_only(cmd_serve, "serve"),
+             "serve sandboxes over E2B's API (control plane + envd) for the E2B SDKs")
     sv.add_argument("--host", help="listen address (default: conf/agentenv/server.yaml, 127.0.0.1)")
     sv.add_argument("--port", type=int, help="listen port (default: conf/agentenv/server.yaml, 3000)")
     return p
@@ -299,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command is not None:
         args.cmd = [*args.cmd, *command]
     args.json = getattr(args, "json", False)
+    args.server = getattr(args, "server", None) or os.environ.get(SERVER_ENV) or None
     try:
         return int(args.fn(args) or 0)
     except AgentEnvError as e:

@@ -132,6 +132,24 @@ class SnapshotInfo(BaseModel):
     names: list[str]
 
 
+class HostInfo(BaseModel):
+    """GET /host: what a client needs to place a new sandbox on the least loaded host."""
+
+    memAvailableBytes: int = Field(description="the host's MemAvailable (/proc/meminfo)")
+    memTotalBytes: int
+    running: int = Field(description="sandboxes served by this API that are running")
+    paused: int = Field(description="sandboxes served by this API that are paused (no memory)")
+
+
+class AgentEnvView(BaseModel):
+    """GET /sandboxes/{id}/agentenv: AgentENV's own view of a sandbox (for `agentenv --server`)."""
+
+    sandbox: dict[str, Any] = Field(description="`Sandbox.describe()`: id, state, image, user, parent, ...")
+    stats: dict[str, Any] = Field(description="`Sandbox.stats()`: rss_bytes, cpu_seconds, checkpoint_bytes")
+    config: dict[str, Any] = Field(description="the sandbox's config (`SandboxConfig.to_dict()`)")
+    metadata: dict[str, str] = Field(description="the E2B metadata given at create (the client's labels)")
+
+
 class ErrorBody(BaseModel):
     code: int
     message: str
@@ -139,6 +157,18 @@ class ErrorBody(BaseModel):
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorBody} for s in (400, 401, 404, 409, 500)}
+
+
+def _meminfo() -> dict[str, int]:
+    """/proc/meminfo in bytes (the kernel reports kB)."""
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[key] = int(parts[0]) * 1024
+    return out
 
 
 def _iso(ts: float) -> str:
@@ -344,6 +374,29 @@ def control_router(state: ServerState) -> APIRouter:
                                       rec.auto_pause)
             out.append(ForkResult(sandbox=created(child, crec)))
         return out
+
+    # ---- AgentENV extensions: placement and the CLI's view ---------------------------------------
+    @r.get("/host", response_model=HostInfo,
+           summary="This host's free memory (MemAvailable) and sandbox counts, for placing new sandboxes")
+    def host() -> HostInfo:
+        counts = {"running": 0, "paused": 0}
+        for sid in state.store.ids():
+            try:
+                status = state.sandbox(sid)[0].status
+            except AgentEnvError:
+                continue
+            if status in counts:
+                counts[status] += 1
+        mem = _meminfo()
+        return HostInfo(memAvailableBytes=mem.get("MemAvailable", 0), memTotalBytes=mem.get("MemTotal", 0),
+                        **counts)
+
+    @r.get("/sandboxes/{sandbox_id}/agentenv", response_model=AgentEnvView,
+           summary="AgentENV's view of a sandbox: describe() and stats() (state, user, RSS, checkpoint size)")
+    def agentenv_view(sandbox_id: str) -> AgentEnvView:
+        sb, rec = state.sandbox(sandbox_id)
+        return AgentEnvView(sandbox=sb.describe(), stats=sb.stats().to_dict(), config=sb.config.to_dict(),
+                            metadata=rec.metadata)
 
     # ---- snapshots: a paused fork that new sandboxes fork from ----------------------------------
     @r.post("/sandboxes/{sandbox_id}/snapshots", status_code=201, response_model=SnapshotInfo,

@@ -16,7 +16,8 @@ LIFECYCLE_PATHS = {"/sandboxes", "/v2/sandboxes", "/sandboxes/{sandbox_id}", "/s
                    "/sandboxes/{sandbox_id}/connect", "/v2/sandboxes/{sandbox_id}/connect",
                    "/sandboxes/{sandbox_id}/resume", "/sandboxes/{sandbox_id}/timeout",
                    "/sandboxes/{sandbox_id}/refreshes", "/sandboxes/{sandbox_id}/fork",
-                   "/sandboxes/{sandbox_id}/snapshots", "/snapshots", "/templates/{template_id}"}
+                   "/sandboxes/{sandbox_id}/snapshots", "/snapshots", "/templates/{template_id}",
+                   "/host", "/sandboxes/{sandbox_id}/agentenv"}  # AgentENV's: placement, the CLI's view
 
 
 def test_openapi_document_is_served_and_committed(server):

@@ -1,0 +1,586 @@
+"""Sandboxes on other machines: the client of `agentenv serve` (E2B's control plane + envd's data plane).
+
+`SandboxHost(url)` is one server; `RemoteSandbox` is a handle on one of its sandboxes with the surface
+tasks and the CLI use on a local `Sandbox` (exec, files, pause/resume/fork, close, status, describe,
+stats, session); `SandboxHosts([url, ...])` places new sandboxes on the host with the most free memory
+(`GET /host`) and remembers which host holds which sandbox.
+
+    from agentenv.remote import SandboxHost
+    sb = SandboxHost("http://10.0.0.5:3000").create(image="base")   # key: $AGENTENV_API_KEY
+    sb.exec("echo hi").stdout; sb.pause(); sb.resume(); forks = sb.fork(4)
+
+Every request has a timeout (conf/agentenv/remote.yaml) and a bounded number of attempts: a request
+that cannot reach the host is retried, one that may have reached it is retried only when it changes
+nothing (GET). Errors are AgentENV's typed errors carrying the server's message, prefixed by the host;
+a host that does not answer is `HostUnavailable`. Commands run through envd's `process.Process/Start`
+(Connect protocol, JSON codec, the generated messages shipped in `e2b`), files through `/files`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import struct
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from connectrpc.codec import proto_json_codec
+from e2b.envd.process import process_pb as pb
+from protobuf import Oneof
+
+from agentenv.config import SandboxConfig, read_yaml_mapping, require_exact_keys
+from agentenv.errors import (
+    AgentEnvError,
+    BackendUnavailable,
+    CheckpointError,
+    ConfigError,
+    ExecTimeout,
+    SandboxBusy,
+    SandboxNotFound,
+    SandboxStateError,
+)
+from agentenv.paths import conf_dir, overridable_path
+from agentenv.results import ExecResult, SandboxStats
+from agentenv.sandbox import workspace_path
+
+SERVER_ENV = "AGENTENV_SERVER"
+API_KEY_ENV = "AGENTENV_API_KEY"
+_CODEC = proto_json_codec()
+_STDIN_CHUNK = 1024 * 1024
+_END_STREAM = 0x02
+
+
+class HostUnavailable(AgentEnvError, ConnectionError):
+    """A sandbox host did not answer (refused, reset or timed out) within the bounded attempts."""
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """Timeouts and retries of the client; see conf/agentenv/remote.yaml for each field."""
+
+    connect_timeout_s: float
+    request_timeout_s: float
+    lifecycle_timeout_s: float
+    exec_slack_s: float
+    retries: int
+    retry_backoff_s: float
+    sandbox_ttl_s: int
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> RemoteSettings:
+        path = Path(path) if path is not None else overridable_path(
+            "AGENTENV_REMOTE_CONFIG", conf_dir() / "agentenv" / "remote.yaml")
+        data = read_yaml_mapping(path, "remote client config", "set AGENTENV_REMOTE_CONFIG")
+        require_exact_keys(data, cls, "remote client config")
+        try:
+            s = cls(**{k: (int if k in ("retries", "sandbox_ttl_s") else float)(v) for k, v in data.items()})
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"remote client config {path}: a value has the wrong type: {e}") from None
+        if min(s.connect_timeout_s, s.request_timeout_s, s.lifecycle_timeout_s, s.sandbox_ttl_s) <= 0 \
+                or s.retries < 1 or s.retry_backoff_s < 0 or s.exec_slack_s < 0:
+            raise ConfigError(f"remote client config {path}: timeouts and sandbox_ttl_s must be > 0, "
+                              "retries >= 1, retry_backoff_s and exec_slack_s >= 0")
+        return s
+
+
+def _error(status: int, message: str, host: str, on_500: type[AgentEnvError]) -> AgentEnvError:
+    """The AgentENV error for an HTTP error of `agentenv serve` (see agentenv/server/errors.py)."""
+    text = f"{host}: {message}"
+    if status == 404:
+        return SandboxNotFound(text)
+    if status == 409:
+        return SandboxStateError(text)
+    if status == 503:
+        return BackendUnavailable(text)
+    if status == 401:
+        return AgentEnvError(f"{text} (give the host's key: ${API_KEY_ENV} or api_key=)")
+    if status >= 500:
+        return on_500(text)
+    return AgentEnvError(text)
+
+
+_CONNECT_CODES: dict[str, type[AgentEnvError]] = {
+    "not_found": SandboxNotFound, "failed_precondition": SandboxStateError, "unavailable": SandboxBusy,
+}
+
+
+def _connect_error(err: Mapping[str, Any], host: str) -> AgentEnvError:
+    code = str(err.get("code", "unknown"))
+    return _CONNECT_CODES.get(code, AgentEnvError)(f"{host}: {err.get('message') or code}")
+
+
+class SandboxHost:
+    """One `agentenv serve` (its URL and API key): create, find and list its sandboxes."""
+
+    def __init__(self, url: str | None = None, api_key: str | None = None,
+                 settings: RemoteSettings | None = None) -> None:
+        url = url or os.environ.get(SERVER_ENV)
+        if not url or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"sandbox host URL must start with http:// or https://, got {url!r} "
+                              f"(give --server URL or set ${SERVER_ENV})")
+        key = api_key or os.environ.get(API_KEY_ENV)
+        if not key:
+            raise ConfigError(f"no API key for sandbox host {url}: set ${API_KEY_ENV} (the key the host's "
+                              "`agentenv serve` uses) or pass api_key=")
+        self.url = url.rstrip("/")
+        self.settings = settings or RemoteSettings.load()
+        s = self.settings
+        self._http = httpx.Client(base_url=self.url, headers={"X-API-Key": key},
+                                  timeout=httpx.Timeout(s.request_timeout_s, connect=s.connect_timeout_s))
+
+    def __repr__(self) -> str:
+        return f"SandboxHost({self.url!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ---- transport ---------------------------------------------------------------------------
+    def request(self, method: str, path: str, *, timeout: float | None = None,
+                on_500: type[AgentEnvError] = AgentEnvError, ok: Sequence[int] = (),
+                **kw: Any) -> httpx.Response:
+        """One HTTP call with bounded attempts; a non-2xx status (other than `ok`) raises the typed error."""
+        t = self.settings.request_timeout_s if timeout is None else timeout
+        safe = method in ("GET", "HEAD")
+        delay = self.settings.retry_backoff_s
+        for attempt in range(1, self.settings.retries + 1):
+            try:
+                resp = self._http.request(method, path, timeout=httpx.Timeout(
+                    t, connect=self.settings.connect_timeout_s), **kw)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.TransportError) as e:
+                never_sent = isinstance(e, httpx.ConnectError | httpx.ConnectTimeout)
+                if attempt < self.settings.retries and (never_sent or safe):
+                    time.sleep(delay)
+                    delay *= 2
+                    continue
+                raise self._unreachable(e, attempt) from None
+            if resp.status_code < 400 or resp.status_code in ok:
+                return resp
+            raise _error(resp.status_code, _message(resp), self.url, on_500)
+        raise AssertionError("unreachable")
+
+    def _unreachable(self, e: Exception, attempts: int) -> HostUnavailable:
+        what = type(e).__name__
+        return HostUnavailable(f"sandbox host {self.url} did not answer ({what}: {e or 'no detail'}) after "
+                               f"{attempts} attempt(s)")
+
+    def rpc_stream(self, sandbox: RemoteSandbox, method: str, message: Any, out_type: type,
+                   timeout_s: float) -> Iterator[Any]:
+        """A Connect server stream (JSON codec): the decoded messages; the end-stream error is raised
+        as the typed error, except `deadline_exceeded`, raised as TimeoutError."""
+        body = _CODEC.encode(message)
+        headers = {**sandbox._envd_headers(), "Content-Type": "application/connect+json",
+                   "Connect-Protocol-Version": "1", "Connect-Timeout-Ms": str(int(timeout_s * 1000))}
+        timeout = httpx.Timeout(timeout_s + self.settings.exec_slack_s,
+                                connect=self.settings.connect_timeout_s)
+        try:
+            with self._http.stream("POST", f"/{method}", content=struct.pack(">BI", 0, len(body)) + body,
+                                   headers=headers, timeout=timeout) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    raise _error(resp.status_code, _message(resp), self.url, AgentEnvError)
+                buf = b""
+                for chunk in resp.iter_bytes():
+                    buf += chunk
+                    while len(buf) >= 5:
+                        flags, size = struct.unpack(">BI", buf[:5])
+                        if len(buf) < 5 + size:
+                            break
+                        payload, buf = buf[5:5 + size], buf[5 + size:]
+                        if flags & _END_STREAM:
+                            end = httpx.Response(200, content=payload).json() if payload else {}
+                            err = end.get("error")
+                            if err and err.get("code") == "deadline_exceeded":
+                                raise TimeoutError(err.get("message", "deadline exceeded"))
+                            if err:
+                                raise _connect_error(err, self.url)
+                            return
+                        yield _CODEC.decode(payload, out_type())
+        except httpx.TransportError as e:
+            raise self._unreachable(e, 1) from None
+        raise HostUnavailable(f"sandbox host {self.url}: the {method} stream ended without its end message")
+
+    def rpc_unary(self, sandbox: RemoteSandbox, method: str, message: Any, out_type: type) -> Any:
+        resp = self.request("POST", f"/{method}", content=_CODEC.encode(message),
+                            headers={**sandbox._envd_headers(), "Content-Type": "application/json",
+                                     "Connect-Protocol-Version": "1"}, ok=range(400, 600))
+        if resp.status_code != 200:
+            try:
+                err = resp.json()
+            except ValueError:
+                err = {"code": "unknown", "message": resp.text[:300]}
+            raise _connect_error(err, self.url)
+        return _CODEC.decode(resp.content, out_type())
+
+    # ---- sandboxes ---------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        """`GET /host`: memAvailableBytes, memTotalBytes, running, paused."""
+        return self.request("GET", "/host").json()
+
+    def create(self, image: str | None = None, memory: str | None = None, cpus: float | None = None,
+               config: SandboxConfig | Mapping[str, Any] | None = None,
+               labels: Mapping[str, str] | None = None) -> RemoteSandbox:
+        """A new running sandbox on this host. Its image is `image` (else `config`'s image); memory, CPUs
+        and every other limit are the host's own sandbox config (conf/sandbox/default.yaml there)."""
+        if memory is not None or cpus is not None:
+            raise ConfigError("memory and cpus of a remote sandbox are set by its host's sandbox config "
+                              "(conf/sandbox/default.yaml on the host), not by the client")
+        if isinstance(config, Mapping):
+            config = SandboxConfig.from_dict(dict(config))
+        template = image or (config.image if config is not None else None)
+        if not template:
+            raise ConfigError("give the image of the remote sandbox (image= or config.image)")
+        body = {"templateID": template, "timeout": self.settings.sandbox_ttl_s,
+                "metadata": {str(k): str(v) for k, v in (labels or {}).items()}}
+        data = self.request("POST", "/sandboxes", json=body, timeout=self.settings.lifecycle_timeout_s).json()
+        return RemoteSandbox(self, data["sandboxID"], data["envdAccessToken"])
+
+    def get(self, sandbox_id: str) -> RemoteSandbox:
+        """The sandbox with this id, or the only one whose id starts with it."""
+        if not isinstance(sandbox_id, str) or not sandbox_id.strip():
+            raise SandboxNotFound(f"give a sandbox id (`agentenv --server {self.url} ls` lists them)")
+        try:
+            data = self.request("GET", f"/sandboxes/{sandbox_id}").json()
+        except SandboxNotFound:
+            ids = [s["sandboxID"] for s in self._listed() if s["sandboxID"].startswith(sandbox_id)]
+            if len(ids) != 1:
+                raise SandboxNotFound(
+                    f"{self.url}: " + (f"no sandbox {sandbox_id!r}" if not ids else f"sandbox id prefix "
+                                       f"{sandbox_id!r} is ambiguous ({', '.join(ids[:5])})")) from None
+            data = self.request("GET", f"/sandboxes/{ids[0]}").json()
+        return RemoteSandbox(self, data["sandboxID"], data["envdAccessToken"])
+
+    def _listed(self) -> list[dict[str, Any]]:
+        rows, token = [], None
+        for _ in range(10_000):  # pages of list_limit; bounded
+            resp = self.request("GET", "/v2/sandboxes", params={"limit": 1000, **(
+                {"nextToken": token} if token else {})})
+            rows += resp.json()
+            token = resp.headers.get("x-next-token")
+            if not token:
+                break
+        return rows
+
+    def list(self, include_closed: bool = False) -> list[RemoteSandbox]:
+        """Running and paused sandboxes of this host (a closed one is forgotten by the server, so
+        `include_closed` adds nothing)."""
+        return [self.get(s["sandboxID"]) for s in self._listed()]
+
+
+class RemoteSandbox:
+    """A handle on one sandbox of a `SandboxHost` (the methods tasks and the CLI call on `Sandbox`)."""
+
+    def __init__(self, host: SandboxHost, sandbox_id: str, envd_token: str) -> None:
+        self.host = host
+        self._id = sandbox_id
+        self._token = envd_token
+        self._view: dict[str, Any] | None = None
+        self._config: SandboxConfig | None = None
+        self._refreshed = time.monotonic()
+        self._lock = threading.Lock()
+
+    # ---- finding and creating (on $AGENTENV_SERVER unless `server=` says) ----------------------
+    @classmethod
+    def create(cls, image: str | None = None, memory: str | None = None, cpus: float | None = None,
+               config: SandboxConfig | None = None, labels: Mapping[str, str] | None = None, *,
+               server: str | None = None, api_key: str | None = None) -> RemoteSandbox:
+        return SandboxHost(server, api_key).create(image, memory, cpus, config, labels)
+
+    @classmethod
+    def get(cls, sandbox_id: str, *, server: str | None = None, api_key: str | None = None) -> RemoteSandbox:
+        return SandboxHost(server, api_key).get(sandbox_id)
+
+    @classmethod
+    def list(cls, include_closed: bool = False, *, server: str | None = None,
+             api_key: str | None = None) -> list[RemoteSandbox]:
+        return SandboxHost(server, api_key).list(include_closed)
+
+    # ---- properties --------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self._id
+
+    def __repr__(self) -> str:
+        return f"RemoteSandbox(id={self._id!r}, host={self.host.url!r})"
+
+    def _envd_headers(self) -> dict[str, str]:
+        return {"E2b-Sandbox-Id": self._id, "X-Access-Token": self._token}
+
+    def _agentenv_view(self) -> dict[str, Any]:
+        return self.host.request("GET", f"/sandboxes/{self._id}/agentenv").json()
+
+    @property
+    def status(self) -> str:
+        """'running' | 'paused' | 'closed' (the host forgot it) | 'broken' (the host says why)."""
+        try:
+            resp = self.host.request("GET", f"/sandboxes/{self._id}", ok=(500,))
+        except SandboxNotFound:
+            return "closed"
+        return "broken" if resp.status_code == 500 else resp.json()["state"]
+
+    @property
+    def reason(self) -> str | None:
+        return self.describe().get("reason")
+
+    @property
+    def config(self) -> SandboxConfig:
+        """The sandbox's config on its host (fixed at creation; fetched once per handle)."""
+        if self._config is None:
+            self._config = SandboxConfig.from_dict(self._agentenv_view()["config"])
+        return self._config
+
+    @property
+    def image(self) -> str:
+        return self.describe()["image"]
+
+    @property
+    def user(self) -> str:
+        return self.describe()["user"]
+
+    @property
+    def parent_id(self) -> str | None:
+        return self.describe()["parent"]
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(self.describe()["labels"])
+
+    def describe(self) -> dict[str, Any]:
+        """`Sandbox.describe()` as the host reports it (the labels given at create included), plus the
+        host's URL."""
+        view = self._agentenv_view()
+        d = view["sandbox"]
+        return {**d, "labels": {**d["labels"], **view["metadata"]}, "host": self.host.url}
+
+    def stats(self) -> SandboxStats:
+        return SandboxStats(**self._agentenv_view()["stats"])
+
+    # ---- commands ----------------------------------------------------------------------------
+    def exec(self, cmd: str | Sequence[str], timeout: float | None = None, stdin: bytes | str | None = None,
+             env: Mapping[str, str] | None = None, workdir: str | None = None,
+             raise_on_timeout: bool = False) -> ExecResult:
+        """`Sandbox.exec` on the host: a string runs under `sh -c`, a list as argv; at `timeout` (default:
+        the sandbox's exec_timeout_s) the host kills the command (exit code 124, `timed_out`)."""
+        argv = ["sh", "-c", cmd] if isinstance(cmd, str) else [str(a) for a in cmd]
+        if not argv or not argv[0]:
+            raise AgentEnvError("empty command")
+        cfg = self.config
+        timeout_s = cfg.exec_timeout_s if timeout is None else float(timeout)
+        if not timeout_s > 0:
+            raise AgentEnvError(f"timeout must be > 0 seconds, got {timeout!r}")
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        self._keep_alive()
+        req = pb.StartRequest(process=pb.ProcessConfig(cmd=argv[0], args=argv[1:], envs=dict(env or {}),
+                                                       cwd=workdir), stdin=data is not None)
+        out, err, code, timed_out = bytearray(), bytearray(), None, False
+        started = time.perf_counter()
+        events = self.host.rpc_stream(self, "process.Process/Start", req, pb.StartResponse, timeout_s)
+        try:
+            for msg in events:
+                ev = msg.event.event if msg.event is not None else None
+                if ev is None:
+                    continue
+                if ev.field == "start" and data is not None:
+                    self._send_stdin(ev.value.pid, bytes(data))
+                elif ev.field == "data" and ev.value.output is not None:
+                    (out if ev.value.output.field == "stdout" else err).extend(ev.value.output.value)
+                elif ev.field == "end":
+                    code = ev.value.exit_code
+        except TimeoutError:
+            timed_out, code = True, 124
+        finally:
+            events.close()
+        if code is None:
+            raise HostUnavailable(f"sandbox host {self.host.url}: the command's stream ended without its "
+                                  "exit code")
+        limit = cfg.output_limit_bytes
+        result = ExecResult(exit_code=code, stdout=bytes(out[:limit]).decode(errors="replace"),
+                            stderr=bytes(err[:limit]).decode(errors="replace"),
+                            duration_s=time.perf_counter() - started, timed_out=timed_out,
+                            truncated=len(out) > limit or len(err) > limit)
+        if timed_out and raise_on_timeout:
+            raise ExecTimeout(f"command timed out after {timeout_s:g} s in sandbox {self._id}: {cmd!r}",
+                              result)
+        return result
+
+    def _send_stdin(self, pid: int, data: bytes) -> None:
+        sel = pb.ProcessSelector(selector=Oneof("pid", pid))
+        for i in range(0, len(data), _STDIN_CHUNK):
+            chunk = data[i:i + _STDIN_CHUNK]
+            self.host.rpc_unary(self, "process.Process/SendInput", pb.SendInputRequest(
+                process=sel, input=pb.ProcessInput(input=Oneof("stdin", chunk))), pb.SendInputResponse)
+        self.host.rpc_unary(self, "process.Process/CloseStdin", pb.CloseStdinRequest(process=sel),
+                            pb.CloseStdinResponse)
+
+    def _keep_alive(self) -> None:
+        """Extend the host's time to live while commands run (at most every third of it)."""
+        ttl = self.host.settings.sandbox_ttl_s
+        with self._lock:
+            if time.monotonic() - self._refreshed < ttl / 3:
+                return
+            self._refreshed = time.monotonic()
+        self.host.request("POST", f"/sandboxes/{self._id}/refreshes", json={"duration": ttl})
+
+    def session(self) -> RemoteSession:
+        """A `Session`-like runner (`run`, `close`, `closed`): one remote exec per command."""
+        return RemoteSession(self)
+
+    # ---- files -------------------------------------------------------------------------------
+    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        """Write a file below the work dir (parents created); paths leading out of it are refused."""
+        full = workspace_path(path, self.config.workspace)
+        payload = data.encode() if isinstance(data, str) else data
+        if not isinstance(payload, bytes | bytearray):
+            raise AgentEnvError(f"data must be bytes or str, got {type(data).__name__}")
+        if not isinstance(mode, int) or not 0 <= mode <= 0o7777:
+            raise AgentEnvError(f"mode must be an int permission like 0o644, got {mode!r}")
+        self.host.request("POST", "/files", params={"path": full}, content=bytes(payload),
+                          headers={**self._envd_headers(), "Content-Type": "application/octet-stream"})
+        if mode != 0o644:
+            r = self.exec(["chmod", format(mode, "o"), "--", full])
+            if r.exit_code != 0:
+                raise AgentEnvError(f"chmod {format(mode, 'o')} {path} failed: {r.stderr.strip()}")
+
+    def read_file(self, path: str) -> bytes:
+        full = workspace_path(path, self.config.workspace)
+        return self.host.request("GET", "/files", params={"path": full}, headers=self._envd_headers()).content
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def _lifecycle(self, method: str, action: str, **kw: Any) -> httpx.Response:
+        """A control-plane call on this sandbox that does Docker/CRIU work (the long timeout)."""
+        path = f"/sandboxes/{self._id}" + (f"/{action}" if action else "")
+        return self.host.request(method, path, timeout=self.host.settings.lifecycle_timeout_s,
+                                 on_500=CheckpointError, **kw)
+
+    def pause(self) -> None:
+        """Checkpoint on the host (no memory, no CPU until `resume`)."""
+        self._lifecycle("POST", "pause")
+
+    def resume(self) -> None:
+        """Restore a paused sandbox (a running one only has its time to live extended)."""
+        self._lifecycle("POST", "connect", json={"timeout": self.host.settings.sandbox_ttl_s})
+        self._refreshed = time.monotonic()
+
+    def fork(self, n: int) -> list[RemoteSandbox]:
+        """`n` new running sandboxes on the same host, restored from this one's memory and files."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise AgentEnvError(f"fork needs n >= 1, got {n!r}")
+        rows = self._lifecycle("POST", "fork", json={"count": n, "timeout": self.host.settings.sandbox_ttl_s})
+        rows = rows.json()
+        forks = [RemoteSandbox(self.host, r["sandbox"]["sandboxID"], r["sandbox"]["envdAccessToken"])
+                 for r in rows if r.get("sandbox")]
+        errors = [str((r.get("error") or {}).get("message", r.get("error")))
+                  for r in rows if not r.get("sandbox")]
+        if errors:
+            for f in forks:
+                f.close()
+            raise CheckpointError(f"{self.host.url}: fork of {self._id} failed: {'; '.join(errors)}")
+        return forks
+
+    def close(self) -> None:
+        """Remove the sandbox on its host (a sandbox the host no longer has is already closed)."""
+        try:
+            self._lifecycle("DELETE", "")
+        except SandboxNotFound:
+            pass
+
+
+class RemoteSession:
+    """The `Session` surface tasks use (`run`, `close`, `closed`, `sandbox`, `reopened`) over a remote
+    sandbox: each `run` is one `RemoteSandbox.exec` (no shell state carries between commands)."""
+
+    def __init__(self, sandbox: RemoteSandbox) -> None:
+        self.sandbox = sandbox
+        self.reopened = False
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def run(self, cmd: str | Sequence[str], timeout: float | None = None,
+            stdin: bytes | str | None = None) -> ExecResult:
+        if self._closed:
+            raise SandboxStateError(f"session of sandbox {self.sandbox.id} is closed")
+        line = cmd if isinstance(cmd, str) else shlex.join(cmd)
+        return self.sandbox.exec(line, timeout=timeout, stdin=stdin)
+
+    def close(self) -> None:
+        self._closed = True
+
+
+class SandboxHosts:
+    """Several sandbox hosts: `create` places a sandbox on the one with the most MemAvailable (hosts
+    that do not answer are skipped), `get` finds a sandbox on the host that holds it."""
+
+    def __init__(self, urls: Sequence[str], api_key: str | None = None,
+                 settings: RemoteSettings | None = None) -> None:
+        if isinstance(urls, str) or not urls:
+            raise ConfigError(f"sandbox hosts must be a non-empty list of URLs, got {urls!r}")
+        settings = settings or RemoteSettings.load()
+        self.hosts = [SandboxHost(u, api_key, settings) for u in urls]
+        self._where: dict[str, SandboxHost] = {}
+
+    def pick(self) -> SandboxHost:
+        """The host with the most free memory now."""
+        best, free, failures = None, -1, []
+        for host in self.hosts:
+            try:
+                mem = int(host.info()["memAvailableBytes"])
+            except AgentEnvError as e:
+                failures.append(str(e))
+                continue
+            if mem > free:
+                best, free = host, mem
+        if best is None:
+            raise HostUnavailable("no sandbox host answered: " + "; ".join(failures))
+        return best
+
+    def create(self, **kwargs: Any) -> RemoteSandbox:
+        """`SandboxHost.create(**kwargs)` on the host `pick()` chooses."""
+        sb = self.pick().create(**kwargs)
+        self._where[sb.id] = sb.host
+        return sb
+
+    def host_of(self, sandbox_id: str) -> SandboxHost:
+        """The host holding this sandbox (remembered from `create`, else asked of every host)."""
+        if sandbox_id in self._where:
+            return self._where[sandbox_id]
+        for host in self.hosts:
+            try:
+                host.request("GET", f"/sandboxes/{sandbox_id}", ok=(500,))
+            except (SandboxNotFound, HostUnavailable):
+                continue
+            self._where[sandbox_id] = host
+            return host
+        raise SandboxNotFound(f"no sandbox host holds sandbox {sandbox_id!r}")
+
+    def get(self, sandbox_id: str) -> RemoteSandbox:
+        return self.host_of(sandbox_id).get(sandbox_id)
+
+
+_shared: dict[tuple[str, ...], SandboxHosts] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_hosts(urls: Sequence[str]) -> SandboxHosts:
+    """One `SandboxHosts` per list of URLs per process (tasks of one worker share placement memory)."""
+    key = tuple(urls) if not isinstance(urls, str) else (urls,)
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = SandboxHosts(list(key))
+        return _shared[key]
+
+
+def _message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return f"HTTP {resp.status_code}: {resp.text[:300]}"
+    if isinstance(body, dict) and "message" in body:
+        return str(body["message"])
+    return f"HTTP {resp.status_code}: {str(body)[:300]}"
