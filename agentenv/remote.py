@@ -224,16 +224,15 @@ class SandboxHost:
     def create(self, image: str | None = None, memory: str | None = None, cpus: float | None = None,
                config: SandboxConfig | Mapping[str, Any] | None = None,
                labels: Mapping[str, str] | None = None) -> RemoteSandbox:
-        """A new running sandbox on this host. Its image is `image` (else `config`'s image); memory, CPUs
-        and every other limit are the host's own sandbox config (conf/sandbox/default.yaml there)."""
+        """A new running sandbox on this host. Its image is `image` (else `config`'s, else this machine's
+        default config's); memory, CPUs and every other limit are the host's own sandbox config
+        (conf/sandbox/default.yaml there), so `memory`/`cpus` are refused."""
         if memory is not None or cpus is not None:
             raise ConfigError("memory and cpus of a remote sandbox are set by its host's sandbox config "
                               "(conf/sandbox/default.yaml on the host), not by the client")
         if isinstance(config, Mapping):
             config = SandboxConfig.from_dict(dict(config))
-        template = image or (config.image if config is not None else None)
-        if not template:
-            raise ConfigError("give the image of the remote sandbox (image= or config.image)")
+        template = image or (config or SandboxConfig.load()).image
         body = {"templateID": template, "timeout": self.settings.sandbox_ttl_s,
                 "metadata": {str(k): str(v) for k, v in (labels or {}).items()}}
         data = self.request("POST", "/sandboxes", json=body, timeout=self.settings.lifecycle_timeout_s).json()

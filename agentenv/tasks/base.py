@@ -75,7 +75,9 @@ class SandboxTask(gym.Env[str, str]):
     Keyword arguments (all come from the task's Hydra config ``env.kwargs``):
     ``max_turns``: the episode is truncated after this many actions;
     ``sandbox``: keyword arguments of ``Sandbox.create`` (``image``, ``memory``, ``cpus``, ``labels``,
-    ``config`` as a `SandboxConfig` or the dict of every key, e.g. the Hydra ``sandbox`` group);
+    ``config`` as a `SandboxConfig` or the dict of every key, e.g. the Hydra ``sandbox`` group), plus
+    ``hosts``: a list of ``agentenv serve`` URLs: the sandbox is then created on the one with the most free
+    memory through ``agentenv.remote`` (API key ``$AGENTENV_API_KEY``; limits are the host's config);
     ``session``: talk to the sandbox through a persistent shell (True) or one exec per command (False);
     ``max_observation_chars`` / ``max_action_chars``: sizes of the ``Text`` spaces;
     ``command_timeout_s``: per-command timeout;
@@ -97,6 +99,8 @@ class SandboxTask(gym.Env[str, str]):
         super().__init__()
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if pool is not None and (sandbox or {}).get("hosts"):
+            raise ValueError("sandbox.hosts (remote sandboxes) cannot be combined with a local SandboxPool")
         self.max_turns = max_turns
         self.sandbox_kwargs = dict(sandbox or {})
         self.use_session = session
@@ -177,9 +181,15 @@ class SandboxTask(gym.Env[str, str]):
 
             self._close_session()
             kwargs = dict(self.sandbox_kwargs)
+            hosts = kwargs.pop("hosts", None)
             if isinstance(kwargs.get("config"), dict):
                 kwargs["config"] = SandboxConfig.from_dict(kwargs["config"])
-            self.sandbox = Sandbox.create(**kwargs)
+            if hosts:
+                from agentenv.remote import shared_hosts
+
+                self.sandbox = shared_hosts(list(hosts)).create(**kwargs)
+            else:
+                self.sandbox = Sandbox.create(**kwargs)
             self.install()
 
     def _sandbox_config(self) -> SandboxConfig:
