@@ -50,6 +50,21 @@ class Episode:
         self.error = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What the driver needs of one episode for its metrics (the episode itself goes to the learner)."""
+
+    success: bool
+    reward: float
+    turns: int
+    tokens: int
+    failed: bool
+
+    @classmethod
+    def of(cls, episode: Episode) -> Outcome:
+        return cls(episode.success, episode.reward, episode.turns, len(episode.tokens), bool(episode.error))
+
+
 @dataclass
 class Batch:
     """Right-padded tensors of a list of episodes, aligned on the *predicted* token (``[:, 1:]``)."""

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from model import K3Config, K3ForCausalLM
+from model import K3Config, K3ForCausalLM, checkpoint
 from model.balancing import max_violation, quantile_balance
 from model.moe import RouterStats
 from rl.algos import (
@@ -47,6 +47,21 @@ def build_policy(model_cfg: K3Config, seed: int) -> K3ForCausalLM:
     """A freshly initialised K3 policy; the same ``seed`` gives the same weights in every process."""
     torch.manual_seed(seed)
     return K3ForCausalLM(model_cfg)
+
+
+def build_policy_shell(model_cfg: K3Config) -> K3ForCausalLM:
+    """A K3 policy whose tensors are allocated but never initialised, to be filled by ``load_state_dict``.
+
+    Built on the ``meta`` device (no init kernels run, no RNG draw) and then given uninitialised CPU
+    storage: a rollout worker gets its weights from the learner, so a random init would be wasted work.
+    The K3 policy has no buffers, so every tensor it holds is in its state dict and gets loaded.
+    """
+    with torch.device("meta"):
+        model = K3ForCausalLM(model_cfg)
+    model = model.to_empty(device="cpu")
+    if model_cfg.tie_word_embeddings:  # to_empty gives each module its own tensor: tie them again
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model
 
 
 def lr_schedule(warmup_steps: int, decay_steps: int | None, min_ratio: float):
@@ -105,7 +120,8 @@ class Learner:
 
     # ------------------------------------------------------------------ weights
     def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
-        """The current version and the policy's state dict (CPU tensors, router biases included)."""
+        """The current version and a copy of the policy's state dict (CPU tensors, router biases
+        included). ``rl.actors.LearnerActor.publish`` puts the state dict in Ray's object store instead."""
         return self.version, {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
 
     # ------------------------------------------------------------------ training
@@ -310,11 +326,14 @@ class Learner:
         )
 
     def load(self, directory: str | Path) -> None:
+        """Restore what `save` wrote, in place: the checkpoint's tensors are copied into the policy's
+        own parameters (strict names and shapes, `model.checkpoint.CheckpointMismatch` otherwise), so
+        the optimizer keeps pointing at the parameters it steps."""
         directory = Path(directory)
         if not (directory / "learner.pt").is_file():
             raise FileNotFoundError(f"{directory} is not a learner checkpoint (no learner.pt)")
-        loaded = K3ForCausalLM.from_pretrained(directory / "policy")
-        self.model.load_state_dict(loaded.state_dict())
+        checkpoint.read_config(directory / "policy")  # both files present, or a clear error
+        checkpoint.load_pretrained(self.model, directory / "policy")
         state = torch.load(directory / "learner.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

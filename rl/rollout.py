@@ -23,7 +23,8 @@ in `RolloutStats.pool`; ``close()`` removes every member and template.
 Envs are made by ``rl.wrappers.make_env``: ``gymnasium.make`` (env checker on), then the user's
 ``env.wrappers``; the runner steps the wrapped env and sends sandbox operations to the task under it.
 
-`RolloutWorker` (in ``rl.actors``) is the Ray actor around a runner and a policy copy.
+`RolloutWorker` (in ``rl.actors``) is the Ray actor around a runner and a policy copy; the driver reads
+only its `RolloutStats` (counters and one `Outcome` per episode), the episodes go on to the learner.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import torch
 import agentenv.tasks  # noqa: F401  (registers the built-in tasks)
 from agentenv.pool import PoolMetrics, SandboxPool
 from rl.config import EnvConfig, RolloutConfig, SandboxPoolConfig
-from rl.episode import Episode
+from rl.episode import Episode, Outcome
 from rl.generation import TorchEngine
 from rl.tokenizer import Tokenizer
 from rl.wrappers import fork_env, make_env, task, wrapper_specs
@@ -69,6 +70,7 @@ class RolloutStats:
     sandboxes_created: int = 0
     errors: list[str] = field(default_factory=list)
     pool: list[dict] = field(default_factory=list)  # `PoolMetrics.to_dict()` of each worker's pool
+    outcomes: list[Outcome] = field(default_factory=list)  # one per episode, in the episodes' order
 
     def merge(self, other: RolloutStats) -> None:
         for name, value in vars(other).items():
@@ -223,6 +225,7 @@ class EpisodeRunner:
         stats.episodes = len(episodes)
         stats.failed = sum(1 for e in episodes if e.error)
         stats.errors = [f"seed {e.seed}: {e.error}" for e in episodes if e.error]
+        stats.outcomes = [Outcome.of(e) for e in episodes]
         stats.generated_tokens = sum(sum(e.action_mask) for e in episodes)
         stats.total_s = time.perf_counter() - started
         return episodes, stats

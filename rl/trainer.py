@@ -4,11 +4,17 @@ One iteration (synchronous, on-policy):
 1. seeds for the iteration's GRPO groups are derived from ``(seed, iteration)``, so a resumed run
    replays exactly what the uninterrupted run would have done;
 2. groups are split over the `RolloutWorker` actors; a worker that dies is restarted by Ray, reloads
-   the current weights and its share is retried (``rollout.max_worker_restarts``);
+   the current weights by reference and its share is retried (``rollout.max_worker_restarts``);
 3. failed episodes are zero-weight samples; if more than ``rollout.max_failed_fraction`` of the
    iteration failed, the run stops with `TooManyFailures` and a summary of the errors;
-4. the `LearnerActor` steps and publishes the next weights version; workers load it;
+4. the `LearnerActor` steps on the workers' episode references and publishes the next weights version
+   (an object-store reference); workers load it;
 5. metrics go to the console, JSONL and TensorBoard; checkpoints every ``trainer.checkpoint_every``.
+
+The driver moves references only: episodes go worker → learner and weights learner → workers through
+Ray's object store, and the driver reads just each rollout's `RolloutStats` (see ``rl.actors``). The
+weights version is the learner's counter; the driver keeps the latest ``(version, reference)`` it
+published, and the workers echo the version they rolled out with.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from model.balancing import max_violation
 from rl.actors import LearnerActor, RolloutWorker, StaleWeights
 from rl.config import RunConfig
+from rl.episode import Outcome
 from rl.metrics import MetricsLogger
 from rl.rollout import RolloutStats
 
@@ -42,6 +49,15 @@ class TooManyFailures(RuntimeError):
 
 class RolloutWorkerLost(RuntimeError):
     """A rollout worker kept dying after ``rollout.max_worker_restarts`` restarts."""
+
+
+@dataclass
+class Rollout:
+    """One iteration's rollout as the driver holds it: the episodes stay in the object store."""
+
+    episodes: list[ray.ObjectRef]  # one reference per worker share, in share order
+    stats: RolloutStats
+    expert_loads: dict[int, torch.Tensor]
 
 
 @dataclass
@@ -132,8 +148,8 @@ class Trainer:
         self.started_ray = False
         self.workers: list = []
         self.learner = None
-        self.version = 0
-        self.state_ref = None
+        self.version = 0  # the learner's latest published version, and its weights' reference
+        self.weights: ray.ObjectRef | None = None
         self.worker_restarts = 0
 
     # ------------------------------------------------------------------ set-up
@@ -156,27 +172,29 @@ class Trainer:
         self.started_ray = True
 
     def _start_actors(self) -> None:
+        """Create the learner and the rollout workers (built without init: they hold no weights until
+        `_publish_first`); Ray constructs them in parallel."""
         learner_cls = ray.remote(LearnerActor).options(num_cpus=self.tcfg.learner_cpus)
         self.learner = learner_cls.remote(self.cfg)
         worker_cls = ray.remote(RolloutWorker).options(
             num_cpus=self.rollout_cfg.worker_cpus, max_restarts=self.rollout_cfg.max_worker_restarts
         )
         self.workers = [worker_cls.remote(self.cfg, i) for i in range(self.rollout_cfg.num_workers)]
-        ray.get(
-            [w.ready.remote() for w in self.workers]
-            + [self.learner.publish.options(num_returns=2).remote()[0]]
-        )
 
-    def _publish(self) -> float:
-        """Learner → object store → every worker; returns seconds taken."""
+    def _publish_first(self) -> None:
+        """The learner's first published weights (fresh, or resumed) into every worker; this is also
+        the wait for all actors to be up."""
+        self.version, self.weights = ray.get(self.learner.publish.remote())
+        self._sync_weights()
+
+    def _sync_weights(self) -> float:
+        """Every worker loads the current version by reference (object store → worker); returns seconds."""
         started = time.perf_counter()
-        version_ref, self.state_ref = self.learner.publish.options(num_returns=2).remote()
-        self.version = ray.get(version_ref)
-        ray.get([w.load_weights.remote(self.version, self.state_ref) for w in self.workers])
+        ray.get([w.load_weights.remote(self.version, self.weights) for w in self.workers])
         return time.perf_counter() - started
 
     # ------------------------------------------------------------------ rollout with retries
-    def _rollout(self, iteration: int):
+    def _rollout(self, iteration: int) -> Rollout:
         seeds = group_seeds(self.cfg.seed, iteration, self.num_groups)
         shares = split(seeds, len(self.workers))
         results: dict[int, Any] = {}
@@ -187,9 +205,14 @@ class Trainer:
                 for w, (offset, chunk) in enumerate(shares)
                 if w not in results
             }
-            for w, ref in pending.items():
+            for w, (summary_ref, episodes_ref) in pending.items():
                 try:
-                    results[w] = ray.get(ref)
+                    version, stats, loads = ray.get(summary_ref)
+                    if version != self.version:  # `rollout` refuses this; a mismatch here is a bug
+                        raise RuntimeError(
+                            f"rollout worker {w} sampled with weights v{version}, expected v{self.version}"
+                        )
+                    results[w] = (episodes_ref, stats, loads)
                 except (RayActorError, RayTaskError) as exc:
                     if isinstance(exc, RayTaskError) and not isinstance(exc.cause, StaleWeights):
                         raise
@@ -205,24 +228,29 @@ class Trainer:
                         type(exc).__name__,
                     )
                     self._reload_worker(w)
-        episodes, stats, loads = [], RolloutStats(), {}
+        rollout = Rollout(episodes=[], stats=RolloutStats(), expert_loads={})
         for w in range(len(shares)):
-            eps, st, worker_loads = results[w]
-            episodes.extend(eps)
-            stats.merge(st)
+            episodes_ref, stats, worker_loads = results[w]
+            rollout.episodes.append(episodes_ref)
+            rollout.stats.merge(stats)
             for layer, value in worker_loads.items():
-                loads[layer] = loads.get(layer, 0) + value
-        return episodes, stats, loads
+                rollout.expert_loads[layer] = rollout.expert_loads.get(layer, 0) + value
+        return rollout
 
     def _submit(self, w: int, iteration: int, offset: int, chunk: list[int]):
+        """``(summary, episodes)`` references of worker ``w``'s rollout of ``chunk``."""
         sample_seed = int(np.random.SeedSequence([self.cfg.seed, iteration, 1, w]).generate_state(1)[0])
-        return self.workers[w].rollout.remote(chunk, self.group_size, offset, sample_seed, self.version)
+        return (
+            self.workers[w]
+            .rollout.options(num_returns=2)
+            .remote(chunk, self.group_size, offset, sample_seed, self.version)
+        )
 
     def _reload_worker(self, w: int, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                ray.get(self.workers[w].load_weights.remote(self.version, self.state_ref), timeout=30)
+                ray.get(self.workers[w].load_weights.remote(self.version, self.weights), timeout=30)
                 return
             except (RayActorError, ray.exceptions.GetTimeoutError):
                 if time.monotonic() > deadline:
@@ -235,7 +263,7 @@ class Trainer:
     def _save(self, iteration: int) -> Path:
         path = self.run_dir / "checkpoints" / f"iter_{iteration:05d}"
         ray.get(self.learner.save.remote(str(path)))
-        state = {"iteration": iteration, "version": self.version, "history": self.metrics.history}
+        state = {"iteration": iteration, "history": self.metrics.history}  # the version: in learner.pt
         (path / "trainer_state.json").write_text(json.dumps(state, default=float))
         return path
 
@@ -260,7 +288,7 @@ class Trainer:
             self._start_ray()
             self._start_actors()
             first = self._resume() if self.tcfg.resume else 0
-            self._publish()
+            self._publish_first()
             progress = _progress(self.tcfg.iterations, first, self.tcfg.progress_bar)
             iteration = first - 1
             for iteration in range(first, self.tcfg.iterations):
@@ -308,22 +336,25 @@ class Trainer:
 
     def _iteration(self, iteration: int, started: float) -> dict[str, Any]:
         t0 = time.perf_counter()
-        episodes, stats, rollout_loads = self._rollout(iteration)
+        rollout = self._rollout(iteration)
+        stats = rollout.stats
         rollout_s = time.perf_counter() - t0
         check_failures(stats, self.rollout_cfg.max_failed_fraction, iteration)
         for error in stats.errors[:3]:
             log.warning("iteration %d: episode failed: %s", iteration, error)
         t1 = time.perf_counter()
-        learner_metrics = ray.get(self.learner.train_step.remote(episodes))
+        learner_metrics, self.version, self.weights = ray.get(
+            self.learner.train_step.remote(*rollout.episodes)
+        )
         learner_s = time.perf_counter() - t1
-        sync_s = self._publish()
-        usable = [e for e in episodes if not e.error] or episodes
+        sync_s = self._sync_weights()
+        usable: list[Outcome] = [o for o in stats.outcomes if not o.failed] or stats.outcomes
         iteration_s = time.perf_counter() - t0
         record: dict[str, Any] = {
-            "success": float(np.mean([e.success for e in usable])),
-            "reward": float(np.mean([e.reward for e in usable])),
-            "turns": float(np.mean([e.turns for e in usable])),
-            "episode_tokens": float(np.mean([len(e.tokens) for e in usable])),
+            "success": float(np.mean([o.success for o in usable])),
+            "reward": float(np.mean([o.reward for o in usable])),
+            "turns": float(np.mean([o.turns for o in usable])),
+            "episode_tokens": float(np.mean([o.tokens for o in usable])),
             "episodes": stats.episodes,
             "failed_episodes": stats.failed,
             "env_steps": stats.env_steps,
@@ -346,7 +377,7 @@ class Trainer:
             "sandboxes_created": stats.sandboxes_created,
             "worker_restarts": self.worker_restarts,
             "elapsed_s": time.perf_counter() - started,
-            **rollout_balance_metrics(rollout_loads),
+            **rollout_balance_metrics(rollout.expert_loads),
             **learner_metrics,
         }
         return record

@@ -8,7 +8,7 @@ import torch
 from rl_testutil import compose
 
 import agentenv.tasks
-from rl.episode import collate
+from rl.episode import Outcome, collate
 from rl.generation import TorchEngine
 from rl.learner import build_policy
 from rl.rollout import EpisodeRunner
@@ -111,6 +111,10 @@ def test_an_exception_in_a_task_step_fails_only_that_episode(policy, sandbox_con
         runner.close()
     assert [e.error is not None for e in episodes] == [False, False, True, True]
     assert "task bug on purpose" in episodes[2].error and episodes[2].weight == 0.0
+    # what the driver reads instead of the episodes: one outcome per episode, in order
+    assert stats.outcomes == [Outcome.of(e) for e in episodes]
+    assert [o.failed for o in stats.outcomes] == [False, False, True, True]
+    assert [o.tokens for o in stats.outcomes] == [len(e.tokens) for e in episodes]
     batch = collate(episodes, TOK.pad_id)
     assert batch.action_mask[2:].sum() == 0 and batch.action_mask[:2].sum() > 0  # zero-weight samples
     with pytest.raises(
