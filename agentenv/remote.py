@@ -47,6 +47,7 @@ from agentenv.errors import (
 from agentenv.paths import conf_dir, overridable_path
 from agentenv.results import ExecResult, SandboxStats
 from agentenv.sandbox import workspace_path
+from agentenv.server.fsops import MissingPath
 
 SERVER_ENV = "AGENTENV_SERVER"
 API_KEY_ENV = "AGENTENV_API_KEY"
@@ -368,6 +369,7 @@ class RemoteSandbox:
         if not argv or not argv[0]:
             raise AgentEnvError("empty command")
         cfg = self.config
+        limit = cfg.output_limit_bytes
         timeout_s = cfg.exec_timeout_s if timeout is None else float(timeout)
         if not timeout_s > 0:
             raise AgentEnvError(f"timeout must be > 0 seconds, got {timeout!r}")
@@ -386,7 +388,8 @@ class RemoteSandbox:
                 if ev.field == "start" and data is not None:
                     self._send_stdin(ev.value.pid, bytes(data))
                 elif ev.field == "data" and ev.value.output is not None:
-                    (out if ev.value.output.field == "stdout" else err).extend(ev.value.output.value)
+                    buf = out if ev.value.output.field == "stdout" else err
+                    buf.extend(ev.value.output.value[:max(0, limit + 1 - len(buf))])  # memory bounded
                 elif ev.field == "end":
                     code = ev.value.exit_code
         except TimeoutError:
@@ -396,7 +399,6 @@ class RemoteSandbox:
         if code is None:
             raise HostUnavailable(f"sandbox host {self.host.url}: the command's stream ended without its "
                                   "exit code")
-        limit = cfg.output_limit_bytes
         result = ExecResult(exit_code=code, stdout=bytes(out[:limit]).decode(errors="replace"),
                             stderr=bytes(err[:limit]).decode(errors="replace"),
                             duration_s=time.perf_counter() - started, timed_out=timed_out,
@@ -445,8 +447,15 @@ class RemoteSandbox:
                 raise AgentEnvError(f"chmod {format(mode, 'o')} {path} failed: {r.stderr.strip()}")
 
     def read_file(self, path: str) -> bytes:
+        """A file below the work dir; `MissingPath` (a FileNotFoundError) when there is none."""
         full = workspace_path(path, self.config.workspace)
-        return self.host.request("GET", "/files", params={"path": full}, headers=self._envd_headers()).content
+        try:
+            return self.host.request("GET", "/files", params={"path": full},
+                                     headers=self._envd_headers()).content
+        except SandboxNotFound as e:
+            if self.status in ("closed", "broken"):
+                raise
+            raise MissingPath(str(e)) from None
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def _lifecycle(self, method: str, action: str, **kw: Any) -> httpx.Response:
