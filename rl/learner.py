@@ -40,6 +40,7 @@ from rl.algos import (
 from rl.config import AlgoConfig, RunConfig
 from rl.episode import Batch, Episode, collate
 from rl.generation import MASKED_LOGIT, disallowed_tokens
+from rl.init_weights import load_init_weights
 from rl.tokenizer import build_tokenizer
 
 
@@ -94,6 +95,7 @@ class Learner:
         self.temperature = cfg.rollout.temperature
         self.disallowed = disallowed_tokens(tokenizer, cfg.env.action_vocabulary, cfg.model.vocab_size)
         self.model = build_policy(cfg.model, cfg.seed)
+        load_init_weights(self.model, cfg.model)  # model.init_from: a checkpoint's weights, if set
         self.value_head: nn.Linear | None = None
         if self.algo.advantage == "gae":
             self.value_head = nn.Linear(self.model.config.hidden_size, 1)

@@ -49,12 +49,20 @@ class MetricsLogger:
             self._writer.close()
             self._writer = None
 
-    def plot(self, path: str | Path | None = None) -> Path | None:
+    def plot(
+        self, path: str | Path | None = None, panels: tuple[tuple[str, str], ...] = PLOTTED
+    ) -> Path | None:
         """Write the learning curve PNG (default ``<run_dir>/learning_curve.png``); None if no data."""
-        return plot_history(self.history, path or self.run_dir / "learning_curve.png")
+        return plot_history(self.history, path or self.run_dir / "learning_curve.png", panels=panels)
 
 
-def plot_history(history: list[dict[str, Any]], path: str | Path, title: str | None = None) -> Path | None:
+def plot_history(
+    history: list[dict[str, Any]],
+    path: str | Path,
+    title: str | None = None,
+    panels: tuple[tuple[str, str], ...] = PLOTTED,
+) -> Path | None:
+    """Four panels ``(metric key, title)`` (the RL curve by default) against wall time or iteration."""
     if not history:
         return None
     import matplotlib
@@ -65,7 +73,7 @@ def plot_history(history: list[dict[str, Any]], path: str | Path, title: str | N
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True)
     x_key = "elapsed_s" if all("elapsed_s" in r for r in history) else "iteration"
     xs = [r[x_key] / 60 if x_key == "elapsed_s" else r[x_key] for r in history]
-    for ax, (key, label) in zip(axes.flat, PLOTTED, strict=True):
+    for ax, (key, label) in zip(axes.flat, panels, strict=True):
         ys = [r.get(key, float("nan")) for r in history]
         ax.plot(xs, ys, lw=1.5)
         ax.set_title(label, fontsize=10)

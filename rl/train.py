@@ -12,6 +12,8 @@ Examples::
     python -m rl.train algo=ppo trainer.iterations=50
     python -m rl.train env=find_value rollout.num_workers=2
     python -m rl.train trainer.resume=outputs/2026-11-30/06-00-00
+    python -m rl.train stage=sft data=demos.jsonl       # supervised cold start (conf/sft/)
+    python -m rl.train model.init_from=outputs/2026-11-30/07-00-00   # RL from the SFT run's weights
 """
 
 from __future__ import annotations
@@ -29,17 +31,32 @@ from rl.config import ConfigError, RunConfig, load
 
 
 def resolve_config(cfg: DictConfig) -> RunConfig:
-    """The composed config as a checked `RunConfig` (raises a one-line `ConfigError`)."""
-    return load(cfg)
+    """The composed config as a checked `RunConfig` (raises a one-line `ConfigError`): the schema's
+    checks, then ``model.init_from`` (its checkpoint's model config must match) and ``data``."""
+    from rl.init_weights import check_init_from
+
+    run = load(cfg)
+    check_init_from(run.model)
+    if run.stage == "sft" and not (run.data and Path(run.data).is_file()):
+        raise ConfigError(
+            "data: stage=sft needs an existing demonstration JSONL (python -m rl.demonstrations), "
+            f"got {run.data!r}"
+        )
+    return run
 
 
 def train(cfg: DictConfig, run_dir: str | Path):
-    """Check the config, train, and return the `TrainResult` (used by ``main`` and ``bench/train.py``)."""
-    from rl.trainer import Trainer
-
+    """Check the config and run its ``stage``: RL (`TrainResult`, also used by ``bench/train.py``) or the
+    supervised cold start (`rl.sft.SFTResult`)."""
     run = resolve_config(cfg)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / "resolved_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(run)))
+    if run.stage == "sft":
+        from rl.sft import SFTRunner
+
+        return SFTRunner(run, run_dir).run()
+    from rl.trainer import Trainer
+
     return Trainer(run, run_dir).run()
 
 
@@ -75,6 +92,15 @@ def _hydra_main(cfg: DictConfig) -> None:
     except KeyboardInterrupt:
         print(f"\nk3rl-train: interrupted; metrics and the plot so far are in {run_dir}", file=sys.stderr)
         raise SystemExit(130) from None
+    if cfg.stage == "sft":
+        heldout = ", ".join(f"{k} {v:.4f}" for k, v in result.heldout.items() if k in ("loss", "accuracy"))
+        steps, episodes, minutes = result.steps, result.train_episodes, result.wall_s / 60
+        print(f"\nSFT: {steps} steps on {episodes} episodes, {minutes:.1f} min")
+        print(f"held-out action tokens: {heldout or 'none held out'}")
+        print(f"learning curve: {result.plot}")
+        print(f"checkpoint:     {result.checkpoint} (start RL from it: model.init_from={run_dir})")
+        print(f"metrics:        {run_dir / 'metrics.jsonl'} (TensorBoard: {run_dir / 'tb'})")
+        return
     target = cfg.trainer.stop_at_success
     print(
         f"\nsuccess: {result.start_success:.2f} at the start -> {result.end_success:.2f} "

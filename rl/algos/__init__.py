@@ -17,6 +17,7 @@ from rl.algos.losses import (
     token_log_probs,
     truncated_is_weights,
 )
+from rl.algos.sft import sft_loss
 
 __all__ = [
     "aggregate",
@@ -29,6 +30,7 @@ __all__ = [
     "kl_estimate",
     "masked_mean",
     "rloo_advantages",
+    "sft_loss",
     "token_log_probs",
     "truncated_is_weights",
     "zero_variance_groups",

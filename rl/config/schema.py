@@ -130,11 +130,46 @@ class TokenizerConfig:
 
 
 @dataclass
+class PolicyConfig(K3Config):
+    """``conf/model/*.yaml`` plus ``model.init_from``: the K3 shapes, and optionally the checkpoint
+    (a ``save_pretrained`` folder, a checkpoint or a run folder) whose weights the run starts from.
+    ``init_from`` is a run setting, not a shape: it stays out of `to_dict` and so of ``config.json``."""
+
+    init_from: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d.pop("init_from", None)
+        return d
+
+
+@dataclass
+class SFTConfig:
+    """``conf/sft/*.yaml``: supervised cold start on demonstration episodes (``stage=sft``)."""
+
+    batch_size: int = required(ge=1)
+    epochs: int = required(ge=1)
+    max_steps: int | None = optional(ge=1)
+    holdout_fraction: float = required(ge=0, lt=1)
+    lr: float = required(gt=0)
+    weight_decay: float = required(ge=0)
+    warmup_steps: int = required(ge=0)
+    decay_steps: int | None = optional(ge=1)
+    min_lr_ratio: float = required(ge=0, le=1)
+    grad_clip: float = required(gt=0)
+    log_every: int = required(ge=1)
+    checkpoint_every: int = required(ge=0)
+
+
+@dataclass
 class RunConfig:
     """The whole run (``conf/config.yaml`` and its groups)."""
 
     seed: int = required(ge=0)
-    model: K3Config = MISSING
+    stage: str = required(choices=("rl", "sft"))
+    # stage=sft: the demonstration JSONL (`python -m rl.demonstrations`); unused by stage=rl
+    data: str | None = optional()
+    model: PolicyConfig = MISSING
     algo: AlgoConfig = MISSING
     env: EnvConfig = MISSING
     # AgentENV's keys (conf/sandbox/default.yaml), checked by agentenv.config.SandboxConfig itself
@@ -142,14 +177,16 @@ class RunConfig:
     rollout: RolloutConfig = MISSING
     tokenizer: TokenizerConfig = MISSING
     trainer: TrainerConfig = MISSING
+    sft: SFTConfig = MISSING
 
 
 # Hydra group -> its schema (the top-level keys `seed` and `tokenizer` live in conf/config.yaml).
 GROUP_SCHEMAS: dict[str, type] = {
-    "model": K3Config,
+    "model": PolicyConfig,
     "algo": AlgoConfig,
     "env": EnvConfig,
     "rollout": RolloutConfig,
     "trainer": TrainerConfig,
     "tokenizer": TokenizerConfig,
+    "sft": SFTConfig,
 }

@@ -13,6 +13,7 @@ from rl.algos import (
     grpo_advantages,
     kl_estimate,
     rloo_advantages,
+    sft_loss,
     truncated_is_weights,
     zero_variance_groups,
 )
@@ -132,3 +133,18 @@ def test_kl_estimators():
 def test_truncated_is_weights_cap_the_ratio():
     w = truncated_is_weights(torch.tensor([-1.0, -2.0]), torch.tensor([-2.0, -1.0]), cap=2.0)
     torch.testing.assert_close(w, torch.tensor([2.0, math.exp(-1)]))
+
+
+def test_sft_loss_is_cross_entropy_on_action_tokens_only():
+    # position 0 is an observation token with a huge loss (target 0 vs logit 100 on token 1): masked out
+    logits = torch.tensor([[[0.0, 100.0], [0.0, math.log(3.0)], [0.0, math.log(3.0)]]], requires_grad=True)
+    targets = torch.tensor([[0, 1, 0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    loss, stats = sft_loss(logits, targets, mask)
+    # p(1) = 3/4 at position 1, p(0) = 1/4 at position 2
+    assert loss.item() == pytest.approx((math.log(4 / 3) + math.log(4)) / 2)
+    assert stats.accuracy == pytest.approx(0.5)
+    assert stats.tokens == 2
+    loss.backward()
+    assert torch.all(logits.grad[0, 0] == 0)
+    assert torch.all(logits.grad[0, 1:] != 0)

@@ -30,7 +30,7 @@ def test_the_yaml_files_hold_every_value_the_schemas_only_types_and_ranges():
     from rl.config.schema import GROUP_SCHEMAS
 
     for name, schema in GROUP_SCHEMAS.items():
-        if schema is K3Config:
+        if issubclass(schema, K3Config):  # the model's own dataclass (and model.init_from)
             continue
         for field in dataclasses.fields(schema):
             assert field.default in (MISSING, None, dataclasses.MISSING), f"{name}.{field.name}"
