@@ -288,16 +288,16 @@ class RemoteSandbox:
     def create(cls, image: str | None = None, memory: str | None = None, cpus: float | None = None,
                config: SandboxConfig | None = None, labels: Mapping[str, str] | None = None, *,
                server: str | None = None, api_key: str | None = None) -> RemoteSandbox:
-        return SandboxHost(server, api_key).create(image, memory, cpus, config, labels)
+        return shared_host(server, api_key).create(image, memory, cpus, config, labels)
 
     @classmethod
     def get(cls, sandbox_id: str, *, server: str | None = None, api_key: str | None = None) -> RemoteSandbox:
-        return SandboxHost(server, api_key).get(sandbox_id)
+        return shared_host(server, api_key).get(sandbox_id)
 
     @classmethod
     def list(cls, include_closed: bool = False, *, server: str | None = None,
              api_key: str | None = None) -> list[RemoteSandbox]:
-        return SandboxHost(server, api_key).list(include_closed)
+        return shared_host(server, api_key).list(include_closed)
 
     # ---- properties --------------------------------------------------------------------------
     @property
@@ -572,7 +572,18 @@ class SandboxHosts:
 
 
 _shared: dict[tuple[str, ...], SandboxHosts] = {}
+_shared_hosts: dict[tuple[str | None, str | None], SandboxHost] = {}
 _shared_lock = threading.Lock()
+
+
+def shared_host(url: str | None = None, api_key: str | None = None) -> SandboxHost:
+    """One `SandboxHost` (one connection pool) per URL and key per process, for `RemoteSandbox.create/
+    get/list` (`url` None: `$AGENTENV_SERVER`; `api_key` None: `$AGENTENV_API_KEY`)."""
+    key = (url or os.environ.get(SERVER_ENV), api_key or os.environ.get(API_KEY_ENV))
+    with _shared_lock:
+        if key not in _shared_hosts:
+            _shared_hosts[key] = SandboxHost(*key)
+        return _shared_hosts[key]
 
 
 def shared_hosts(urls: Sequence[str]) -> SandboxHosts:
