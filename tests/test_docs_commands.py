@@ -13,6 +13,10 @@ file fails here rather than for a reader:
 - `agentenv ...`: the CLI's own argument parser; `bash script`: `bash -n`; `pytest`/`ruff`: the
   executable and the paths named must exist.
 
+Commands of one code block run in order in one working directory. A command whose output (`out=PATH`,
+`hydra.run.dir=PATH`) a later command of its block names is a step of a pipeline: it runs for real, shrunk
+by SHRINK to seconds, so that the later command is checked against what the earlier one really wrote.
+
 Files a tutorial asks the reader to write (a code block whose first line is `# <path>`, e.g.
 `# my_tasks.py` or `# conf/env/count_files.yaml`) are written to a scratch folder first, which stands for
 the reader's working directory (`PYTHONPATH=.`) and extends Hydra's config search path.
@@ -42,6 +46,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 SHELL_FENCES = {"sh", "bash", "console", "shell"}
 RUN_FOR_REAL = {"model.count"}  # read-only and fast: the documented command itself runs
+# Pipeline steps run for real with these overrides appended (program, a word it must contain) -> overrides.
+SHRINK = {
+    ("rl.demonstrations", ""): ["num_episodes=4"],
+    ("rl.train", "stage=sft"): ["sft.max_steps=1", "sft.checkpoint_every=0", "trainer.progress_bar=false"],
+}
+_WRITES = re.compile(r"^(?:out|hydra\.run\.dir)=(\S+)$")
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _TUTORIAL_FILE = re.compile(r"\A# ([\w./-]+\.(?:py|yaml))\s*\n")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
@@ -53,6 +63,11 @@ class DocCommand:
     line: int
     text: str
     output: str | None = None  # console blocks: the output shown after the command
+    block: int = 0  # the first line of its code block: commands of one block share a working directory
+
+    def writes(self) -> list[str]:
+        """The paths this command's arguments say it writes."""
+        return [m.group(1) for w in shlex.split(self.text, comments=True) if (m := _WRITES.match(w))]
 
     def __str__(self) -> str:
         return f"{self.doc}:{self.line}: {self.text}"
@@ -107,8 +122,15 @@ def doc_commands() -> list[DocCommand]:
                     shown.append(lines[i])
                     i += 1
                 output = "\n".join(shown).strip()
-            commands.append(DocCommand(doc, start, text.strip(), output))
+            commands.append(DocCommand(doc, start, text.strip(), output, first))
     return commands
+
+
+def feeds(command: DocCommand) -> bool:
+    """Whether a later command of its block names a path this one writes (a pipeline step)."""
+    later = [c for c in COMMANDS if c.doc == command.doc and c.block == command.block and c.line > command.line]
+    return any(path in shlex.split(c.text, comments=True) or any(w.endswith(f"={path}") for w in
+               shlex.split(c.text, comments=True)) for path in command.writes() for c in later)
 
 
 def tutorial_files() -> dict[str, str]:
@@ -284,14 +306,49 @@ def check(cmd: list[str], ctx: Context) -> None:
         pytest.fail(f"no dry-run rule for {prog!r}: add one to {Path(__file__).name}")
 
 
+def run_step(command: DocCommand) -> None:
+    """Run a pipeline step for real, shrunk (SHRINK), in its block's working directory (cwd)."""
+    words = shlex.split(command.text, comments=True)
+    args = words[words.index("-m") + 1:] if "-m" in words else words[1:]
+    target, rest = args[0], args[1:]
+    extra = next((o for (prog, word), o in SHRINK.items() if prog == target and (not word or word in rest)), None)
+    assert extra is not None, f"{command}: a later command uses its output; add a SHRINK entry to run it"
+    proc = subprocess.run([sys.executable, "-m", target, *rest, *extra], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, f"{command} (shrunk: {' '.join(extra)}) exited {proc.returncode}:\n" + (
+        proc.stdout + proc.stderr)[-2000:]
+    for path in command.writes():
+        assert Path(path).exists(), f"{command}: wrote no {path}"
+
+
+@pytest.fixture(scope="module")
+def block_dirs() -> dict[tuple[str, int], tuple[Path, set[int]]]:
+    """(doc, block) -> (its working directory, the lines of the pipeline steps already run there)."""
+    return {}
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=[f"{c.doc}:{c.line}" for c in COMMANDS])
-def test_documented_command_runs(command: DocCommand, tutorial_dir: Path, monkeypatch, tmp_path) -> None:
-    monkeypatch.chdir(tmp_path)  # nothing a command may write lands in the repository
+def test_documented_command_runs(command: DocCommand, tutorial_dir: Path, block_dirs, monkeypatch,
+                                 tmp_path_factory) -> None:
+    key = (command.doc, command.block)
+    if key not in block_dirs:
+        block_dirs[key] = (tmp_path_factory.mktemp("block"), set())
+    workdir, done = block_dirs[key]
+    monkeypatch.chdir(workdir)  # nothing a command may write lands in the repository
     lexer = shlex.shlex(command.text, posix=True, punctuation_chars=True)
     lexer.whitespace_split, lexer.commenters = True, "#"
     operators = [t for t in lexer if t and set(t) <= set("();<>|&")]
     assert not operators and "$(" not in command.text, (
         f"{command}: write one plain command per line (found {operators or '$('}), so that it can be checked")
+    for step in COMMANDS:  # the earlier steps of the pipeline, also when this test runs alone
+        if (step.doc, step.block) == key and step.line < command.line and step.line not in done and feeds(step):
+            run_step(step)
+            done.add(step.line)
+    if feeds(command):
+        if command.line not in done:
+            run_step(command)
+            done.add(command.line)
+        return
     check(shlex.split(command.text, comments=True), Context(tutorial_dir, {}, command.output))
 
 
