@@ -81,6 +81,45 @@ def sign_update(loads: torch.Tensor, bias: torch.Tensor, u: float = 1e-3) -> tor
     return (bias.detach() + u * torch.sign(loads.mean() - loads)).to(bias.dtype)
 
 
+def prefix_multiplicities(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Tokens per distinct causal context in a batch [B, T] (padding, ``attention_mask == 0``, left out).
+
+    A causal model gives equal hidden states, hence equal routing, to every token whose prefix (the real
+    tokens up to and including it) is the same: episodes that share a prompt send its tokens to the same
+    experts together. The counts are the sizes of those indivisible lumps of router load.
+    """
+    nodes: dict[tuple[int, int], int] = {}
+    counts: list[int] = []
+    for row, keep in zip(input_ids.tolist(), attention_mask.bool().tolist(), strict=True):
+        node = -1
+        for token, real in zip(row, keep, strict=True):
+            if not real:
+                continue
+            key = (node, token)
+            node = nodes.setdefault(key, len(nodes))
+            if node == len(counts):
+                counts.append(0)
+            counts[node] += 1
+    return torch.tensor(counts, dtype=torch.float32)
+
+
+def maxvio_floor(
+    multiplicities: torch.Tensor, num_experts: int, k: int, generator: torch.Generator, draws: int = 32
+) -> float:
+    """Expected MaxVio of a perfectly balanced router on a batch: each distinct context (of the given
+    multiplicities, see `prefix_multiplicities`; all ones for independent tokens) picks k distinct experts
+    uniformly at random. No bias computed from other batches can be expected to do better than this
+    sampling noise, so it is the yardstick for the in-loop MaxVio."""
+    if multiplicities.numel() == 0:
+        return 0.0
+    weights = multiplicities.float().repeat_interleave(k)
+    vios = []
+    for _ in range(draws):
+        ids = torch.rand(multiplicities.numel(), num_experts, generator=generator).topk(k, dim=-1).indices
+        vios.append(max_violation(torch.bincount(ids.reshape(-1), weights=weights, minlength=num_experts)))
+    return sum(vios) / len(vios)
+
+
 def max_violation(loads: torch.Tensor) -> float:
     """MaxVio = (max load - mean load) / mean load (0 for a perfectly balanced or empty batch)."""
     loads = loads.detach().float()

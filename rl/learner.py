@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from model import K3Config, K3ForCausalLM, checkpoint
-from model.balancing import max_violation, quantile_balance
+from model.balancing import max_violation, maxvio_floor, prefix_multiplicities, quantile_balance
 from model.moe import RouterStats
 from rl.algos import (
     broadcast_to_tokens,
@@ -210,6 +210,8 @@ class Learner:
                     batch, rows, forward, old_logp, old_values, advantages, returns, is_weights
                 )
                 step_metrics.update(self._balance_experts([forward[3]]))
+                if "maxvio" in step_metrics:
+                    step_metrics["maxvio_floor"] = self._maxvio_floor(batch, rows)
                 for key, value in step_metrics.items():
                     totals.setdefault(key, []).append(value)
         metrics = {key: float(np.mean(values)) for key, values in totals.items()}
@@ -280,6 +282,15 @@ class Learner:
             }
         )
         return metrics
+
+    def _maxvio_floor(self, batch: Batch, rows: torch.Tensor | slice) -> float:
+        """`model.balancing.maxvio_floor` of this optimizer step's tokens: the MaxVio a perfectly balanced
+        router would show on them, given that tokens with one shared prefix route together. Drawn from
+        its own generator (seeded by run seed and step), so logging it leaves the run's RNG alone."""
+        config = self.model.config
+        lumps = prefix_multiplicities(batch.input_ids[rows], batch.attention_mask[rows])
+        generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.steps)
+        return maxvio_floor(lumps, config.num_experts, config.num_experts_per_token, generator)
 
     @torch.no_grad()
     def _balance_experts(self, forwards_router_stats: list[list[RouterStats]]) -> dict[str, float]:

@@ -128,7 +128,8 @@ def doc_commands() -> list[DocCommand]:
 
 def feeds(command: DocCommand) -> bool:
     """Whether a later command of its block names a path this one writes (a pipeline step)."""
-    later = [c for c in COMMANDS if c.doc == command.doc and c.block == command.block and c.line > command.line]
+    later = [c for c in COMMANDS
+             if (c.doc, c.block) == (command.doc, command.block) and c.line > command.line]
     return any(path in shlex.split(c.text, comments=True) or any(w.endswith(f"={path}") for w in
                shlex.split(c.text, comments=True)) for path in command.writes() for c in later)
 
@@ -311,7 +312,8 @@ def run_step(command: DocCommand) -> None:
     words = shlex.split(command.text, comments=True)
     args = words[words.index("-m") + 1:] if "-m" in words else words[1:]
     target, rest = args[0], args[1:]
-    extra = next((o for (prog, word), o in SHRINK.items() if prog == target and (not word or word in rest)), None)
+    extra = next((o for (prog, word), o in SHRINK.items()
+                  if prog == target and (not word or word in rest)), None)
     assert extra is not None, f"{command}: a later command uses its output; add a SHRINK entry to run it"
     proc = subprocess.run([sys.executable, "-m", target, *rest, *extra], capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -341,7 +343,8 @@ def test_documented_command_runs(command: DocCommand, tutorial_dir: Path, block_
     assert not operators and "$(" not in command.text, (
         f"{command}: write one plain command per line (found {operators or '$('}), so that it can be checked")
     for step in COMMANDS:  # the earlier steps of the pipeline, also when this test runs alone
-        if (step.doc, step.block) == key and step.line < command.line and step.line not in done and feeds(step):
+        earlier = (step.doc, step.block) == key and step.line < command.line
+        if earlier and step.line not in done and feeds(step):
             run_step(step)
             done.add(step.line)
     if feeds(command):

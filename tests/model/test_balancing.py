@@ -9,6 +9,8 @@ from model.balancing import (
     _column_quantile,
     expert_loads,
     max_violation,
+    maxvio_floor,
+    prefix_multiplicities,
     quantile_balance,
     route_top_k,
     sign_update,
@@ -24,22 +26,6 @@ def zipf_popularity(n: int, seed: int) -> torch.Tensor:
 def skewed_scores(m: int, popularity: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Sigmoid router scores of m tokens: Gaussian token-expert affinities plus the expert popularity."""
     return torch.sigmoid(torch.randn(m, popularity.numel(), generator=generator) + popularity)
-
-
-def balanced_noise_floor(m: int, n: int, k: int, generator: torch.Generator, draws: int = 10) -> float:
-    """MaxVio of a perfectly balanced router at this batch size: every token picks k experts uniformly.
-
-    Exact (k distinct experts per token) for small batches; for large ones the m*k picks are drawn
-    independently, which overstates the load variance by the factor (n-1)/(n-k) (< 2 % for n = 896, k = 16).
-    """
-    vios = []
-    for _ in range(draws):
-        if m * n <= 4_000_000:
-            ids = torch.rand(m, n, generator=generator).topk(k, dim=-1).indices
-        else:
-            ids = torch.randint(0, n, (m * k,), generator=generator)
-        vios.append(max_violation(expert_loads(ids, n)))
-    return sum(vios) / len(vios)
 
 
 @pytest.mark.parametrize(("n", "k"), [(64, 4), pytest.param(896, 16, marks=pytest.mark.slow)])
@@ -65,7 +51,7 @@ def test_quantile_balancing_reaches_the_floor_where_sign_update_cannot(n, k):
     assert sign_vio > 0.5, sign_vio
 
     # The bias generalises: on fresh batches from the same distribution MaxVio stays near sampling noise.
-    floor = balanced_noise_floor(m, n, k, gen)
+    floor = maxvio_floor(torch.ones(m), n, k, gen, draws=10)
     fresh = skewed_scores(m, popularity, gen)
     fresh_vio = max_violation(expert_loads(route_top_k(fresh, bias, k), n))
     assert fresh_vio <= 2 * floor, (fresh_vio, floor)
@@ -99,3 +85,20 @@ def test_bad_shapes_are_rejected():
         quantile_balance(torch.rand(10, 4), 2, torch.zeros(5))
     with pytest.raises(ValueError, match="differ"):
         sign_update(torch.zeros(3), torch.zeros(4))
+
+
+def test_prefix_multiplicities_count_shared_prefixes_and_skip_padding():
+    ids = torch.tensor([[5, 6, 7, 0], [5, 6, 8, 0], [5, 9, 7, 7]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 1]])
+    # contexts: (5) x3, (5,6) x2, (5,6,7), (5,6,8), (5,9), (5,9,7), (5,9,7,7)
+    assert sorted(prefix_multiplicities(ids, mask).tolist()) == [1, 1, 1, 1, 1, 2, 3]
+    assert prefix_multiplicities(ids, mask).sum() == mask.sum()
+
+
+def test_maxvio_floor_grows_when_tokens_come_in_lumps():
+    gen = torch.Generator().manual_seed(0)
+    independent = maxvio_floor(torch.ones(2400), 16, 2, gen)
+    lumpy = maxvio_floor(torch.full((100,), 24.0), 16, 2, gen)  # the same 2400 tokens, 24 per context
+    # i.i.d. tokens: load ~ Binomial(2400, 1/8), mean 300, sd ~16; the max of 16 lies ~1.8 sd above
+    assert 0.05 < independent < 0.2 and lumpy > 3 * independent
+    assert maxvio_floor(torch.ones(0), 16, 2, gen) == 0.0

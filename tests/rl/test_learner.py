@@ -8,7 +8,7 @@ import torch
 from rl_testutil import compose
 
 from rl.actors import RolloutWorker, StaleWeights
-from rl.episode import Episode
+from rl.episode import Episode, collate
 from rl.learner import Learner
 
 
@@ -41,6 +41,10 @@ def test_a_step_rebalances_every_router_and_logs_maxvio(cfg):
     assert all(abs(float(b.mean())) < 1e-5 for b in biases)  # mean-centred
     assert {"maxvio/layer1", "maxvio/layer2", "maxvio/layer3", "maxvio"} <= metrics.keys()
     assert metrics["weights_version"] == 1.0 and learner.weights()[0] == 1
+    # the sampling floor of these tokens: > 0, and drawn without touching the run's RNG
+    state = torch.get_rng_state()
+    assert 0 < learner._maxvio_floor(collate(episodes(), learner.pad_id), slice(None)) < 10
+    assert torch.equal(state, torch.get_rng_state()) and metrics["maxvio_floor"] > 0
 
 
 def test_kl_to_the_frozen_reference_starts_at_zero_and_grows(cfg):
