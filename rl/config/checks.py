@@ -159,6 +159,15 @@ def check_resources(cfg) -> None:
         )
 
 
+def check_trainer(cfg) -> None:
+    """Async mode corrects for the behaviour policy with the truncated IS weight (``algo.tis_cap``)."""
+    if cfg.trainer.mode == "async" and cfg.algo.tis_cap is None:
+        _fail(
+            "algo.tis_cap",
+            "trainer.mode=async needs the behaviour-policy importance weight; set algo.tis_cap (e.g. 2.0)",
+        )
+
+
 def check_run(cfg) -> None:
     """Every check, in the order a reader of conf/config.yaml meets the keys."""
     check_fields(cfg, "")
@@ -167,3 +176,4 @@ def check_run(cfg) -> None:
     check_sandbox(cfg.sandbox)
     check_rollout(cfg.rollout)
     check_resources(cfg)
+    check_trainer(cfg)

@@ -117,6 +117,11 @@ class TrainerConfig:
     resume: str | None = optional()
     tensorboard: bool = required()
     progress_bar: bool = required()
+    # sync: rollout, then learn (exactly resumable); async: workers keep generating while the learner
+    # trains (rl.async_rollout), groups older than max_staleness weight versions are dropped
+    mode: str = required(choices=("sync", "async"))
+    max_staleness: int = required(ge=0)
+    rollouts_in_flight: int = required(ge=1)  # async: outstanding rollout calls per worker
 
 
 @dataclass
