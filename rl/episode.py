@@ -4,6 +4,12 @@ Token layout (see ``rl.tokenizer``): observation turns are written by the traine
 action tokens are the sampled ids (``action_mask`` 1, with their sampling log-probs). Rewards of each
 step sit on the last token of the action that earned them. A failed episode (exception in the task,
 dead sandbox, failed resume) keeps its tokens for inspection but has ``error`` set and weight 0.
+
+Every token also records the weights version of the policy in use when it was written (``versions``):
+for an action token that is the version that sampled it. In async training (``trainer.mode=async``) an
+episode in flight across a weight update continues with the new weights, so one episode can mix
+versions; the trainer's staleness bound looks at the oldest action token (`Episode.oldest_version`).
+`collate` ignores the versions: the learner needs only the sampling log-probs they go with.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ class Episode:
     action_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)  # sampling log-prob of action tokens, 0 elsewhere
     step_rewards: list[tuple[int, float]] = field(default_factory=list)  # (token index, reward)
+    versions: list[int] = field(default_factory=list)  # weights version in use when each token was written
     observations: list[str] = field(default_factory=list)  # every observation text, the last one included
     turns: int = 0
     success: bool = False
@@ -41,10 +48,27 @@ class Episode:
         """1 for a usable sample, 0 for a failed episode (it contributes nothing to the loss)."""
         return 0.0 if self.error else 1.0
 
-    def append(self, ids: list[int], trained: bool, logprobs: list[float] | None = None) -> None:
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest weights version that sampled one of its action tokens (None: it has none)."""
+        pairs = zip(self.versions, self.action_mask, strict=False)  # no versions: built by hand
+        return min((v for v, m in pairs if m), default=None)
+
+    @property
+    def newest_version(self) -> int | None:
+        """The newest weights version that sampled one of its action tokens (None: it has none)."""
+        pairs = zip(self.versions, self.action_mask, strict=False)  # no versions: built by hand
+        return max((v for v, m in pairs if m), default=None)
+
+    def append(
+        self, ids: list[int], trained: bool, logprobs: list[float] | None = None, version: int = 0
+    ) -> None:
+        """Add ``ids``: action tokens (``trained``, with their sampling log-probs) or trainer-written
+        ones; ``version`` is the weights version in use (the one that sampled them, for actions)."""
         self.tokens.extend(ids)
         self.action_mask.extend([1 if trained else 0] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        self.versions.extend([version] * len(ids))
 
     def fail(self, error: BaseException | str) -> None:
         self.error = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
@@ -59,10 +83,20 @@ class Outcome:
     turns: int
     tokens: int
     failed: bool
+    oldest_version: int | None = None  # of its action tokens (see `Episode.oldest_version`)
+    newest_version: int | None = None
 
     @classmethod
     def of(cls, episode: Episode) -> Outcome:
-        return cls(episode.success, episode.reward, episode.turns, len(episode.tokens), bool(episode.error))
+        return cls(
+            episode.success,
+            episode.reward,
+            episode.turns,
+            len(episode.tokens),
+            bool(episode.error),
+            episode.oldest_version,
+            episode.newest_version,
+        )
 
 
 @dataclass

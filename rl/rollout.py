@@ -23,6 +23,11 @@ in `RolloutStats.pool`; ``close()`` removes every member and template.
 Envs are made by ``rl.wrappers.make_env``: ``gymnasium.make`` (env checker on), then the user's
 ``env.wrappers``; the runner steps the wrapped env and sends sandbox operations to the task under it.
 
+Before each turn's generation the runner asks ``policy_version`` (a callable given to `run`) which
+weights version the policy holds now, and records it on the tokens of that turn: in async training the
+worker swaps in newer weights there, between turns, so an episode in flight across an update continues
+with the new weights (partial rollout) and each token keeps the version that sampled it.
+
 `RolloutWorker` (in ``rl.actors``) is the Ray actor around a runner and a policy copy; the driver reads
 only its `RolloutStats` (counters and one `Outcome` per episode), the episodes go on to the learner.
 """
@@ -34,6 +39,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -129,6 +135,7 @@ class EpisodeRunner:
         self.free_envs: list[gymnasium.Env] = []  # envs between runs; their sandboxes stay pool members
         self._pool_counts = {"pauses": 0, "resumes": 0}
         self._generator = torch.Generator()
+        self._policy_version: Callable[[], int] = lambda: 0
         self._stats_lock = threading.Lock()
         self.threads = ThreadPoolExecutor(max_workers=rollout_cfg.env_threads)
 
@@ -198,12 +205,21 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------ episodes
     def run(
-        self, seeds: list[int], group_size: int, generator: torch.Generator, first_group: int = 0
+        self,
+        seeds: list[int],
+        group_size: int,
+        generator: torch.Generator,
+        first_group: int = 0,
+        policy_version: Callable[[], int] | None = None,
     ) -> tuple[list[Episode], RolloutStats]:
-        """One episode per group member for each seed; episodes come back group after group."""
+        """One episode per group member for each seed; episodes come back group after group.
+
+        ``policy_version()`` is called before every turn's generation and returns the weights version
+        the policy holds for it (None: version 0 throughout)."""
         stats = RolloutStats()
         started = time.perf_counter()
         self._generator = generator
+        self._policy_version = policy_version or (lambda: 0)
         episodes = [
             Episode(self.env_id, seed, first_group + g)
             for g, seed in enumerate(seeds)
@@ -286,12 +302,14 @@ class EpisodeRunner:
         episode.append(
             [tok.bos_id, tok.observation_id, *tok.encode(observation), tok.end_id, tok.action_id],
             trained=False,
+            version=self._policy_version(),
         )
 
     def _play(self, episodes: list[Episode], envs: list, stats: RolloutStats) -> None:
         tok = self.tokenizer
         active = [i for i, e in enumerate(episodes) if e.error is None]
         while active:
+            version = self._policy_version()  # async: newer weights are swapped in here, between turns
             t = time.perf_counter()
             with self._pausing_idle_while_waiting([envs[i] for i in active]):
                 generations = self.engine.generate(
@@ -300,10 +318,10 @@ class EpisodeRunner:
             stats.generate_s += time.perf_counter() - t
             actions, last_action_token = [], {}
             for i, gen in zip(active, generations, strict=True):
-                episodes[i].append(gen.token_ids, trained=True, logprobs=gen.logprobs)
+                episodes[i].append(gen.token_ids, trained=True, logprobs=gen.logprobs, version=version)
                 last_action_token[i] = len(episodes[i].tokens) - 1
                 if not gen.ended:
-                    episodes[i].append([tok.end_id], trained=False)
+                    episodes[i].append([tok.end_id], trained=False, version=version)
                 actions.append(tok.decode(gen.token_ids))
 
             def step(job):
@@ -332,7 +350,9 @@ class EpisodeRunner:
                     episode.truncated = bool(truncated)
                     continue
                 episode.append(
-                    [tok.observation_id, *tok.encode(observation), tok.end_id, tok.action_id], trained=False
+                    [tok.observation_id, *tok.encode(observation), tok.end_id, tok.action_id],
+                    trained=False,
+                    version=version,
                 )
                 if len(episode.tokens) + self.max_new_tokens > self.max_episode_tokens:
                     episode.truncated = True
