@@ -5,17 +5,24 @@ Data path (the driver holds references, never the tensors or the episodes):
 - weights: the learner puts its state dict in Ray's object store once per version (`LearnerActor.publish`,
   and at the end of every `LearnerActor.train_step`) and returns ``(version, ObjectRef)``; the driver
   passes the reference to every worker's `RolloutWorker.load_weights`, where Ray resolves it.
-- episodes: the driver calls `RolloutWorker.rollout` with ``num_returns=2``; it reads the first reference
-  (the echoed version, `RolloutStats` and expert loads: small) and hands the second one (the episodes)
-  unopened to `LearnerActor.train_step`.
+- episodes: the driver calls `RolloutWorker.rollout` with ``num_returns=1 + groups``; it reads the first
+  reference (the echoed version, `RolloutStats` and expert loads: small) and hands the others (one list
+  of episodes per group) unopened to `LearnerActor.train_step`, which concatenates them in order.
 
 The weights version is the learner's counter; workers and driver only carry it. A worker starts with no
 weights (version -1, its policy built without init) and refuses weights older than the ones it holds,
-and a batch for another version than the one it holds (`StaleWeights`).
+and, in sync mode, a batch for another version than the one it holds (`StaleWeights`).
+
+Async mode (``trainer.mode=async``): the driver keeps rollouts queued on each worker and hands every new
+version to `RolloutWorker.offer_weights`, which runs in the actor's own ``weights`` concurrency group,
+beside the running rollout: Ray fetches the state dict and it is copied into a standby policy there.
+Before each turn the rollout swaps the standby in if it is newer (a pointer swap, and never a wait on a
+copy in progress), so env stepping and generation are not stalled by weight loading at all.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import ray
@@ -26,6 +33,7 @@ from rl.episode import Episode
 from rl.generation import build_engine
 from rl.learner import Learner, build_policy_shell
 from rl.rollout import EpisodeRunner, RolloutStats
+from rl.sandbox_hosts import apply_worker_environment
 from rl.tokenizer import build_tokenizer
 
 NO_WEIGHTS = -1  # the version of a worker that has not loaded any weights yet
@@ -35,10 +43,16 @@ class StaleWeights(RuntimeError):
     """A worker was asked to use weights of another version than the one it should hold."""
 
 
-class RolloutWorker:
-    """Ray actor: rolls out groups of episodes with its copy of the policy."""
+WEIGHTS_GROUP = "weights"  # the concurrency group `offer_weights` runs in (beside `rollout`)
 
-    def __init__(self, cfg: RunConfig, index: int) -> None:
+
+class RolloutWorker:
+    """Ray actor: rolls out groups of episodes with its copy of the policy (create it with
+    ``ray.remote(concurrency_groups={WEIGHTS_GROUP: 1})``; see the module docstring)."""
+
+    def __init__(self, cfg: RunConfig, index: int, environment: dict[str, str] | None = None) -> None:
+        """``environment``: `rl.sandbox_hosts.worker_environment` of the driver (the sandbox hosts' key)."""
+        apply_worker_environment(environment or {})
         torch.set_num_threads(cfg.rollout.torch_threads)
         self.cfg = cfg
         self.index = index
@@ -47,6 +61,9 @@ class RolloutWorker:
         self.engine = build_engine(cfg.rollout, self.model, self.tokenizer, cfg.env.action_vocabulary)
         self.runner = EpisodeRunner(cfg.env, cfg.rollout, self.engine, self.tokenizer, cfg.sandbox)
         self.version = NO_WEIGHTS
+        self._standby = None  # async: the policy copy newer weights are loaded into, off the rollout
+        self._standby_version = NO_WEIGHTS
+        self._standby_lock = threading.Lock()
 
     def load_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> int:
         """Copy the learner's weights of ``version`` into the policy (Ray resolves a reference passed
@@ -59,28 +76,62 @@ class RolloutWorker:
         self.version = version
         return version
 
+    @ray.method(concurrency_group=WEIGHTS_GROUP)
+    def offer_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> int:
+        """Async mode: copy the weights of ``version`` into the standby policy (runs beside a rollout);
+        the rollout swaps them in before its next turn. Older offers are ignored. Returns the version
+        now in standby."""
+        with self._standby_lock:
+            if version <= max(self.version, self._standby_version):
+                return self._standby_version
+            if self._standby is None:
+                self._standby = build_policy_shell(self.cfg.model)
+            self._standby.load_state_dict(state_dict)
+            self._standby_version = version
+        return version
+
+    def _turn_version(self) -> int:
+        """Called by the runner before each turn: swap in newer standby weights if a finished copy is
+        there (a copy in progress is not waited for: this turn keeps the current weights)."""
+        if self._standby_version > self.version and self._standby_lock.acquire(blocking=False):
+            try:
+                if self._standby_version > self.version:
+                    self.model, self._standby = self._standby, self.model
+                    self.engine.model = self.model
+                    self.version = self._standby_version
+            finally:
+                self._standby_lock.release()
+        return self.version
+
     def rollout(
         self,
         seeds: list[int],
         group_size: int,
         first_group: int,
         sample_seed: int,
-        expected_version: int,
-    ) -> tuple[tuple[int, RolloutStats, dict[int, torch.Tensor]], list[Episode]]:
+        expected_version: int | None,
+    ) -> tuple[tuple[int, RolloutStats, dict[int, torch.Tensor]], ...]:
         """Episodes of the groups started from ``seeds``; sampling is seeded by ``sample_seed``.
 
-        Returns ``((version, stats, expert_loads), episodes)``: the weights version the episodes were
-        sampled with (echoed back), the run's counters and the tokens the policy routed to each expert
-        per MoE layer; then the episodes. Called with ``num_returns=2`` so that each part is its own
-        Ray object: the driver reads the first and passes the second on to the learner.
+        Returns ``((version, stats, expert_loads), group_0, group_1, ...)``: the weights version the
+        last turn was sampled with (echoed back), the run's counters and the tokens the policy routed
+        to each expert per MoE layer; then each group's episodes. Called with ``num_returns=1 + groups``
+        so that each part is its own Ray object: the driver reads the first and passes the groups on to
+        the learner. ``expected_version`` (sync mode) is the version the batch must be sampled with;
+        None (async mode) samples with the newest weights, swapped in between turns.
         """
-        if self.version != expected_version:
+        if expected_version is not None and self.version != expected_version:
             raise StaleWeights(
                 f"worker {self.index} holds weights v{self.version} but the batch needs v{expected_version}"
             )
+        if self.version == NO_WEIGHTS:
+            raise StaleWeights(f"worker {self.index} holds no weights yet")
         generator = torch.Generator().manual_seed(sample_seed)
-        episodes, stats = self.runner.run(seeds, group_size, generator, first_group)
-        return (self.version, stats, self.engine.take_expert_loads()), episodes
+        episodes, stats = self.runner.run(
+            seeds, group_size, generator, first_group, policy_version=self._turn_version
+        )
+        groups = [episodes[g * group_size : (g + 1) * group_size] for g in range(len(seeds))]
+        return (self.version, stats, self.engine.take_expert_loads()), *groups
 
     def close(self) -> None:
         self.runner.close()
@@ -100,8 +151,8 @@ class LearnerActor(Learner):
         return self.version, ray.put(self.model.state_dict())
 
     def train_step(self, *shares: list[Episode]) -> tuple[dict[str, Any], int, ray.ObjectRef]:
-        """One `Learner.train_step` on the workers' episode lists concatenated in order (the driver
-        passes the rollouts' references; Ray resolves them here), then `publish`; returns
+        """One `Learner.train_step` on the episode lists concatenated in order (the driver passes the
+        rollouts' group references; Ray resolves them here), then `publish`; returns
         ``(metrics, version, weights reference)``."""
         metrics = super().train_step([episode for share in shares for episode in share])
         version, weights = self.publish()

@@ -20,6 +20,12 @@ sandbox from the pool for the length of an episode). With ``warm_starts: true`` 
 of the pool's checkpointed template of the task. The pool's counters, latencies and sizes are reported
 in `RolloutStats.pool`; ``close()`` removes every member and template.
 
+With ``sandbox.hosts`` (see ``rl.sandbox_hosts``) the sandboxes live on `agentenv serve` hosts and the
+local pool is off: its budget is this machine's memory and its pauses are local CRIU checkpoints, neither
+of which applies to a sandbox on another host. Remote sandboxes stay running between episodes (their
+host's TTL is refreshed while commands run); the config check refuses ``pause_idle`` and warm starts
+with hosts rather than ignore them. Everything else (groups, forks, failures) is the same code path.
+
 Envs are made by ``rl.wrappers.make_env``: ``gymnasium.make`` (env checker on), then the user's
 ``env.wrappers``; the runner steps the wrapped env and sends sandbox operations to the task under it.
 
@@ -53,6 +59,7 @@ from agentenv.pool import PoolMetrics, SandboxPool
 from rl.config import EnvConfig, RolloutConfig, SandboxPoolConfig
 from rl.episode import Episode, Outcome
 from rl.generation import TorchEngine
+from rl.sandbox_hosts import split_hosts
 from rl.tokenizer import Tokenizer
 from rl.wrappers import fork_env, make_env, task, wrapper_specs
 
@@ -98,15 +105,21 @@ class RolloutStats:
 
 def task_kwargs(env_cfg: EnvConfig, sandbox: dict[str, Any] | None) -> dict[str, Any]:
     """The task's constructor kwargs: ``env.kwargs``, with the ``sandbox`` group's profile under the
-    env's own sandbox overrides (e.g. its image)."""
+    env's own sandbox overrides (e.g. its image), and its ``hosts`` (remote sandboxes) when set."""
     kwargs = dict(env_cfg.kwargs)
     if sandbox:
-        kwargs["sandbox"] = {"config": dict(sandbox), **(kwargs.get("sandbox") or {})}
+        config, hosts = split_hosts(sandbox)
+        kwargs["sandbox"] = {"config": config, **(kwargs.get("sandbox") or {})}
+        if hosts:
+            kwargs["sandbox"]["hosts"] = hosts
     return kwargs
 
 
-def make_sandbox_pool(pool_cfg: SandboxPoolConfig) -> SandboxPool:
-    """This runner's own pool: conf/agentenv/pool.yaml with ``rollout.sandbox_pool.overrides``."""
+def make_sandbox_pool(pool_cfg: SandboxPoolConfig, remote: bool = False) -> SandboxPool | None:
+    """This runner's own pool: conf/agentenv/pool.yaml with ``rollout.sandbox_pool.overrides``; none
+    for remote sandboxes (see the module docstring)."""
+    if remote:
+        return None
     name = f"{pool_cfg.name}-{os.getpid()}-{secrets.token_hex(3)}"
     return SandboxPool(name, **pool_cfg.overrides)
 
@@ -130,8 +143,9 @@ class EpisodeRunner:
         self.max_episode_tokens = env_cfg.max_episode_tokens
         self.engine = engine
         self.tokenizer = tokenizer
-        self.sandbox_pool = make_sandbox_pool(rollout_cfg.sandbox_pool)
-        self.pause_idle = rollout_cfg.sandbox_pool.pause_idle
+        self.remote = "hosts" in (self.env_kwargs.get("sandbox") or {})
+        self.sandbox_pool = make_sandbox_pool(rollout_cfg.sandbox_pool, self.remote)
+        self.pause_idle = rollout_cfg.sandbox_pool.pause_idle and not self.remote
         self.free_envs: list[gymnasium.Env] = []  # envs between runs; their sandboxes stay pool members
         self._pool_counts = {"pauses": 0, "resumes": 0}
         self._generator = torch.Generator()
@@ -168,11 +182,14 @@ class EpisodeRunner:
         """Close every env, then the pool: its members (forks included) and templates are removed."""
         list(self.threads.map(self._discard, self.free_envs))
         self.free_envs = []
-        self.sandbox_pool.close()
+        if self.sandbox_pool is not None:
+            self.sandbox_pool.close()
 
     def release_idle(self) -> None:
         """Between runs: keep the pool's budget (LRU pauses of idle members) or, with ``pause_idle``,
-        pause every member idle for ``idle_after_s``."""
+        pause every member idle for ``idle_after_s``. Nothing for remote sandboxes (no pool)."""
+        if self.sandbox_pool is None:
+            return
         if self.pause_idle:
             self.sandbox_pool.pause_idle()
         else:
@@ -196,7 +213,10 @@ class EpisodeRunner:
             timer.join()
 
     def _record_pool(self, stats: RolloutStats) -> None:
-        """The pool's pauses and resumes during this run, and a snapshot of its metrics."""
+        """The pool's pauses and resumes during this run, and a snapshot of its metrics (none without a
+        pool: remote sandboxes)."""
+        if self.sandbox_pool is None:
+            return
         metrics: PoolMetrics = self.sandbox_pool.metrics()
         stats.pauses = metrics.pauses - self._pool_counts["pauses"]
         stats.resumes = metrics.resumes - self._pool_counts["resumes"]

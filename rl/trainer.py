@@ -39,6 +39,7 @@ from rl.config import RunConfig
 from rl.episode import Outcome
 from rl.metrics import MetricsLogger
 from rl.rollout import RolloutStats
+from rl.sandbox_hosts import worker_environment
 
 log = logging.getLogger("k3rl.train")
 
@@ -179,7 +180,10 @@ class Trainer:
         worker_cls = ray.remote(RolloutWorker).options(
             num_cpus=self.rollout_cfg.worker_cpus, max_restarts=self.rollout_cfg.max_worker_restarts
         )
-        self.workers = [worker_cls.remote(self.cfg, i) for i in range(self.rollout_cfg.num_workers)]
+        environment = worker_environment(self.cfg.sandbox)  # the sandbox hosts' key, if any
+        self.workers = [
+            worker_cls.remote(self.cfg, i, environment) for i in range(self.rollout_cfg.num_workers)
+        ]
 
     def _publish_first(self) -> None:
         """The learner's first published weights (fresh, or resumed) into every worker; this is also

@@ -127,13 +127,37 @@ def check_rollout(rollout) -> None:
 
 
 def check_sandbox(sandbox: dict[str, Any]) -> None:
-    """The sandbox group holds exactly the keys and values AgentENV's `SandboxConfig` accepts."""
+    """The sandbox group holds exactly the keys and values AgentENV's `SandboxConfig` accepts, plus
+    ``hosts`` (null or a list of `agentenv serve` URLs; see ``rl.sandbox_hosts``)."""
     from agentenv.config import SandboxConfig
+    from rl.sandbox_hosts import HOSTS_KEY, check_hosts, split_hosts
 
+    check_hosts(sandbox.get(HOSTS_KEY))
     try:
-        SandboxConfig.from_dict(sandbox)
+        SandboxConfig.from_dict(split_hosts(sandbox)[0])
     except ConfigError as exc:
         raise ConfigError(f"sandbox: {exc}") from None
+
+
+def check_sandbox_hosts(cfg) -> None:
+    """With ``sandbox.hosts`` the limits are the hosts' own and the local sandbox pool is off (see
+    `rl.rollout.EpisodeRunner`): settings that would then be silently ignored are refused."""
+    from rl.sandbox_hosts import split_hosts
+
+    if not split_hosts(cfg.sandbox)[1]:
+        return
+    env_sandbox = cfg.env.kwargs.get("sandbox") or {}
+    for key in ("memory", "cpus"):
+        if key in env_sandbox:
+            _fail(f"env.kwargs.sandbox.{key}", "remote sandboxes (sandbox.hosts) take memory and cpus from "
+                  "their host's sandbox config (conf/sandbox/default.yaml there); remove it")
+    pool = cfg.rollout.sandbox_pool
+    if pool.pause_idle:
+        _fail("rollout.sandbox_pool.pause_idle", "the local sandbox pool is off with sandbox.hosts "
+              "(remote sandboxes stay running on their hosts between episodes); set it false")
+    if pool.overrides.get("warm_starts"):
+        _fail("rollout.sandbox_pool.overrides.warm_starts", "warm starts come from the local sandbox "
+              "pool, which is off with sandbox.hosts; set it false")
 
 
 def check_resources(cfg) -> None:
@@ -175,5 +199,6 @@ def check_run(cfg) -> None:
     check_env(cfg.env)
     check_sandbox(cfg.sandbox)
     check_rollout(cfg.rollout)
+    check_sandbox_hosts(cfg)
     check_resources(cfg)
     check_trainer(cfg)

@@ -66,6 +66,8 @@ def test_one_config_error_for_the_project():
         (["model.vocab_size=200"], "model.vocab_size: 200 is smaller than the tokenizer's vocabulary"),
         (["model.hidden_size=-3"], "model.hidden_size: must be a positive integer, got -3"),
         (["sandbox.memory=lots"], "sandbox.memory: expected a size like '512m' or '1g', got 'lots'"),
+        (["sandbox.hosts=[foo]"], "sandbox.hosts[0]: 'foo' is not the URL of an agentenv serve host"),
+        (["sandbox.hosts=http://h:3000"], "sandbox.hosts: expected a list of agentenv serve URLs"),
         (["+rollout.sandbox_pool.overrides.idle_after_s=x"], "rollout.sandbox_pool.overrides: pool config"),
         (["trainer.stop_at_success=2"], "trainer.stop_at_success: must be <= 1, got 2.0"),
         (["tokenizer.kind=hf"], "tokenizer.path: tokenizer.kind=hf needs the path"),
@@ -76,6 +78,34 @@ def test_bad_values_are_one_line_naming_their_key(overrides, message):
         compose(*overrides)
     text = str(caught.value)
     assert text.startswith(message) and "\n" not in text
+
+
+def test_sandbox_hosts_need_the_key_and_refuse_what_only_local_sandboxes_do(monkeypatch):
+    """``sandbox.hosts``: the API key must be in the driver's environment; the local pool's pausing and
+    warm starts, and an env's own memory limit, would be ignored for remote sandboxes: refused."""
+    from rl.rollout import task_kwargs
+    from rl.sandbox_hosts import worker_environment
+
+    hosts = "sandbox.hosts=[http://10.0.0.1:3000,https://h.example:8443]"
+    monkeypatch.delenv("AGENTENV_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match=r"^sandbox\.hosts: set \$AGENTENV_API_KEY"):
+        compose(hosts)
+    monkeypatch.setenv("AGENTENV_API_KEY", "k3y")
+    cfg = compose(hosts)
+    assert compose().sandbox["hosts"] == [] and worker_environment(compose().sandbox) == {}
+    assert worker_environment(cfg.sandbox) == {"AGENTENV_API_KEY": "k3y"}
+    sandbox = task_kwargs(cfg.env, cfg.sandbox)["sandbox"]
+    assert sandbox["hosts"] == ["http://10.0.0.1:3000", "https://h.example:8443"]
+    assert "hosts" not in sandbox["config"] and sandbox["config"]["network"] == "none"
+    for extra, key in [
+        ("rollout.sandbox_pool.pause_idle=true", "rollout.sandbox_pool.pause_idle"),
+        ("rollout.sandbox_pool.overrides.warm_starts=true", "rollout.sandbox_pool.overrides.warm_starts"),
+        ("env=kv_lookup", "env.kwargs.sandbox.memory"),
+    ]:
+        with pytest.raises(ConfigError, match=rf"^{key}: .*sandbox.hosts"):
+            compose(hosts, extra)
+    with pytest.raises(ConfigError, match=r"^sandbox\.hosts: a host is listed twice"):
+        compose("sandbox.hosts=[http://h:1,http://h:1/]")
 
 
 def test_an_error_names_the_yaml_file_to_fix_when_no_override_set_the_value():
