@@ -15,6 +15,12 @@ The driver moves references only: episodes go worker → learner and weights lea
 Ray's object store, and the driver reads just each rollout's `RolloutStats` (see ``rl.actors``). The
 weights version is the learner's counter; the driver keeps the latest ``(version, reference)`` it
 published, and the workers echo the version they rolled out with.
+
+``trainer.mode=async`` replaces steps 1-4: `rl.async_rollout.AsyncRollouts` keeps the workers generating
+while the learner trains, each batch is the first finished groups within ``trainer.max_staleness``
+versions, and new weights reach the workers between turns without a barrier. Async runs are not exactly
+resumable: resuming one continues from the checkpoint's weights and optimizer state. Both modes log
+``learner_idle_fraction``: the share of the iteration's wall time the learner was not stepping.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ import torch
 from ray.exceptions import RayActorError, RayTaskError
 
 from model.balancing import max_violation
-from rl.actors import LearnerActor, RolloutWorker, StaleWeights
+from rl.actors import WEIGHTS_GROUP, LearnerActor, RolloutWorker, StaleWeights
+from rl.async_rollout import AsyncBatch, AsyncRollouts, RolloutWorkerLost
 from rl.config import RunConfig
 from rl.episode import Outcome
 from rl.metrics import MetricsLogger
@@ -48,15 +55,11 @@ class TooManyFailures(RuntimeError):
     """More than ``rollout.max_failed_fraction`` of an iteration's episodes failed."""
 
 
-class RolloutWorkerLost(RuntimeError):
-    """A rollout worker kept dying after ``rollout.max_worker_restarts`` restarts."""
-
-
 @dataclass
 class Rollout:
     """One iteration's rollout as the driver holds it: the episodes stay in the object store."""
 
-    episodes: list[ray.ObjectRef]  # one reference per worker share, in share order
+    episodes: list[ray.ObjectRef]  # one reference per group, in batch order
     stats: RolloutStats
     expert_loads: dict[int, torch.Tensor]
 
@@ -152,6 +155,8 @@ class Trainer:
         self.version = 0  # the learner's latest published version, and its weights' reference
         self.weights: ray.ObjectRef | None = None
         self.worker_restarts = 0
+        self.stream: AsyncRollouts | None = None  # trainer.mode=async
+        self._step_end = 0.0  # async: when the last learner step ended
 
     # ------------------------------------------------------------------ set-up
     def _start_ray(self) -> None:
@@ -177,7 +182,7 @@ class Trainer:
         `_publish_first`); Ray constructs them in parallel."""
         learner_cls = ray.remote(LearnerActor).options(num_cpus=self.tcfg.learner_cpus)
         self.learner = learner_cls.remote(self.cfg)
-        worker_cls = ray.remote(RolloutWorker).options(
+        worker_cls = ray.remote(concurrency_groups={WEIGHTS_GROUP: 1})(RolloutWorker).options(
             num_cpus=self.rollout_cfg.worker_cpus, max_restarts=self.rollout_cfg.max_worker_restarts
         )
         environment = worker_environment(self.cfg.sandbox)  # the sandbox hosts' key, if any
@@ -209,14 +214,14 @@ class Trainer:
                 for w, (offset, chunk) in enumerate(shares)
                 if w not in results
             }
-            for w, (summary_ref, episodes_ref) in pending.items():
+            for w, (summary_ref, *group_refs) in pending.items():
                 try:
                     version, stats, loads = ray.get(summary_ref)
                     if version != self.version:  # `rollout` refuses this; a mismatch here is a bug
                         raise RuntimeError(
                             f"rollout worker {w} sampled with weights v{version}, expected v{self.version}"
                         )
-                    results[w] = (episodes_ref, stats, loads)
+                    results[w] = (group_refs, stats, loads)
                 except (RayActorError, RayTaskError) as exc:
                     if isinstance(exc, RayTaskError) and not isinstance(exc.cause, StaleWeights):
                         raise
@@ -234,19 +239,19 @@ class Trainer:
                     self._reload_worker(w)
         rollout = Rollout(episodes=[], stats=RolloutStats(), expert_loads={})
         for w in range(len(shares)):
-            episodes_ref, stats, worker_loads = results[w]
-            rollout.episodes.append(episodes_ref)
+            group_refs, stats, worker_loads = results[w]
+            rollout.episodes.extend(group_refs)
             rollout.stats.merge(stats)
             for layer, value in worker_loads.items():
                 rollout.expert_loads[layer] = rollout.expert_loads.get(layer, 0) + value
         return rollout
 
     def _submit(self, w: int, iteration: int, offset: int, chunk: list[int]):
-        """``(summary, episodes)`` references of worker ``w``'s rollout of ``chunk``."""
+        """``(summary, group 0, group 1, ...)`` references of worker ``w``'s rollout of ``chunk``."""
         sample_seed = int(np.random.SeedSequence([self.cfg.seed, iteration, 1, w]).generate_state(1)[0])
         return (
             self.workers[w]
-            .rollout.options(num_returns=2)
+            .rollout.options(num_returns=1 + len(chunk))
             .remote(chunk, self.group_size, offset, sample_seed, self.version)
         )
 
@@ -293,10 +298,16 @@ class Trainer:
             self._start_actors()
             first = self._resume() if self.tcfg.resume else 0
             self._publish_first()
+            if self.tcfg.mode == "async":
+                self._start_stream(first)
             progress = _progress(self.tcfg.iterations, first, self.tcfg.progress_bar)
             iteration = first - 1
+            self._step_end = time.perf_counter()
             for iteration in range(first, self.tcfg.iterations):
-                record = self._iteration(iteration, started)
+                if self.stream is not None:
+                    record = self._async_iteration(iteration, started)
+                else:
+                    record = self._iteration(iteration, started)
                 self.metrics.log(iteration, record)
                 progress.update(1)
                 progress.set_postfix(
@@ -352,8 +363,76 @@ class Trainer:
         )
         learner_s = time.perf_counter() - t1
         sync_s = self._sync_weights()
-        usable: list[Outcome] = [o for o in stats.outcomes if not o.failed] or stats.outcomes
         iteration_s = time.perf_counter() - t0
+        timings = {
+            "env_steps_per_s": stats.env_steps / max(rollout_s, 1e-9),
+            "rollout_s": rollout_s,
+            "learner_s": learner_s,
+            "weight_sync_s": sync_s,
+            "iteration_s": iteration_s,
+            "learner_wait_fraction": rollout_s / max(iteration_s, 1e-9),
+            "learner_idle_fraction": 1.0 - learner_s / max(iteration_s, 1e-9),
+        }
+        return self._record(stats.outcomes, stats, rollout.expert_loads, timings, learner_metrics, started)
+
+    # ------------------------------------------------------------------ async mode
+    def _start_stream(self, first: int) -> None:
+        """Queue rollouts on every worker (trainer.mode=async; see ``rl.async_rollout``)."""
+        self.stream = AsyncRollouts(
+            self.workers,
+            seed=self.cfg.seed,
+            stream=first,
+            group_size=self.group_size,
+            num_groups=self.num_groups,
+            in_flight=self.tcfg.rollouts_in_flight,
+            max_staleness=self.tcfg.max_staleness,
+            max_restarts=self.rollout_cfg.max_worker_restarts,
+            reload=self._reload_worker,
+        )
+        self.stream.start()
+
+    def _async_iteration(self, iteration: int, started: float) -> dict[str, Any]:
+        """One learner step on the first finished groups within the staleness bound; the iteration
+        runs from the end of the previous learner step to the end of this one."""
+        t0 = self._step_end
+        batch: AsyncBatch = self.stream.next_batch(self.version)
+        self.worker_restarts += batch.worker_restarts
+        check_failures(batch.stats, self.rollout_cfg.max_failed_fraction, iteration)
+        for error in batch.stats.errors[:3]:
+            log.warning("iteration %d: episode failed: %s", iteration, error)
+        t1 = time.perf_counter()
+        learner_metrics, self.version, self.weights = ray.get(self.learner.train_step.remote(*batch.refs))
+        learner_s = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        self.stream.publish(self.version, self.weights)
+        self._step_end = time.perf_counter()
+        iteration_s = self._step_end - t0
+        timings = {
+            "env_steps_per_s": batch.stats.env_steps / max(iteration_s, 1e-9),
+            "rollout_s": batch.wait_s,  # the wait for the batch: rollouts run all the time
+            "learner_s": learner_s,
+            "weight_sync_s": self._step_end - t2,
+            "iteration_s": iteration_s,
+            "learner_wait_fraction": batch.wait_s / max(iteration_s, 1e-9),
+            "learner_idle_fraction": 1.0 - learner_s / max(iteration_s, 1e-9),
+            **batch.metrics(),
+        }
+        return self._record(
+            batch.outcomes, batch.stats, batch.expert_loads, timings, learner_metrics, started
+        )
+
+    # ------------------------------------------------------------------ metrics
+    def _record(
+        self,
+        outcomes: list[Outcome],
+        stats: RolloutStats,
+        expert_loads: dict[int, torch.Tensor],
+        timings: dict[str, float],
+        learner_metrics: dict[str, Any],
+        started: float,
+    ) -> dict[str, Any]:
+        """One iteration's metrics: the trained episodes' outcomes, the rollouts' counters, timings."""
+        usable: list[Outcome] = [o for o in outcomes if not o.failed] or outcomes
         record: dict[str, Any] = {
             "success": float(np.mean([o.success for o in usable])),
             "reward": float(np.mean([o.reward for o in usable])),
@@ -363,13 +442,8 @@ class Trainer:
             "failed_episodes": stats.failed,
             "env_steps": stats.env_steps,
             "generated_tokens": stats.generated_tokens,
-            "env_steps_per_s": stats.env_steps / max(rollout_s, 1e-9),
             "generated_tokens_per_s": stats.generated_tokens / max(stats.generate_s, 1e-9),
-            "rollout_s": rollout_s,
-            "learner_s": learner_s,
-            "weight_sync_s": sync_s,
-            "iteration_s": iteration_s,
-            "learner_wait_fraction": rollout_s / max(iteration_s, 1e-9),
+            **timings,
             "reset_s": stats.reset_s,
             "generate_s": stats.generate_s,
             "env_step_s": stats.env_step_s,
@@ -381,12 +455,18 @@ class Trainer:
             "sandboxes_created": stats.sandboxes_created,
             "worker_restarts": self.worker_restarts,
             "elapsed_s": time.perf_counter() - started,
-            **rollout_balance_metrics(rollout.expert_loads),
+            **rollout_balance_metrics(expert_loads),
             **learner_metrics,
         }
         return record
 
     def _shutdown(self) -> None:
+        if self.stream is not None:
+            try:
+                self.stream.close()
+            except Exception as exc:  # the workers are closed and killed below regardless
+                log.warning("could not stop the queued rollouts: %s", exc)
+            self.stream = None
         try:
             if self.workers:
                 ray.get([w.close.remote() for w in self.workers], timeout=120)
