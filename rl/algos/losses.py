@@ -64,8 +64,21 @@ def clipped_policy_loss(
     """PPO's clipped surrogate ``-min(ρA, clip(ρ, 1-ε_low, 1+ε_high)A)`` with ``ρ = exp(logp - old_logp)``.
 
     ``clip_high > clip_low`` is DAPO's "clip-higher". ``is_weights`` (detached, ``[B, T]``) multiplies
-    each token's loss: the truncated importance-sampling correction for the gap between the rollout
-    engine's log-probs and the learner's (see :func:`truncated_is_weights`).
+    each token's loss: the truncated importance-sampling correction for the gap between the policy that
+    sampled the tokens and the learner's (see :func:`truncated_is_weights`).
+
+    With ``old_logp`` the learner's own log-probs before the update and ``is_weights`` computed against
+    the rollout log-probs, this is the **decoupled PPO objective** of AReaL (Fu et al. 2025, "AReaL: A
+    Large-Scale Asynchronous Reinforcement Learning System for Language Reasoning", eq. 5):
+
+        J(θ) = E_{a ~ π_behav} [ π_prox(a)/π_behav(a) · min(r_θ A, clip(r_θ, 1-ε, 1+ε) A) ],
+        r_θ = π_θ(a) / π_prox(a),
+
+    where the proximal policy π_prox is the learner's weights before this batch's update (``old_logp``)
+    and the behaviour policy π_behav is whatever sampled each token: in async training an older weights
+    version, possibly a different one for each turn of an episode (partial rollout). The trust region
+    is thus anchored on recent weights however stale the data, and the off-policy gap enters only
+    through the (truncated) importance weight, token by token.
     """
     ratio = torch.exp(logp - old_logp)
     unclipped = ratio * advantages
@@ -85,7 +98,9 @@ def truncated_is_weights(learner_logp: torch.Tensor, rollout_logp: torch.Tensor,
 
     The rollout engine samples with its own numerics (another kernel, batch or precision), so its
     log-probs differ slightly from the learner's for the same weights; this reweights each token by the
-    ratio, truncated at ``cap`` to bound the variance. Returned detached.
+    ratio, truncated at ``cap`` to bound the variance. In async training ``rollout_logp`` is the sampling
+    log-prob of an older weights version (each token's own: the one that sampled it) and the ratio is
+    decoupled PPO's ``π_prox / π_behav`` (see :func:`clipped_policy_loss`). Returned detached.
     """
     if cap <= 0:
         raise ValueError(f"truncated IS cap must be > 0, got {cap}")
