@@ -54,6 +54,7 @@ API_KEY_ENV = "AGENTENV_API_KEY"
 _CODEC = proto_json_codec()
 _STDIN_CHUNK = 1024 * 1024
 _END_STREAM = 0x02
+_INT_SETTINGS = ("retries", "sandbox_ttl_s", "placement_tolerance_mib")
 
 
 class HostUnavailable(AgentEnvError, ConnectionError):
@@ -71,6 +72,7 @@ class RemoteSettings:
     retries: int
     retry_backoff_s: float
     sandbox_ttl_s: int
+    placement_tolerance_mib: int
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> RemoteSettings:
@@ -79,13 +81,13 @@ class RemoteSettings:
         data = read_yaml_mapping(path, "remote client config", "set AGENTENV_REMOTE_CONFIG")
         require_exact_keys(data, cls, "remote client config")
         try:
-            s = cls(**{k: (int if k in ("retries", "sandbox_ttl_s") else float)(v) for k, v in data.items()})
+            s = cls(**{k: (int if k in _INT_SETTINGS else float)(v) for k, v in data.items()})
         except (TypeError, ValueError) as e:
             raise ConfigError(f"remote client config {path}: a value has the wrong type: {e}") from None
         if min(s.connect_timeout_s, s.request_timeout_s, s.lifecycle_timeout_s, s.sandbox_ttl_s) <= 0 \
-                or s.retries < 1 or s.retry_backoff_s < 0 or s.exec_slack_s < 0:
+                or s.retries < 1 or min(s.retry_backoff_s, s.exec_slack_s, s.placement_tolerance_mib) < 0:
             raise ConfigError(f"remote client config {path}: timeouts and sandbox_ttl_s must be > 0, "
-                              "retries >= 1, retry_backoff_s and exec_slack_s >= 0")
+                              "retries >= 1, retry_backoff_s, exec_slack_s and placement_tolerance_mib >= 0")
         return s
 
 
@@ -523,34 +525,52 @@ class RemoteSession:
 
 class SandboxHosts:
     """Several sandbox hosts: `create` places a sandbox on the one with the most MemAvailable (hosts
-    that do not answer are skipped), `get` finds a sandbox on the host that holds it."""
+    that do not answer are skipped), `get` finds a sandbox on the host that holds it.
+
+    Hosts whose MemAvailable is within ``placement_tolerance_mib`` of the most free count as tied; of
+    those, the one with the fewest sandboxes wins (running there, plus this client's creates still in
+    flight to it), so equal hosts fill evenly even when many creates start at once (MemAvailable only
+    drops once a sandbox has started)."""
 
     def __init__(self, urls: Sequence[str], api_key: str | None = None,
                  settings: RemoteSettings | None = None) -> None:
         if isinstance(urls, str) or not urls:
             raise ConfigError(f"sandbox hosts must be a non-empty list of URLs, got {urls!r}")
-        settings = settings or RemoteSettings.load()
-        self.hosts = [SandboxHost(u, api_key, settings) for u in urls]
+        self.settings = settings or RemoteSettings.load()
+        self.hosts = [SandboxHost(u, api_key, self.settings) for u in urls]
         self._where: dict[str, SandboxHost] = {}
+        self._placing = [0] * len(self.hosts)  # creates in flight per host (index in self.hosts)
+        self._lock = threading.Lock()
 
     def pick(self) -> SandboxHost:
-        """The host with the most free memory now."""
-        best, free, failures = None, -1, []
-        for host in self.hosts:
+        """The host a new sandbox goes to now (see the class docstring)."""
+        return self.hosts[self._choose(reserve=False)]
+
+    def _choose(self, reserve: bool) -> int:
+        answers, failures = [], []
+        for i, host in enumerate(self.hosts):
             try:
-                mem = int(host.info()["memAvailableBytes"])
+                info = host.info()
+                answers.append((i, int(info["memAvailableBytes"]), int(info.get("running", 0))))
             except AgentEnvError as e:
                 failures.append(str(e))
-                continue
-            if mem > free:
-                best, free = host, mem
-        if best is None:
+        if not answers:
             raise HostUnavailable("no sandbox host answered: " + "; ".join(failures))
+        floor = max(mem for _, mem, _ in answers) - self.settings.placement_tolerance_mib * 2**20
+        with self._lock:
+            _load, best = min((running + self._placing[i], i) for i, mem, running in answers if mem >= floor)
+            if reserve:
+                self._placing[best] += 1
         return best
 
     def create(self, **kwargs: Any) -> RemoteSandbox:
         """`SandboxHost.create(**kwargs)` on the host `pick()` chooses."""
-        sb = self.pick().create(**kwargs)
+        i = self._choose(reserve=True)
+        try:
+            sb = self.hosts[i].create(**kwargs)
+        finally:
+            with self._lock:
+                self._placing[i] -= 1
         self._where[sb.id] = sb.host
         return sb
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import gymnasium
@@ -48,4 +49,23 @@ class DiesOnce(gymnasium.Wrapper):
         if seed == self.crash_seed and not self.marker.exists():
             self.marker.touch()
             os._exit(1)
+        return self.env.reset(seed=seed, options=options)
+
+
+class KillsProcessOnce(gymnasium.Wrapper):
+    """Fault injection: at the first reset with a task seed in ``seeds``, process ``pid`` (a sandbox
+    host's server) is killed with SIGKILL, as when its machine goes down; ``marker`` records that it
+    happened, so it happens once per run."""
+
+    def __init__(self, env: gymnasium.Env, seeds: list[int], pid: int, marker: str) -> None:
+        super().__init__(env)
+        self.kill_seeds, self.pid, self.marker = set(seeds), pid, Path(marker)
+
+    def reset(self, *, seed=None, options=None):
+        if seed in self.kill_seeds and not self.marker.exists():
+            self.marker.touch()
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:  # another env's thread was first
+                pass
         return self.env.reset(seed=seed, options=options)

@@ -1,0 +1,114 @@
+"""Sandbox hosts on other "machines" of this one: `agentenv serve` inside a network namespace of its own,
+reached over a veth pair with private addresses only these tests use (10.231.N.4k+1/30 here, .4k+2 there,
+N from the pid so parallel runs do not collide, k the host's index). Imported by name by the tests that
+need remote hosts (tests/server puts this folder on sys.path; others insert it)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+API_KEY = "e2b_" + "5e" * 20
+PORT = 3000
+
+
+@dataclass
+class NamespacedHost:
+    """One running `agentenv serve` in its namespace: its URL, process, private home and log."""
+
+    url: str
+    proc: subprocess.Popen
+    home: Path
+    log: Path
+    namespace: str
+
+
+def _ip(*args: str) -> None:
+    p = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if p.returncode != 0:
+        raise RuntimeError(f"`ip {' '.join(args)}` failed: {p.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def namespace(index: int = 0) -> Iterator[tuple[str, str]]:
+    """A fresh network namespace joined to this one by a veth pair; yields (namespace, its address);
+    removed at the end, even on failure."""
+    pid, n = os.getpid(), os.getpid() % 250
+    ns, host_if, ns_if = f"k3rl-remote-{pid}-{index}", f"k3rh{pid}{index}", f"k3rn{pid}{index}"
+    host_ip, ns_ip = f"10.231.{n}.{4 * index + 1}", f"10.231.{n}.{4 * index + 2}"
+    _ip("netns", "add", ns)
+    try:
+        _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        _ip("link", "set", ns_if, "netns", ns)
+        _ip("addr", "add", f"{host_ip}/30", "dev", host_if)
+        _ip("link", "set", host_if, "up")
+        for args in (("addr", "add", f"{ns_ip}/30", "dev", ns_if), ("link", "set", ns_if, "up"),
+                     ("link", "set", "lo", "up")):
+            _ip("netns", "exec", ns, "ip", *args)
+        yield ns, ns_ip
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True, timeout=30)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+def remove_labelled(home: Path) -> None:
+    """Remove the containers and volumes of the sandboxes made with this $AGENTENV_HOME."""
+    label = f"label=org.k3rl.agentenv.home={home.resolve()}"
+    for kind in (["ps", "-aq"], ["volume", "ls", "-q"]):
+        ids = subprocess.run(["docker", *kind, "--filter", label], capture_output=True, text=True,
+                             timeout=60).stdout.split()
+        if ids:
+            rm = ["docker", "rm", "-f"] if kind[0] == "ps" else ["docker", "volume", "rm", "-f"]
+            subprocess.run([*rm, *ids], capture_output=True, timeout=120)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 204:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"agentenv serve at {url} did not come up: {log.read_text()[-2000:]}")
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def namespaced_host(home: Path, index: int = 0) -> Iterator[NamespacedHost]:
+    """`agentenv serve --host <namespace address>` with its own $AGENTENV_HOME (`home`, created) inside
+    namespace `index`; stopped, its sandboxes removed and the namespace deleted at the end."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "AGENTENV_HOME": str(home), "AGENTENV_API_KEY": API_KEY}
+    env.pop("AGENTENV_SERVER", None)
+    subprocess.run([sys.executable, "-m", "agentenv.cli", "images", "build", "base", "--quiet"], env=env,
+                   check=True, cwd=ROOT, capture_output=True, timeout=600)
+    with namespace(index) as (ns, ns_ip):
+        log = home / "server.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "agentenv.cli", "serve",
+                                     "--host", ns_ip, "--port", str(PORT)], env=env, cwd=ROOT, stdout=out,
+                                    stderr=subprocess.STDOUT)
+        url = f"http://{ns_ip}:{PORT}"
+        try:
+            wait_healthy(url, proc, log)
+            yield NamespacedHost(url, proc, home, log, ns)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=15)
+            remove_labelled(home)
