@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentenv.backend.base import Checkpoint
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
     id          TEXT PRIMARY KEY,
@@ -61,17 +63,6 @@ class SandboxRecord:
     cpu_seconds_before: float
     created_at: float
     updated_at: float
-
-
-@dataclass(frozen=True)
-class CheckpointRecord:
-    id: str
-    sandbox_id: str
-    path: str
-    bytes: int
-    marker: str
-    duration_s: float
-    created_at: float
 
 
 def _sandbox(row: sqlite3.Row) -> SandboxRecord:
@@ -151,18 +142,20 @@ class Registry:
         c.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
 
     # ---- checkpoints --------------------------------------------------------------------------
-    def insert_checkpoint(self, ck: CheckpointRecord) -> None:
+    def insert_checkpoint(self, sandbox_id: str, ck: Checkpoint) -> None:
+        """Record `ck` as the newest checkpoint of `sandbox_id`."""
         self._conn().execute(
             "INSERT INTO checkpoints (id, sandbox_id, path, bytes, marker, duration_s, created_at)"
             " VALUES (?,?,?,?,?,?,?)",
-            (ck.id, ck.sandbox_id, ck.path, ck.bytes, ck.marker, ck.duration_s, ck.created_at),
+            (ck.id, sandbox_id, ck.path, ck.bytes, ck.marker, ck.duration_s, time.time()),
         )
 
-    def latest_checkpoint(self, sandbox_id: str) -> CheckpointRecord | None:
+    def latest_checkpoint(self, sandbox_id: str) -> Checkpoint | None:
         row = self._conn().execute(
-            "SELECT * FROM checkpoints WHERE sandbox_id = ? ORDER BY created_at DESC LIMIT 1", (sandbox_id,)
+            "SELECT id, path, bytes, marker, duration_s FROM checkpoints WHERE sandbox_id = ?"
+            " ORDER BY created_at DESC LIMIT 1", (sandbox_id,)
         ).fetchone()
-        return CheckpointRecord(**dict(row)) if row else None
+        return Checkpoint(**dict(row)) if row else None
 
     def delete_checkpoint(self, checkpoint_id: str) -> None:
         self._conn().execute("DELETE FROM checkpoints WHERE id = ?", (checkpoint_id,))

@@ -40,7 +40,7 @@ from agentenv.errors import (
 )
 from agentenv.locks import sandbox_lock
 from agentenv.paths import agentenv_home
-from agentenv.registry import CheckpointRecord, Registry, SandboxRecord
+from agentenv.registry import Registry, SandboxRecord
 from agentenv.results import ExecResult, SandboxStats
 
 if TYPE_CHECKING:
@@ -366,7 +366,7 @@ class Sandbox:
                 raise _state_error(rec, "pause")
             self._pause_locked(rec)
 
-    def _pause_locked(self, rec: SandboxRecord) -> CheckpointRecord:
+    def _pause_locked(self, rec: SandboxRecord) -> Checkpoint:
         ref = self._ref(rec)
         if self._rt.backend.state(ref) is None:
             raise self._mark_broken(CONTAINER_REMOVED, "paused")
@@ -384,11 +384,10 @@ class Sandbox:
                 self._rt.registry.update_sandbox(self.id, state="broken",
                                                  reason="its container stopped during a failed checkpoint")
             raise
-        row = CheckpointRecord(ck.id, self.id, ck.path, ck.bytes, ck.marker, ck.duration_s, _now())
-        self._rt.registry.insert_checkpoint(row)
+        self._rt.registry.insert_checkpoint(self.id, ck)
         self._rt.registry.update_sandbox(self.id, state="paused", reason=None,
                                          cpu_seconds_before=rec.cpu_seconds_before + cpu_now)
-        return row
+        return ck
 
     def resume(self) -> None:
         """Restore every process from the checkpoint, verified (CheckpointError if Docker started afresh)."""
@@ -416,11 +415,10 @@ class Sandbox:
         self._rt.registry.delete_checkpoint(ck.id)
         self._rt.registry.update_sandbox(self.id, state="running", reason=None)
 
-    def _restorable(self, rec: SandboxRecord, row: CheckpointRecord, action: str) -> Checkpoint:
-        """`row` as a Checkpoint, after checking that its files and the sandbox's container are still
-        there. When something was deleted behind AgentENV's back nothing can bring the sandbox back, so
-        it is marked broken (a retry would fail the same way) and CheckpointError says what to do."""
-        ck = _checkpoint(row)
+    def _restorable(self, rec: SandboxRecord, ck: Checkpoint, action: str) -> Checkpoint:
+        """`ck`, after checking that its files and the sandbox's container are still there. When something
+        was deleted behind AgentENV's back nothing can bring the sandbox back, so it is marked broken (a
+        retry would fail the same way) and CheckpointError says what to do."""
         if not Path(ck.path).exists():
             raise self._mark_broken(f"its checkpoint {ck.id} at {ck.path} is gone (deleted outside "
                                     "AgentENV)", action, CheckpointError)
@@ -449,7 +447,7 @@ class Sandbox:
             row = self._pause_locked(rec) if was_running else self._rt.registry.latest_checkpoint(self.id)
             if row is None:
                 raise CheckpointError(f"sandbox {self.id} is paused but has no checkpoint in the registry")
-            ck = _checkpoint(row) if was_running else self._restorable(rec, row, "forked")
+            ck = row if was_running else self._restorable(rec, row, "forked")
             try:
                 forks = self._fork_from(self._record(), ck, n)
             except BaseException:
@@ -519,10 +517,6 @@ class Sandbox:
                             cpu_seconds=rec.cpu_seconds_before + cpu,
                             checkpoint_bytes=row.bytes if row else 0, pids=pids,
                             memory_limit_bytes=self.config.memory_bytes, user=rec.user)
-
-
-def _checkpoint(row: CheckpointRecord) -> Checkpoint:
-    return Checkpoint(id=row.id, path=row.path, bytes=row.bytes, marker=row.marker, duration_s=row.duration_s)
 
 
 def _now() -> float:

@@ -309,7 +309,8 @@ class Learner:
         metrics: dict[str, float] = {}
         for router, layer in zip(self.model.moe_routers(), sorted(scores), strict=True):
             bias = router.e_score_correction_bias
-            router.update_bias(quantile_balance(torch.cat(scores[layer]), router.top_k, bias))
+            solved = quantile_balance(torch.cat(scores[layer]), router.top_k, bias)
+            router.update_bias(bias + self.algo.balance_rate * (solved - bias))
             metrics[f"maxvio/layer{layer}"] = max_violation(loads[layer])
         if metrics:
             metrics["maxvio"] = float(np.mean(list(metrics.values())))

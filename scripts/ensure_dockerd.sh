@@ -7,13 +7,17 @@ LOG_DIR=${K3RL_LOG_DIR:-/var/log/k3rl}
 mkdir -p "$LOG_DIR"
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
-if ! docker info >/dev/null 2>&1; then
+# A wedged daemon (it accepts the connection but never answers) must fail here, not hang the caller.
+docker_info() { timeout 20 docker info >/dev/null 2>&1; }
+
+if ! docker_info; then
   if ! command -v dockerd >/dev/null; then
     echo "dockerd is not installed; run 'make bootstrap'" >&2
     exit 1
   fi
   if pgrep -x dockerd >/dev/null; then
-    echo "dockerd: a daemon process exists but does not answer yet; waiting"
+    echo "dockerd: a daemon process exists but does not answer yet; waiting (if it stays wedged: kill it" \
+         "and its containerd, then rerun this script)"
   else
     echo "dockerd: no daemon answers; starting 'dockerd --experimental' (log: $LOG_DIR/dockerd.log)"
     # A stale pid file from a killed daemon blocks the start.
@@ -21,16 +25,16 @@ if ! docker info >/dev/null 2>&1; then
     setsid nohup dockerd --experimental >>"$LOG_DIR/dockerd.log" 2>&1 </dev/null &
   fi
   for _ in $(seq 1 60); do
-    docker info >/dev/null 2>&1 && break
+    docker_info && break
     sleep 0.5
   done
-  if ! docker info >/dev/null 2>&1; then
+  if ! docker_info; then
     echo "dockerd did not come up within 30 s; last lines of $LOG_DIR/dockerd.log:" >&2
     tail -20 "$LOG_DIR/dockerd.log" >&2 || true
     exit 1
   fi
 fi
-if [ "$(docker version --format '{{.Server.Experimental}}' 2>/dev/null)" != "true" ]; then
+if [ "$(timeout 20 docker version --format '{{.Server.Experimental}}' 2>/dev/null)" != "true" ]; then
   echo "warning: the running Docker daemon has experimental features off, so 'docker checkpoint' is" \
        "unavailable; restart it with 'dockerd --experimental' (or set \"experimental\": true in" \
        "/etc/docker/daemon.json)" >&2

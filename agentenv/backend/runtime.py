@@ -48,7 +48,7 @@ from agentenv.backend.files import copy_tree
 from agentenv.backend.host import HostSupport
 from agentenv.backend.procs import process_tree, tree_matches
 from agentenv.backend.settings import BackendSettings
-from agentenv.backend.store import CheckpointRecord, CheckpointStore, disk_bytes
+from agentenv.backend.store import CheckpointStore, ImageRecord, disk_bytes
 from agentenv.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class CriuRuntime(DockerContainers):
         return Checkpoint(id=record.name, path=str(record.path), bytes=record.image_bytes, marker=marker,
                           duration_s=time.perf_counter() - t0)
 
-    def _dump(self, container: str, path: Path, processes: tuple) -> CheckpointRecord:
+    def _dump(self, container: str, path: Path, processes: tuple) -> ImageRecord:
         """The backend's dump into `path`, retried (up to `_DUMP_ATTEMPTS`) when CRIU could not freeze
         every task in time and the container still runs; then the record of the images."""
         work = self.store.work_dir(path)
@@ -121,7 +121,7 @@ class CriuRuntime(DockerContainers):
         finally:
             shutil.rmtree(work, ignore_errors=True)
         drop_host_clock_image(path)
-        record = CheckpointRecord(container_id=container, name=path.name, path=path, created=time.time(),
+        record = ImageRecord(container_id=container, name=path.name, path=path, created=time.time(),
                                   image_bytes=disk_bytes(path), processes=processes)
         self.store.save(record)
         return record
@@ -197,7 +197,7 @@ class CriuRuntime(DockerContainers):
             containerd.remove_restore_copies(token=token)
         self._verify(ref, checkpoint, record, sandbox_id, started)
 
-    def _verify(self, ref: ContainerRef, checkpoint: Checkpoint, record: CheckpointRecord | None,
+    def _verify(self, ref: ContainerRef, checkpoint: Checkpoint, record: ImageRecord | None,
                 sandbox_id: str, started: float) -> None:
         """The restore marker written before the dump must be back (else: a fresh start, or it died); with
         `verify_restore`, CRIU's log of this start must report success and the init must be back."""

@@ -29,8 +29,9 @@ WORK_SUFFIX = ".work"
 
 
 @dataclass(frozen=True)
-class CheckpointRecord:
-    """One checkpoint in the store."""
+class ImageRecord:
+    """The record file kept with one CRIU image in the store: whose container, which processes, how big.
+    (The registry's row of a sandbox's checkpoint is `agentenv.backend.base.Checkpoint`.)"""
 
     container_id: str
     name: str
@@ -46,7 +47,7 @@ class CheckpointRecord:
         return json.dumps(d)
 
     @classmethod
-    def from_json(cls, text: str) -> CheckpointRecord:
+    def from_json(cls, text: str) -> ImageRecord:
         d = json.loads(text)
         d["path"] = Path(d["path"])
         d["processes"] = tuple(ProcessInfo(int(a), str(b)) for a, b in d["processes"])
@@ -93,10 +94,10 @@ class CheckpointStore:
         return checkpoint_dir.with_name(checkpoint_dir.name + WORK_SUFFIX)
 
     # ---- records -----------------------------------------------------------------------------
-    def save(self, record: CheckpointRecord) -> None:
+    def save(self, record: ImageRecord) -> None:
         (record.path / RECORD_FILE).write_text(record.to_json())
 
-    def records(self, container_id: str) -> list[CheckpointRecord]:
+    def records(self, container_id: str) -> list[ImageRecord]:
         """The container's complete checkpoints, oldest first."""
         out = []
         cdir = self.container_dir(container_id)
@@ -104,27 +105,27 @@ class CheckpointStore:
             return out
         for rec_file in cdir.glob(f"*/{RECORD_FILE}"):
             try:
-                out.append(CheckpointRecord.from_json(rec_file.read_text()))
+                out.append(ImageRecord.from_json(rec_file.read_text()))
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # a half-written or foreign folder; gc() removes it with its container
         return sorted(out, key=lambda r: r.created)
 
-    def latest(self, container_id: str) -> CheckpointRecord | None:
+    def latest(self, container_id: str) -> ImageRecord | None:
         recs = self.records(container_id)
         return recs[-1] if recs else None
 
-    def record_at(self, path: str | Path) -> CheckpointRecord | None:
+    def record_at(self, path: str | Path) -> ImageRecord | None:
         """The record of the checkpoint in folder `path`, or None when `path` is not one of the store's."""
         path = Path(path)
         if self.root.resolve() not in path.resolve().parents:
             return None
         try:
-            return CheckpointRecord.from_json((path / RECORD_FILE).read_text())
+            return ImageRecord.from_json((path / RECORD_FILE).read_text())
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
     # ---- deletion ----------------------------------------------------------------------------
-    def delete(self, record: CheckpointRecord) -> None:
+    def delete(self, record: ImageRecord) -> None:
         shutil.rmtree(record.path, ignore_errors=True)
         shutil.rmtree(self.work_dir(record.path), ignore_errors=True)
 

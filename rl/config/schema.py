@@ -53,6 +53,7 @@ class AlgoConfig:
     decay_steps: int | None = optional(ge=1)
     min_lr_ratio: float = required(ge=0, le=1)
     grad_clip: float = required(gt=0)
+    balance_rate: float = required(gt=0, le=1)
     # PPO (advantage: gae) only; required there (see checks.check_algo).
     gamma: float | None = optional(ge=0, le=1)
     lam: float | None = optional(ge=0, le=1)

@@ -110,16 +110,20 @@ def test_ppo_balances_the_routers_after_every_optimizer_step(monkeypatch):
     assert len(updates) == 4 * len(learner.model.moe_routers())
 
 
-def test_in_loop_maxvio_falls_over_optimizer_steps_from_a_collapsed_router():
+@pytest.mark.parametrize("rate", [1.0, 0.3])
+def test_in_loop_maxvio_falls_over_optimizer_steps_from_a_collapsed_router(rate):
     """A short PPO run from routers that send every token to experts 0 and 1 (MaxVio = 16/2 - 1 = 7):
-    balancing after each optimizer step brings the next steps' routing close to even within the first
-    batch, and it stays there."""
-    learner = Learner(compose("algo=ppo", "algo.episodes_per_step=8"))
+    with K3's exact per-step solution (balance_rate 1) the next steps' routing is close to even within
+    the first batch and stays there; the default damped rate gets there over a few batches."""
+    learner = Learner(compose("algo=ppo", "algo.episodes_per_step=8", f"algo.balance_rate={rate}"))
     for router in learner.model.moe_routers():
         collapsed = torch.zeros_like(router.e_score_correction_bias)
         collapsed[:2] = 1.0
         router.update_bias(collapsed)
     history = [learner.train_step(episodes(seed=i)) for i in range(3)]
     assert history[0]["maxvio_first_update"] == pytest.approx(7.0)
-    assert history[0]["maxvio_last_update"] < 2.0  # within the first batch: 3 updates later
-    assert all(m["maxvio"] < 1.5 for m in history[1:])
+    if rate == 1.0:
+        assert history[0]["maxvio_last_update"] < 2.0  # within the first batch: 3 updates later
+        assert all(m["maxvio"] < 1.5 for m in history[1:])
+    else:
+        assert history[-1]["maxvio_last_update"] < 2.0, [m["maxvio_last_update"] for m in history]
