@@ -16,8 +16,13 @@ Paused footprint, from the host: the container's cgroup must hold no process; th
 sandbox's cgroup over a 10 s window (running, frozen by `docker pause`, paused by AgentENV). The versions
 (kernel, Docker, containerd, runc, CRIU) and the load average before and after are detected and printed.
 
-Writes the `sandbox` section of docs/benchmarks.md (unless `--no-write`) and prints it.
-Usage: python bench/sandbox.py [--quick] [--sizes 16,128,512] [--reps N] [--no-write]
+Part `server` (bench/sandbox_server.py): `agentenv serve` through the real e2b SDK vs local sandboxes
+in the same run (commands.run("true"), create -> first command), and one server holding >= 200 paused
+sandboxes (its own RSS, time to reach a random one).
+
+Writes the `sandbox` and `server` sections of docs/benchmarks.md (unless `--no-write`) and prints them.
+Usage: python bench/sandbox.py [--only sandbox|server] [--quick] [--sizes 16,128,512] [--reps N]
+       [--paused 200] [--no-write]
 """
 
 from __future__ import annotations
@@ -475,7 +480,33 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cpu-window", type=float, default=10.0, help="seconds of the paused-CPU window")
     ap.add_argument("--no-pool", dest="pool", action="store_false", help="skip the SandboxPool run")
     ap.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
+    ap.add_argument("--only", choices=("sandbox", "server"), default=None,
+                    help="run one part: sandbox (pause/resume/fork vs Docker) or server (e2b SDK vs local)")
+    ap.add_argument("--paused", type=int, default=200, help="paused sandboxes the server holds (server part)")
+    ap.add_argument("--server-reps", type=int, default=30, help="timed commands per side (server part)")
     args = ap.parse_args(argv)
+    cmd = "python bench/sandbox.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.only != "server":
+        sandbox_part(args, cmd.strip())
+    if args.only != "sandbox":
+        server_part(args, cmd.strip())
+
+
+def server_part(args: argparse.Namespace, cmd: str) -> None:
+    """The `server` section (see bench/sandbox_server.py)."""
+    from importlib.metadata import version
+
+    import sandbox_server
+
+    print(f"== server: e2b SDK vs local, {args.paused} paused sandboxes", flush=True)
+    text = sandbox_server.render(sandbox_server.run(args.paused, args.server_reps), cmd, version("e2b"))
+    print(text)
+    if not args.no_write:
+        write_section("server", text)
+
+
+def sandbox_part(args: argparse.Namespace, cmd: str) -> None:
+    """The `sandbox` section: pause/resume/fork vs Docker's paths, footprint, the pool."""
     sizes = [int(s) for s in (args.sizes or ("16,128" if args.quick else "16,128,512")).split(",")]
     args.reps = args.reps or (3 if args.quick else 7)
     args.docker_reps = 2 if args.quick else 4
@@ -511,8 +542,7 @@ def main(argv: list[str] | None = None) -> None:
         bench.cleanup()
         shutil.rmtree(home, ignore_errors=True)
     facts["load"].append(os.getloadavg())
-    cmd = "python bench/sandbox.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = render(results, dens, pool, facts, cmd.strip())
+    text = render(results, dens, pool, facts, cmd)
     print(text)
     if not args.no_write:
         write_section("sandbox", text)

@@ -178,6 +178,22 @@ def _sys_path(ctx: Context):
             sys.path.remove(p)
 
 
+@contextlib.contextmanager
+def _environ(ctx: Context):
+    """The command's VAR=value prefixes (other than PYTHONPATH) in this process's environment meanwhile."""
+    added = {k: v for k, v in ctx.env.items() if k != "PYTHONPATH"}
+    saved = {k: os.environ.get(k) for k in added}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _run_main(target: str, argv: list[str], module: bool) -> tuple[int, str]:
     """Run a module or script as `__main__` in this process; (exit code, stdout + stderr)."""
     from hydra.core.global_hydra import GlobalHydra
@@ -224,7 +240,7 @@ def check_make(args: list[str], ctx: Context) -> None:
 
 def check_hydra(target: str, args: list[str], ctx: Context, module: bool) -> None:
     overrides = [*args, *ctx.extra_overrides()]
-    with _sys_path(ctx):
+    with _sys_path(ctx), _environ(ctx):
         code, out = _run_main(target, [*overrides, "--cfg", "job"], module)
         assert code == 0, f"{target} {' '.join(args)} --cfg job exited {code}:\n{out[-2000:]}"
         if target == "rl.train":
