@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 from agentenv.backend import select_backend
 from agentenv.backend.base import (
     LABEL_HOME,
-    UIDS,
     Checkpoint,
     ContainerNotRunning,
     ContainerRef,
@@ -183,11 +182,6 @@ class Sandbox:
     def user(self) -> str:
         """'agent' (uid 1000) or 'root' (uid 0 without capabilities); see `agentenv info`."""
         return self._rec.user
-
-    @property
-    def docker_user(self) -> str:
-        """The `uid:gid` the sandbox's processes run as (for callers that open their own docker exec)."""
-        return UIDS[self._rec.user]
 
     @property
     def parent_id(self) -> str | None:
