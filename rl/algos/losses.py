@@ -69,7 +69,7 @@ def clipped_policy_loss(
 
     With ``old_logp`` the learner's own log-probs before the update and ``is_weights`` computed against
     the rollout log-probs, this is the **decoupled PPO objective** of AReaL (Fu et al. 2025, "AReaL: A
-    Large-Scale Asynchronous Reinforcement Learning System for Language Reasoning", eq. 5):
+    Large-Scale Asynchronous Reinforcement Learning System for Language Reasoning"):
 
         J(θ) = E_{a ~ π_behav} [ π_prox(a)/π_behav(a) · min(r_θ A, clip(r_θ, 1-ε, 1+ε) A) ],
         r_θ = π_θ(a) / π_prox(a),
