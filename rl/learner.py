@@ -1,7 +1,10 @@
 """The learner: turns a batch of episodes into one optimizer step of the policy (and value head).
 
 Pipeline of ``train_step``: collate → advantages (GRPO / RLOO per episode, or GAE per token with a
-value head for PPO) → clipped surrogate with truncated-IS correction against the rollout log-probs,
+value head for PPO) → clipped surrogate with truncated-IS correction against the rollout log-probs
+(the decoupled PPO objective: clipped against the learner's own pre-update log-probs, weighted by
+π_prox / π_behav per token, so it holds when async rollouts were sampled by older versions; see
+``rl.algos.losses.clipped_policy_loss``),
 optional KL to a frozen reference, value loss, entropy bonus → AdamW step with gradient clipping and
 linear warm-up, and after **every** optimizer step (PPO's epochs x minibatches included) **quantile
 balancing** of every MoE router's bias from the router scores of the tokens that step trained on, with
@@ -223,6 +226,9 @@ class Learner:
         self.version += 1
         mask = batch.action_mask
         metrics["rollout_logprob_gap"] = masked_mean((old_logp - batch.rollout_logprobs).abs(), mask).item()
+        if is_weights is not None:  # π_prox / π_behav: how far off-policy the batch was
+            metrics["is_weight_mean"] = masked_mean(is_weights, mask).item()
+            metrics["is_truncated_fraction"] = masked_mean((is_weights >= algo.tis_cap).float(), mask).item()
         metrics["trained_tokens"] = float(mask.sum())
         metrics["weights_version"] = float(self.version)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
