@@ -135,7 +135,9 @@ class AsyncRollouts:
         self.in_flight, self.max_staleness, self.max_restarts = in_flight, max_staleness, max_restarts
         self.reload = reload
         self.groups_per_call = max(1, math.ceil(num_groups / (len(workers) * in_flight)))
-        self.calls: dict[ray.ObjectRef, tuple[int, list[ray.ObjectRef]]] = {}  # summary -> (worker, groups)
+        # summary -> (worker, group references, call number)
+        self.calls: dict[ray.ObjectRef, tuple[int, list[ray.ObjectRef], int]] = {}
+        self.reloaded_at: dict[int, int] = {}  # worker -> the first call number after its last reload
         self.ready: list[FinishedGroup] = []
         self.pools: dict[int, list[dict]] = {}  # each worker's latest sandbox-pool snapshot
         self.submitted = 0
@@ -164,7 +166,7 @@ class AsyncRollouts:
             .rollout.options(num_returns=1 + len(seeds))
             .remote(seeds, self.group_size, 0, sample_seed, None)
         )
-        self.calls[summary] = (w, groups)
+        self.calls[summary] = (w, groups, call)
 
     def publish(self, version: int, weights: ray.ObjectRef) -> None:
         """Offer the learner's new weights to every worker (returns at once: workers copy them beside
@@ -191,12 +193,15 @@ class AsyncRollouts:
 
     def _collect(self, summary: ray.ObjectRef, batch: AsyncBatch) -> None:
         """One finished call: queue the worker's next call, keep its groups (or retry a lost worker)."""
-        w, groups = self.calls.pop(summary)
+        w, groups, call = self.calls.pop(summary)
         try:
             _version, stats, loads = ray.get(summary)
         except (RayActorError, RayTaskError) as exc:
             if isinstance(exc, RayTaskError) and not isinstance(exc.cause, StaleWeights):
                 raise
+            if call < self.reloaded_at.get(w, 0):  # queued on the instance that died: already reloaded
+                self._submit(w)
+                return
             batch.worker_restarts += 1
             if batch.worker_restarts > self.max_restarts:
                 raise RolloutWorkerLost(
@@ -204,6 +209,7 @@ class AsyncRollouts:
                 ) from None
             log.warning("rollout worker %d lost (%s); reloading it and retrying", w, type(exc).__name__)
             self.reload(w)
+            self.reloaded_at[w] = self.submitted
             self._submit(w)
             return
         self._submit(w)
