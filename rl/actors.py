@@ -39,6 +39,11 @@ from rl.tokenizer import build_tokenizer
 NO_WEIGHTS = -1  # the version of a worker that has not loaded any weights yet
 
 
+def node_address() -> dict[str, str]:
+    """The Ray node this process runs on: its id and IP (the trainer records where each actor is)."""
+    return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address()}
+
+
 class StaleWeights(RuntimeError):
     """A worker was asked to use weights of another version than the one it should hold."""
 
@@ -133,6 +138,10 @@ class RolloutWorker:
         groups = [episodes[g * group_size : (g + 1) * group_size] for g in range(len(seeds))]
         return (self.version, stats, self.engine.take_expert_loads()), *groups
 
+    def node(self) -> dict[str, str]:
+        """`node_address` of this worker (and so of its sandboxes, which this process creates)."""
+        return node_address()
+
     def close(self) -> None:
         self.runner.close()
 
@@ -144,6 +153,10 @@ class LearnerActor(Learner):
     def __init__(self, cfg: RunConfig) -> None:
         torch.set_num_threads(cfg.trainer.learner_threads)
         super().__init__(cfg)
+
+    def node(self) -> dict[str, str]:
+        """`node_address` of the learner."""
+        return node_address()
 
     def publish(self) -> tuple[int, ray.ObjectRef]:
         """Put the current weights in the object store (once: ``ray.put`` serialises a copy, so the

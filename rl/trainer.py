@@ -155,6 +155,7 @@ class Trainer:
         self.version = 0  # the learner's latest published version, and its weights' reference
         self.weights: ray.ObjectRef | None = None
         self.worker_restarts = 0
+        self.placement: dict[str, Any] = {}  # where the actors run (placement.json)
         self.stream: AsyncRollouts | None = None  # trainer.mode=async
         self._step_end = 0.0  # async: when the last learner step ended
 
@@ -180,11 +181,19 @@ class Trainer:
     def _start_actors(self) -> None:
         """Create the learner and the rollout workers (built without init: they hold no weights until
         `_publish_first`); Ray constructs them in parallel."""
-        learner_cls = ray.remote(LearnerActor).options(num_cpus=self.tcfg.learner_cpus)
-        self.learner = learner_cls.remote(self.cfg)
-        worker_cls = ray.remote(concurrency_groups={WEIGHTS_GROUP: 1})(RolloutWorker).options(
-            num_cpus=self.rollout_cfg.worker_cpus, max_restarts=self.rollout_cfg.max_worker_restarts
+        learner_cls = ray.remote(LearnerActor).options(
+            num_cpus=self.tcfg.learner_cpus, resources=dict(self.tcfg.learner_resources)
         )
+        self.learner = learner_cls.remote(self.cfg)
+        worker_options: dict[str, Any] = {
+            "num_cpus": self.rollout_cfg.worker_cpus,
+            "max_restarts": self.rollout_cfg.max_worker_restarts,
+            "resources": dict(self.tcfg.worker_resources),
+        }
+        if self.tcfg.worker_placement == "spread":
+            worker_options["scheduling_strategy"] = "SPREAD"
+        worker_cls = ray.remote(concurrency_groups={WEIGHTS_GROUP: 1})(RolloutWorker)
+        worker_cls = worker_cls.options(**worker_options)
         environment = worker_environment(self.cfg.sandbox)  # the sandbox hosts' key, if any
         self.workers = [
             worker_cls.remote(self.cfg, i, environment) for i in range(self.rollout_cfg.num_workers)
@@ -195,6 +204,18 @@ class Trainer:
         the wait for all actors to be up."""
         self.version, self.weights = ray.get(self.learner.publish.remote())
         self._sync_weights()
+        self.placement = {
+            "learner": ray.get(self.learner.node.remote()),
+            "workers": ray.get([w.node.remote() for w in self.workers]),
+        }
+        self._write_placement()
+
+    def _write_placement(self) -> None:
+        """``placement.json`` in the run folder: the Ray node (id, IP) of the learner and of each rollout
+        worker, rewritten when a worker is restarted (on a cluster, maybe on another node)."""
+        (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
+        log.info("placement: learner on %s, workers on %s", self.placement["learner"]["ip"],
+                 [w["ip"] for w in self.placement["workers"]])
 
     def _sync_weights(self) -> float:
         """Every worker loads the current version by reference (object store → worker); returns seconds."""
@@ -260,6 +281,9 @@ class Trainer:
         while True:
             try:
                 ray.get(self.workers[w].load_weights.remote(self.version, self.weights), timeout=30)
+                if self.placement:
+                    self.placement["workers"][w] = ray.get(self.workers[w].node.remote(), timeout=30)
+                    self._write_placement()
                 return
             except (RayActorError, ray.exceptions.GetTimeoutError):
                 if time.monotonic() > deadline:

@@ -152,16 +152,17 @@ def check_sandbox_hosts(cfg) -> None:
             _fail(f"env.kwargs.sandbox.{key}", "remote sandboxes (sandbox.hosts) take memory and cpus from "
                   "their host's sandbox config (conf/sandbox/default.yaml there); remove it")
     pool = cfg.rollout.sandbox_pool
-    if pool.pause_idle:
-        _fail("rollout.sandbox_pool.pause_idle", "the local sandbox pool is off with sandbox.hosts "
-              "(remote sandboxes stay running on their hosts between episodes); set it false")
+    if pool.pause_policy == "always":
+        _fail("rollout.sandbox_pool.pause_policy", "the local sandbox pool is off with sandbox.hosts "
+              "(remote sandboxes stay running on their hosts between episodes); set it cost or never")
     if pool.overrides.get("warm_starts"):
         _fail("rollout.sandbox_pool.overrides.warm_starts", "warm starts come from the local sandbox "
               "pool, which is off with sandbox.hosts; set it false")
 
 
 def check_resources(cfg) -> None:
-    """Local Ray gets enough CPUs for the learner and the workers; the tokenizer fits the model."""
+    """Local Ray gets enough CPUs for the learner and the workers and is asked for no custom resources;
+    the tokenizer fits the model."""
     trainer, rollout = cfg.trainer, cfg.rollout
     if trainer.ray_address is None:
         needed = trainer.learner_cpus + rollout.num_workers * rollout.worker_cpus
@@ -171,6 +172,15 @@ def check_resources(cfg) -> None:
                 f"the learner ({trainer.learner_cpus}) and {rollout.num_workers} worker(s) of "
                 f"{rollout.worker_cpus} CPU need {needed} CPUs but local Ray gets {trainer.num_cpus}",
             )
+    for key in ("learner_resources", "worker_resources"):
+        resources = getattr(trainer, key)
+        if resources and trainer.ray_address is None:
+            _fail(f"trainer.{key}", f"local Ray offers no custom resources ({dict(resources)}); join a "
+                  "cluster started with `ray start --resources` (trainer=cluster) or set {}")
+        for name, amount in resources.items():
+            if name in ("CPU", "GPU", "memory") or amount <= 0:
+                _fail(f"trainer.{key}", f"{name}: {amount} is not a positive custom resource (CPUs are "
+                      "trainer.learner_cpus / rollout.worker_cpus)")
     tokenizer = cfg.tokenizer
     if tokenizer.kind == "hf" and not tokenizer.path:
         _fail("tokenizer.path", "tokenizer.kind=hf needs the path of a local tokenizer folder")

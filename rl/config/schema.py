@@ -123,6 +123,12 @@ class TrainerConfig:
     mode: str = required(choices=("sync", "async"))
     max_staleness: int = required(ge=0)
     rollouts_in_flight: int = required(ge=1)  # async: outstanding rollout calls per worker
+    # custom Ray resources (``ray start --resources``) each actor needs, so a cluster places it: the learner
+    # on the node(s) that offer learner_resources, every rollout worker (and its sandboxes) on those that
+    # offer worker_resources; {} = none (local Ray offers none)
+    learner_resources: dict[str, float] = required()
+    worker_resources: dict[str, float] = required()
+    worker_placement: str = required(choices=("default", "spread"))  # Ray's DEFAULT or SPREAD scheduling
 
 
 @dataclass

@@ -71,6 +71,9 @@ def test_one_config_error_for_the_project():
         (["+rollout.sandbox_pool.overrides.idle_after_s=x"], "rollout.sandbox_pool.overrides: pool config"),
         (["trainer.stop_at_success=2"], "trainer.stop_at_success: must be <= 1, got 2.0"),
         (["tokenizer.kind=hf"], "tokenizer.path: tokenizer.kind=hf needs the path"),
+        (["+trainer.learner_resources.learner=1"], "trainer.learner_resources: local Ray offers no custom"),
+        (["trainer=cluster", "trainer.worker_resources.rollout=0"], "trainer.worker_resources: rollout: 0.0 is"),
+        (["trainer=cluster", "trainer.worker_placement=pack"], "trainer.worker_placement: 'pack' is not one"),
     ],
 )
 def test_bad_values_are_one_line_naming_their_key(overrides, message):
@@ -98,7 +101,7 @@ def test_sandbox_hosts_need_the_key_and_refuse_what_only_local_sandboxes_do(monk
     assert sandbox["hosts"] == ["http://10.0.0.1:3000", "https://h.example:8443"]
     assert "hosts" not in sandbox["config"] and sandbox["config"]["network"] == "none"
     for extra, key in [
-        ("rollout.sandbox_pool.pause_idle=true", "rollout.sandbox_pool.pause_idle"),
+        ("rollout.sandbox_pool.pause_policy=always", "rollout.sandbox_pool.pause_policy"),
         ("rollout.sandbox_pool.overrides.warm_starts=true", "rollout.sandbox_pool.overrides.warm_starts"),
         ("env=kv_lookup", "env.kwargs.sandbox.memory"),
     ]:
@@ -106,6 +109,16 @@ def test_sandbox_hosts_need_the_key_and_refuse_what_only_local_sandboxes_do(monk
             compose(hosts, extra)
     with pytest.raises(ConfigError, match=r"^sandbox\.hosts: a host is listed twice"):
         compose("sandbox.hosts=[http://h:1,http://h:1/]")
+
+
+def test_the_cluster_trainer_places_actors_by_custom_resources():
+    """conf/trainer/cluster.yaml: join a running cluster, the learner on a node offering ``learner``, the
+    rollout workers spread over nodes offering ``rollout``; no local CPU count is checked there."""
+    cfg = compose("trainer=cluster", "rollout.num_workers=8").trainer
+    assert cfg.ray_address == "auto" and cfg.worker_placement == "spread"
+    assert cfg.learner_resources == {"learner": 1.0} and cfg.worker_resources == {"rollout": 1.0}
+    local = compose().trainer
+    assert local.learner_resources == {} and local.worker_resources == {} and local.worker_placement == "default"
 
 
 def test_an_error_names_the_yaml_file_to_fix_when_no_override_set_the_value():
