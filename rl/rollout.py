@@ -12,19 +12,30 @@ For each iteration it
 3. turns every failure of a single episode (exception in the task, dead sandbox, failed resume) into
    a recorded error and a zero-weight sample, and replaces the env it broke.
 
-The pool keeps the running sandboxes under ``sandbox_pool.memory_budget``: after each run (and before
-every create, fork or resume) it pauses the least recently used members idle for ``idle_after_s`` while
-over budget; with ``pause_idle: true`` it also pauses every member idle that long, budget or not, after
-each run and while the policy generates. A task's next command resumes its sandbox (a task leases its
-sandbox from the pool for the length of an episode). With ``warm_starts: true`` new sandboxes are forks
-of the pool's checkpointed template of the task. The pool's counters, latencies and sizes are reported
-in `RolloutStats.pool`; ``close()`` removes every member and template.
+The pool keeps the running sandboxes under ``sandbox_pool.memory_budget``: before every create, fork or
+resume it pauses the least recently used members idle for ``idle_after_s`` while over budget.
+
+Waiting sandboxes (``sandbox_pool.pause_policy``, decided by `agentenv.pool.PauseCostModel`): while the
+policy generates a turn, the sandboxes of the episodes waiting for it are released and paused when the
+expected wait exceeds the pool's measured pause + resume p50s, or the pool is over budget; likewise the
+free envs between runs. The expected wait of a turn is the p50 of this runner's recent generation calls
+of the same batch size (of any size when that one has not been seen; ``policy_latency_s`` before the
+first call); between runs it is the p50 of the recent gaps between the end of one run and
+the start of the next (the learner's step in sync training, ~0 with async calls queued). A task's next
+command resumes its sandbox (a task leases its sandbox from the pool for the length of an episode).
+``rollout.policy_latency_s`` sleeps that long in every generation call: an emulation of a larger
+policy's generation time, so that waits worth pausing for can be tested and benchmarked here.
+With ``warm_starts: true`` new sandboxes are forks of the pool's checkpointed template of the task.
+The pool's counters, latencies and sizes are reported in `RolloutStats.pool`, sandbox-seconds running
+and paused, the running members' RSS while waiting and the waits that triggered pauses in
+`RolloutStats.pool_summary`; ``close()`` removes every member and template.
 
 With ``sandbox.hosts`` (see ``rl.sandbox_hosts``) the sandboxes live on `agentenv serve` hosts and the
 local pool is off: its budget is this machine's memory and its pauses are local CRIU checkpoints, neither
 of which applies to a sandbox on another host. Remote sandboxes stay running between episodes (their
-host's TTL is refreshed while commands run); the config check refuses ``pause_idle`` and warm starts
-with hosts rather than ignore them. Everything else (groups, forks, failures) is the same code path.
+host's TTL is refreshed while commands run); the config check refuses ``pause_policy: always`` and
+warm starts with hosts rather than ignore them. Everything else (groups, forks, failures) is the same
+code path.
 
 Envs are made by ``rl.wrappers.make_env``: ``gymnasium.make`` (env checker on), then the user's
 ``env.wrappers``; the runner steps the wrapped env and sends sandbox operations to the task under it.
@@ -40,11 +51,14 @@ only its `RolloutStats` (counters and one `Outcome` per episode), the episodes g
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import secrets
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -55,13 +69,16 @@ import gymnasium
 import torch
 
 import agentenv.tasks  # noqa: F401  (registers the built-in tasks)
-from agentenv.pool import PoolMetrics, SandboxPool
+from agentenv.pool import PauseCostModel, PauseDecision, PoolMetrics, SandboxPool
 from rl.config import EnvConfig, RolloutConfig, SandboxPoolConfig
 from rl.episode import Episode, Outcome
 from rl.generation import TorchEngine
 from rl.sandbox_hosts import split_hosts
 from rl.tokenizer import Tokenizer
 from rl.wrappers import fork_env, make_env, task, wrapper_specs
+
+log = logging.getLogger(__name__)
+WAIT_HISTORY = 16  # generation calls (per batch size) and gaps between runs an expected wait is a p50 of
 
 
 @dataclass
@@ -81,6 +98,9 @@ class RolloutStats:
     forks: int = 0
     fork_s: float = 0.0
     sandboxes_created: int = 0
+    sandbox_running_s: float = 0.0  # sandbox-seconds of the pool's members running since the last run
+    sandbox_paused_s: float = 0.0  # ... and paused
+    pause_waits: list[float] = field(default_factory=list)  # the expected wait that triggered each pause
     errors: list[str] = field(default_factory=list)
     pool: list[dict] = field(default_factory=list)  # `PoolMetrics.to_dict()` of each worker's pool
     outcomes: list[Outcome] = field(default_factory=list)  # one per episode, in the episodes' order
@@ -100,6 +120,12 @@ class RolloutStats:
         for key in ("pause_p50_s", "pause_p90_s", "resume_p50_s", "resume_p90_s", "warm_start_p50_s"):
             values = [p[key] for p in self.pool if not math.isnan(p[key])]
             out[f"sandbox_{key}"] = max(values, default=0.0)
+        out["sandbox_running_bytes"] = float(sum(p.get("running_bytes", 0.0) for p in self.pool))
+        out["sandbox_running_s"] = self.sandbox_running_s
+        out["sandbox_paused_s"] = self.sandbox_paused_s
+        out["pauses_per_episode"] = self.pauses / self.episodes if self.episodes else 0.0
+        out["waiting_pauses"] = float(len(self.pause_waits))
+        out["pause_trigger_wait_p50_s"] = statistics.median(self.pause_waits) if self.pause_waits else 0.0
         return out
 
 
@@ -145,7 +171,17 @@ class EpisodeRunner:
         self.tokenizer = tokenizer
         self.remote = "hosts" in (self.env_kwargs.get("sandbox") or {})
         self.sandbox_pool = make_sandbox_pool(rollout_cfg.sandbox_pool, self.remote)
-        self.pause_idle = rollout_cfg.sandbox_pool.pause_idle and not self.remote
+        self.pause_cost = (
+            PauseCostModel(self.sandbox_pool, rollout_cfg.sandbox_pool.pause_policy)
+            if self.sandbox_pool is not None
+            else None
+        )
+        self.policy_latency_s = rollout_cfg.policy_latency_s
+        self._generate_s: dict[int, deque[float]] = {}  # batch size -> recent generation call durations
+        self._run_gaps: deque[float] = deque(maxlen=WAIT_HISTORY)  # end of a run -> start of the next
+        self._run_ended: float | None = None
+        self._clock = self.sandbox_pool.sandbox_seconds() if self.sandbox_pool is not None else (0.0, 0.0)
+        self._running_bytes: list[int] = []  # running members' RSS at each wait of this run
         self.free_envs: list[gymnasium.Env] = []  # envs between runs; their sandboxes stay pool members
         self._pool_counts = {"pauses": 0, "resumes": 0}
         self._generator = torch.Generator()
@@ -185,32 +221,59 @@ class EpisodeRunner:
         if self.sandbox_pool is not None:
             self.sandbox_pool.close()
 
-    def release_idle(self) -> None:
-        """Between runs: keep the pool's budget (LRU pauses of idle members) or, with ``pause_idle``,
-        pause every member idle for ``idle_after_s``. Nothing for remote sandboxes (no pool)."""
-        if self.sandbox_pool is None:
-            return
-        if self.pause_idle:
-            self.sandbox_pool.pause_idle()
-        else:
-            self.sandbox_pool.ensure_budget()
+    def expected_generation_s(self, batch_size: int) -> float:
+        """p50 of this runner's recent generation calls of ``batch_size`` episodes (of any size when
+        none of that size yet; before the first call ``policy_latency_s``, a lower bound of every call)."""
+        recent = self._generate_s.get(batch_size) or [t for d in self._generate_s.values() for t in d]
+        return statistics.median(recent) if recent else self.policy_latency_s
+
+    def _generate(self, tokens: list[list[int]]):
+        """One batched generation call (plus ``policy_latency_s``), timed for `expected_generation_s`."""
+        t = time.perf_counter()
+        generations = self.engine.generate(tokens, self.max_new_tokens, self._generator)
+        if self.policy_latency_s:
+            time.sleep(self.policy_latency_s)
+        self._generate_s.setdefault(len(tokens), deque(maxlen=WAIT_HISTORY)).append(time.perf_counter() - t)
+        return generations
+
+    def _pause_waiting(self, env: gymnasium.Env) -> bool:
+        """Release and pause one waiting env's sandbox (False: in use, gone, or the pause failed; the
+        env's next step finds out)."""
+        t = task(env)
+        try:
+            t.release_sandbox()
+            return self.sandbox_pool.pause(t.sandbox)
+        except Exception as exc:  # e.g. the disk cap or a dead sandbox: it keeps running, or fails later
+            log.warning("could not pause waiting sandbox %s: %s", getattr(t.sandbox, "id", "?"), exc)
+            return False
 
     @contextmanager
-    def _pausing_idle_while_waiting(self, envs: list[gymnasium.Env]):
-        """With ``pause_idle``: while the policy generates, the active envs release their sandboxes and
-        the pool pauses them once idle for ``idle_after_s`` (their next steps resume them on demand)."""
-        if not self.pause_idle:
+    def _waiting(self, envs: list[gymnasium.Env], expected_wait_s: float, stats: RolloutStats):
+        """While ``envs`` wait ``expected_wait_s`` (the block), pause their sandboxes if the cost model
+        says so (in the background: the block runs meanwhile); each env's next step resumes its own."""
+        if self.pause_cost is None or not envs:
             yield
             return
-        for env in envs:
-            task(env).release_sandbox()
-        timer = threading.Timer(self.sandbox_pool.settings.idle_after_s, self.sandbox_pool.pause_idle)
-        timer.start()
+        used = self.sandbox_pool.running_bytes()
+        decision: PauseDecision = self.pause_cost.decide(expected_wait_s, used)
+        jobs = [self.threads.submit(self._pause_waiting, env) for env in envs] if decision.pause else []
         try:
             yield
         finally:
-            timer.cancel()
-            timer.join()
+            paused = sum(job.result() for job in jobs)
+            stats.pause_waits.extend([expected_wait_s] * paused)
+            self._running_bytes.append(self.sandbox_pool.running_bytes() if paused else used)
+
+    def release_idle(self, stats: RolloutStats | None = None) -> None:
+        """After a run: pause the free envs' sandboxes if the expected gap until the next run is worth
+        it (the cost model), else keep the pool's budget (LRU pauses of idle members). Nothing for
+        remote sandboxes (no pool)."""
+        if self.sandbox_pool is None:
+            return
+        expected = statistics.median(self._run_gaps) if self._run_gaps else 0.0
+        with self._waiting(self.free_envs, expected, stats or RolloutStats()):
+            pass
+        self.sandbox_pool.ensure_budget()
 
     def _record_pool(self, stats: RolloutStats) -> None:
         """The pool's pauses and resumes during this run, and a snapshot of its metrics (none without a
@@ -221,7 +284,13 @@ class EpisodeRunner:
         stats.pauses = metrics.pauses - self._pool_counts["pauses"]
         stats.resumes = metrics.resumes - self._pool_counts["resumes"]
         self._pool_counts = {"pauses": metrics.pauses, "resumes": metrics.resumes}
-        stats.pool = [metrics.to_dict()]
+        clock = self.sandbox_pool.sandbox_seconds()
+        stats.sandbox_running_s = clock[0] - self._clock[0]
+        stats.sandbox_paused_s = clock[1] - self._clock[1]
+        self._clock = clock
+        samples, self._running_bytes = self._running_bytes, []
+        running = float(statistics.mean(samples)) if samples else float(metrics.memory_used_bytes)
+        stats.pool = [{**metrics.to_dict(), "running_bytes": running}]
 
     # ------------------------------------------------------------------ episodes
     def run(
@@ -238,6 +307,8 @@ class EpisodeRunner:
         the policy holds for it (None: version 0 throughout)."""
         stats = RolloutStats()
         started = time.perf_counter()
+        if self._run_ended is not None:
+            self._run_gaps.append(started - self._run_ended)
         self._generator = generator
         self._policy_version = policy_version or (lambda: 0)
         episodes = [
@@ -256,7 +327,7 @@ class EpisodeRunner:
                 self._discard(env)
             else:
                 self._give_back(env, broken=episode.error is not None)
-        self.release_idle()
+        self.release_idle(stats)
         self._record_pool(stats)
         stats.episodes = len(episodes)
         stats.failed = sum(1 for e in episodes if e.error)
@@ -264,6 +335,7 @@ class EpisodeRunner:
         stats.outcomes = [Outcome.of(e) for e in episodes]
         stats.generated_tokens = sum(sum(e.action_mask) for e in episodes)
         stats.total_s = time.perf_counter() - started
+        self._run_ended = time.perf_counter()
         return episodes, stats
 
     def _start_groups(self, seeds, group_size, episodes, stats):
@@ -331,10 +403,9 @@ class EpisodeRunner:
         while active:
             version = self._policy_version()  # async: newer weights are swapped in here, between turns
             t = time.perf_counter()
-            with self._pausing_idle_while_waiting([envs[i] for i in active]):
-                generations = self.engine.generate(
-                    [episodes[i].tokens for i in active], self.max_new_tokens, self._generator
-                )
+            expected = self.expected_generation_s(len(active))
+            with self._waiting([envs[i] for i in active], expected, stats):
+                generations = self._generate([episodes[i].tokens for i in active])
             stats.generate_s += time.perf_counter() - t
             actions, last_action_token = [], {}
             for i, gen in zip(active, generations, strict=True):

@@ -1,6 +1,17 @@
-"""SandboxPool: many sandboxes under a memory budget, LRU pausing of idle ones, warm starts (pool.py)."""
+"""SandboxPool: many sandboxes under a memory budget, LRU pausing of idle ones, warm starts (pool.py);
+whether a waiting sandbox is worth pausing (cost.py)."""
 
+from agentenv.pool.cost import PAUSE_POLICIES, PauseCostModel, PauseDecision
 from agentenv.pool.pool import PoolBudgetExceeded, PooledSandbox, PoolMetrics, SandboxPool
 from agentenv.pool.settings import PoolSettings
 
-__all__ = ["PoolBudgetExceeded", "PoolMetrics", "PoolSettings", "PooledSandbox", "SandboxPool"]
+__all__ = [
+    "PAUSE_POLICIES",
+    "PauseCostModel",
+    "PauseDecision",
+    "PoolBudgetExceeded",
+    "PoolMetrics",
+    "PoolSettings",
+    "PooledSandbox",
+    "SandboxPool",
+]

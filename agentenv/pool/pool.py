@@ -149,6 +149,7 @@ class SandboxPool:
     def _pause_member(self, sandbox: Sandbox) -> None:
         """Pause a member this caller has claimed (`claim_for_pause`); the pause ends its session shells."""
         self._timed("pause", sandbox.pause)
+        self.state.mark(sandbox.id, paused=True)
 
     # ---- helpers -----------------------------------------------------------------------------
     def _pool_lock(self, action: str, suffix: str = ""):
@@ -283,6 +284,7 @@ class SandboxPool:
                 raise
             return  # another thread or process resumed it first
         self.state.record("resume", time.perf_counter() - t)
+        self.state.mark(sandbox.id, paused=False)
         self.state.set_rss(sandbox.id, sandbox.stats().rss_bytes)
 
     def exec(self, sb: PooledSandbox | Sandbox | str, cmd: str | list[str], **kwargs: Any) -> ExecResult:
@@ -352,6 +354,14 @@ class SandboxPool:
                 running.append((m, sb, rss))
                 used += rss
         return running, used
+
+    def running_bytes(self) -> int:
+        """RSS held by the running members now (cgroup reads no older than `rss_refresh_s`)."""
+        return self._running()[1]
+
+    def sandbox_seconds(self) -> tuple[float, float]:
+        """(running, paused) sandbox-seconds of the pool's members so far (see `PoolState.mark`)."""
+        return self.state.sandbox_seconds()
 
     def ensure_budget(self, need: int = 0, exclude: set[str] | frozenset[str] = frozenset()) -> int:
         """Pause LRU idle members until running RSS + `need` fits the budget; returns RSS in use after."""

@@ -27,6 +27,9 @@ class PoolSettings:
     lock_timeout_s: float
     metrics_window: int
     rss_refresh_s: float
+    pause_prior_s: float
+    resume_prior_s: float
+    cost_min_samples: int
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> PoolSettings:
@@ -52,6 +55,9 @@ class PoolSettings:
                 lock_timeout_s=float(data["lock_timeout_s"]),
                 metrics_window=int(data["metrics_window"]),
                 rss_refresh_s=float(data["rss_refresh_s"]),
+                pause_prior_s=float(data["pause_prior_s"]),
+                resume_prior_s=float(data["resume_prior_s"]),
+                cost_min_samples=int(data["cost_min_samples"]),
             )
         except (TypeError, ValueError) as e:
             if isinstance(e, ConfigError):
@@ -63,9 +69,13 @@ class PoolSettings:
             or s.lock_timeout_s <= 0
             or s.metrics_window < 1
             or s.rss_refresh_s < 0
+            or s.pause_prior_s < 0
+            or s.resume_prior_s < 0
+            or s.cost_min_samples < 1
         ):
             raise ConfigError(
                 "pool config: idle_after_s must be >= 0, lease_timeout_s and lock_timeout_s > 0, "
-                "metrics_window >= 1, rss_refresh_s >= 0"
+                "metrics_window >= 1, rss_refresh_s, pause_prior_s and resume_prior_s >= 0, "
+                "cost_min_samples >= 1"
             )
         return s

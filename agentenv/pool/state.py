@@ -29,7 +29,13 @@ CREATE TABLE IF NOT EXISTS members (
     pausing_since REAL NOT NULL DEFAULT 0,   -- 0: not being paused
     rss_bytes    INTEGER NOT NULL DEFAULT 0,  -- last measured RSS (estimate of what a resume needs)
     rss_at       REAL NOT NULL DEFAULT 0,     -- when rss_bytes was measured
-    template     TEXT                         -- the template it was forked from (NULL: cold start)
+    template     TEXT,                        -- the template it was forked from (NULL: cold start)
+    paused       INTEGER NOT NULL DEFAULT 0,  -- as the pool last left it (1: paused by the pool)
+    state_since  REAL NOT NULL DEFAULT 0      -- when it entered that state (sandbox-seconds accounting)
+);
+CREATE TABLE IF NOT EXISTS clock (
+    state        TEXT PRIMARY KEY,            -- running | paused
+    seconds      REAL NOT NULL                -- sandbox-seconds spent in it by members no longer in it
 );
 CREATE TABLE IF NOT EXISTS templates (
     key          TEXT PRIMARY KEY,
@@ -55,6 +61,8 @@ class Member:
     rss_bytes: int
     rss_at: float
     template: str | None
+    paused: int
+    state_since: float
 
     def leased(self, now: float) -> bool:
         return self.leases > 0 and self.lease_until > now
@@ -69,8 +77,9 @@ class PoolState:
         self._local = threading.local()
         self._conn().executescript(SCHEMA)
         columns = {r[1] for r in self._conn().execute("PRAGMA table_info(members)")}
-        if "rss_at" not in columns:  # a pool file from before this column existed
-            self._conn().execute("ALTER TABLE members ADD COLUMN rss_at REAL NOT NULL DEFAULT 0")
+        for column in ("rss_at REAL", "paused INTEGER", "state_since REAL"):  # pool files from before
+            if column.split()[0] not in columns:
+                self._conn().execute(f"ALTER TABLE members ADD COLUMN {column} NOT NULL DEFAULT 0")
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -86,14 +95,52 @@ class PoolState:
     def add(self, sandbox_id: str, rss_bytes: int = 0, template: str | None = None) -> None:
         with self._tx() as c:
             c.execute(
-                "INSERT OR REPLACE INTO members (sandbox_id, last_used, rss_bytes, template) "
-                "VALUES (?,?,?,?)",
-                (sandbox_id, time.time(), rss_bytes, template),
+                "INSERT OR REPLACE INTO members (sandbox_id, last_used, rss_bytes, template, state_since) "
+                "VALUES (?,?,?,?,?)",
+                (sandbox_id, time.time(), rss_bytes, template, time.time()),
             )
 
     def drop(self, sandbox_id: str) -> None:
         with self._tx() as c:
+            self._close_interval(c, sandbox_id, time.time())
             c.execute("DELETE FROM members WHERE sandbox_id=?", (sandbox_id,))
+
+    # ---- sandbox-seconds ---------------------------------------------------------------------
+    @staticmethod
+    def _close_interval(c: sqlite3.Connection, sandbox_id: str, now: float) -> sqlite3.Row | None:
+        """Add the member's time in its current state to that state's clock (inside a transaction)."""
+        r = c.execute("SELECT paused, state_since FROM members WHERE sandbox_id=?", (sandbox_id,)).fetchone()
+        if r is not None and r["state_since"]:
+            c.execute(
+                "INSERT INTO clock (state, seconds) VALUES (?, ?) "
+                "ON CONFLICT(state) DO UPDATE SET seconds = seconds + excluded.seconds",
+                ("paused" if r["paused"] else "running", max(0.0, now - r["state_since"])),
+            )
+        return r
+
+    def mark(self, sandbox_id: str, paused: bool) -> None:
+        """The pool paused (or resumed) a member: its time so far goes to the state it leaves."""
+        now = time.time()
+        with self._tx() as c:
+            r = self._close_interval(c, sandbox_id, now)
+            if r is not None:
+                c.execute(
+                    "UPDATE members SET paused=?, state_since=? WHERE sandbox_id=?",
+                    (int(paused), now, sandbox_id),
+                )
+
+    def sandbox_seconds(self) -> tuple[float, float]:
+        """(running, paused) sandbox-seconds of all members ever, up to now: the sum over members of
+        the time each spent running and paused (pauses and resumes made through the pool)."""
+        now = time.time()
+        clock = {r["state"]: r["seconds"] for r in self._conn().execute("SELECT * FROM clock")}
+        running, paused = clock.get("running", 0.0), clock.get("paused", 0.0)
+        for r in self._conn().execute("SELECT paused, state_since FROM members WHERE state_since > 0"):
+            if r["paused"]:
+                paused += now - r["state_since"]
+            else:
+                running += now - r["state_since"]
+        return running, paused
 
     def members(self) -> list[Member]:
         rows = self._conn().execute("SELECT * FROM members ORDER BY last_used").fetchall()

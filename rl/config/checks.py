@@ -152,9 +152,9 @@ def check_sandbox_hosts(cfg) -> None:
             _fail(f"env.kwargs.sandbox.{key}", "remote sandboxes (sandbox.hosts) take memory and cpus from "
                   "their host's sandbox config (conf/sandbox/default.yaml there); remove it")
     pool = cfg.rollout.sandbox_pool
-    if pool.pause_idle:
-        _fail("rollout.sandbox_pool.pause_idle", "the local sandbox pool is off with sandbox.hosts "
-              "(remote sandboxes stay running on their hosts between episodes); set it false")
+    if pool.pause_policy == "always":
+        _fail("rollout.sandbox_pool.pause_policy", "the local sandbox pool is off with sandbox.hosts "
+              "(remote sandboxes stay running on their hosts between episodes); set it cost or never")
     if pool.overrides.get("warm_starts"):
         _fail("rollout.sandbox_pool.overrides.warm_starts", "warm starts come from the local sandbox "
               "pool, which is off with sandbox.hosts; set it false")

@@ -82,7 +82,9 @@ class SandboxPoolConfig:
     """``rollout.sandbox_pool``: each worker's `agentenv.SandboxPool`."""
 
     name: str = required()
-    pause_idle: bool = required()
+    # whether the sandbox of an episode waiting on the policy is paused for the wait (agentenv.pool.cost):
+    # cost = when the expected wait exceeds the pool's pause + resume p50s, or over budget
+    pause_policy: str = required(choices=("cost", "never", "always"))
     # keys of conf/agentenv/pool.yaml set differently for the trainer's pools (empty: that file as is)
     overrides: dict[str, Any] = required()
 
@@ -97,6 +99,7 @@ class RolloutConfig:
     torch_threads: int = required(ge=1)
     temperature: float = required(gt=0)
     env_threads: int = required(ge=1)
+    policy_latency_s: float = required(ge=0)  # sleep per generation call: emulates a larger policy
     sandbox_pool: SandboxPoolConfig = MISSING
     max_failed_fraction: float = required(ge=0, le=1)
     max_worker_restarts: int = required(ge=0)

@@ -32,8 +32,9 @@ def make_runner(
     env_id="agentenv/GuessNumber-v0",
     group_start="seed",
     pool=None,
-    pause_idle=False,
+    pause_policy="never",
     wrappers=None,
+    policy_latency_s=0.0,
 ):
     """A runner on ``env_id`` with the test sandbox limits; ``pool``: conf/agentenv/pool.yaml overrides."""
     import fault_tasks  # noqa: F401  (registers faults/*)
@@ -41,8 +42,8 @@ def make_runner(
     cfg = compose("env.kwargs.max_turns=2", "rollout.env_threads=4")
     env_cfg = replace(cfg.env, id=env_id, group_start=group_start, wrappers=wrappers)
     pool_cfg = cfg.rollout.sandbox_pool
-    pool_cfg = replace(pool_cfg, pause_idle=pause_idle, overrides={**pool_cfg.overrides, **(pool or {})})
-    rollout_cfg = replace(cfg.rollout, sandbox_pool=pool_cfg)
+    pool_cfg = replace(pool_cfg, pause_policy=pause_policy, overrides={**pool_cfg.overrides, **(pool or {})})
+    rollout_cfg = replace(cfg.rollout, sandbox_pool=pool_cfg, policy_latency_s=policy_latency_s)
     return EpisodeRunner(env_cfg, rollout_cfg, TorchEngine(policy, TOK), TOK, sandbox=sandbox_config)
 
 
@@ -136,7 +137,7 @@ def test_a_sandbox_killed_mid_episode_fails_the_episode_and_is_replaced(policy, 
 def test_a_failed_resume_fails_the_episode_not_the_run(policy, sandbox_config):
     from agentenv.sandbox import runtime
 
-    runner = make_runner(policy, sandbox_config, pause_idle=True, pool={"idle_after_s": 0.0})
+    runner = make_runner(policy, sandbox_config, pause_policy="always")
     try:
         _, first = runner.run([1], group_size=2, generator=torch.Generator().manual_seed(0))
         # paused while the policy generated (and resumed for each step), and again at the end of the run
@@ -154,6 +155,40 @@ def test_a_failed_resume_fails_the_episode_not_the_run(policy, sandbox_config):
     assert sum(e.error is not None for e in episodes) == 1
     failed = next(e for e in episodes if e.error)
     assert "checkpoint" in failed.error.lower()
+
+
+def test_a_long_wait_on_the_policy_pauses_the_waiting_sandboxes_and_a_short_one_does_not(
+    policy, sandbox_config
+):
+    """``pause_policy: cost`` with a pause + resume cost fixed at 5 s (the priors, live p50s never taking
+    over): an emulated 6 s generation (``policy_latency_s``) makes every wait long enough to pause the
+    waiting sandboxes, which their steps resume; the tiny policy's own generation never pauses one."""
+    cost = {"pause_prior_s": 2.5, "resume_prior_s": 2.5, "cost_min_samples": 10**6}
+    fast = make_runner(policy, sandbox_config, pause_policy="cost", pool=cost)
+    try:
+        runs = [fast.run([s], 2, torch.Generator().manual_seed(s))[1] for s in (1, 2)]
+        assert fast.pause_cost.cost_s() == 5.0
+    finally:
+        fast.close()
+    assert all(r.pauses == 0 and r.pause_waits == [] and r.failed == 0 for r in runs)
+    kept = runs[1].pool_summary()
+    assert kept["sandbox_paused_s"] == 0 and kept["sandbox_running_s"] > 0
+    assert kept["sandbox_running_bytes"] > 0 and kept["pauses_per_episode"] == 0
+
+    slow = make_runner(policy, sandbox_config, pause_policy="cost", pool=cost, policy_latency_s=6.0)
+    try:
+        episodes, stats = slow.run([2], 2, torch.Generator().manual_seed(2))
+    finally:
+        slow.close()
+    turns = sum(e.turns for e in episodes)  # every turn's wait paused the sandbox of its episode
+    assert stats.failed == 0 and turns >= 2
+    assert len(stats.pause_waits) == turns and min(stats.pause_waits) >= 6.0
+    assert stats.pauses == turns and stats.resumes == turns  # each step resumed its sandbox
+    summary = stats.pool_summary()
+    assert summary["pause_trigger_wait_p50_s"] >= 6.0 and summary["pauses_per_episode"] == turns / 2
+    assert summary["sandbox_paused_s"] > turns * 4.0 and summary["sandbox_running_s"] > 0
+    # while they waited, the paused sandboxes held no memory
+    assert summary["sandbox_running_bytes"] < kept["sandbox_running_bytes"] / 2
 
 
 def test_sandboxes_are_pool_members_paused_over_budget_and_removed_at_close(policy, sandbox_config):
