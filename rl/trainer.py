@@ -218,9 +218,19 @@ class Trainer:
                  [w["ip"] for w in self.placement["workers"]])
 
     def _sync_weights(self) -> float:
-        """Every worker loads the current version by reference (object store → worker); returns seconds."""
+        """Every worker loads the current version by reference (object store → worker); returns seconds.
+        A worker lost meanwhile (on a cluster: its node gone after it returned its rollout) is waited
+        for: Ray restarts it, on another node if need be, and it loads the version then."""
         started = time.perf_counter()
-        ray.get([w.load_weights.remote(self.version, self.weights) for w in self.workers])
+        loads = [w.load_weights.remote(self.version, self.weights) for w in self.workers]
+        for w, load in enumerate(loads):
+            try:
+                ray.get(load)
+            except RayActorError as exc:
+                self.worker_restarts += 1
+                log.warning("rollout worker %d lost during the weight sync (%s); waiting for its restart",
+                            w, type(exc).__name__)
+                self._reload_worker(w)
         return time.perf_counter() - started
 
     # ------------------------------------------------------------------ rollout with retries

@@ -72,7 +72,8 @@ def test_one_config_error_for_the_project():
         (["trainer.stop_at_success=2"], "trainer.stop_at_success: must be <= 1, got 2.0"),
         (["tokenizer.kind=hf"], "tokenizer.path: tokenizer.kind=hf needs the path"),
         (["+trainer.learner_resources.learner=1"], "trainer.learner_resources: local Ray offers no custom"),
-        (["trainer=cluster", "trainer.worker_resources.rollout=0"], "trainer.worker_resources: rollout: 0.0 is"),
+        (["trainer=cluster", "trainer.worker_resources.rollout=0"],
+         "trainer.worker_resources: rollout: 0.0 is not a positive custom resource"),
         (["trainer=cluster", "trainer.worker_placement=pack"], "trainer.worker_placement: 'pack' is not one"),
     ],
 )
@@ -118,7 +119,8 @@ def test_the_cluster_trainer_places_actors_by_custom_resources():
     assert cfg.ray_address == "auto" and cfg.worker_placement == "spread"
     assert cfg.learner_resources == {"learner": 1.0} and cfg.worker_resources == {"rollout": 1.0}
     local = compose().trainer
-    assert local.learner_resources == {} and local.worker_resources == {} and local.worker_placement == "default"
+    assert local.learner_resources == {} and local.worker_resources == {}
+    assert local.worker_placement == "default"
 
 
 def test_an_error_names_the_yaml_file_to_fix_when_no_override_set_the_value():

@@ -1,0 +1,213 @@
+"""A multi-node Ray cluster on this machine, as `ray start` makes one on real machines: every node in a
+network namespace of its own, with its own address on a private LAN (10.201.N.0/24, N from the pid so
+parallel runs do not collide; a bridge in one more namespace joins them, so the host's firewall and
+its loopback see none of it). The head offers the ``learner`` resource, every worker node ``rollout``
+(conf/trainer/cluster.yaml); each node has its own ``$AGENTENV_HOME`` (its sandboxes' registry, as
+each machine of a cluster has) and reaches this machine's Docker daemon over its Unix socket, which no
+network namespace hides.
+
+Each node runs with a private ``--temp-dir``, so `ray start` records its address there and not in
+``/tmp/ray/ray_current_cluster``, which a plain ``ray.init()`` elsewhere on this machine would join.
+Nodes are stopped by killing the processes of their namespaces (``ip netns pids``), never by
+``ray stop``, which stops every Ray node on the machine. Imported by name by tests/rl/test_train_cluster.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "server"))
+from netns_hosts import _ip, remove_labelled  # noqa: E402
+
+RAY = str(Path(sys.executable).parent / "ray")
+HEAD_PORT = 6379
+# The GCS declares a node dead after ~3 missed 1 s health checks (Ray's default takes ~30 s), so a
+# killed raylet's actors are restarted elsewhere within the test's budget.
+FAST_NODE_DEATH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
+                   "RAY_health_check_failure_threshold": "3", "RAY_health_check_initial_delay_ms": "1000"}
+
+
+@dataclass
+class RayNode:
+    """One `ray start` node: its namespace, address, resources, ``--temp-dir`` and ``$AGENTENV_HOME``."""
+
+    name: str
+    namespace: str
+    ip: str
+    resources: dict[str, float]
+    num_cpus: int
+    temp_dir: Path
+    home: Path
+
+    def pids(self) -> list[int]:
+        """Every process in the node's namespace (its raylet, agents, Ray workers, a driver run there)."""
+        out = subprocess.run(["ip", "netns", "pids", self.namespace], capture_output=True, text=True,
+                             timeout=30).stdout
+        return [int(p) for p in out.split()]
+
+    def raylet_pid(self) -> int:
+        for pid in self.pids():
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
+                    return pid
+            except OSError:
+                continue
+        raise RuntimeError(f"no raylet runs in {self.namespace}")
+
+
+@dataclass
+class RayCluster:
+    head: RayNode
+    workers: list[RayNode]
+    lan: str
+    nodes: list[RayNode] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"{self.head.ip}:{HEAD_PORT}"
+
+    def environment(self, node: RayNode) -> dict[str, str]:
+        """The environment of a process on ``node``: its AgentENV home, the test helpers importable."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        # token authentication (Ray's default for a new cluster) on every node and driver alike: the
+        # token is ~/.ray/auth_token, which every "machine" here shares (a real cluster copies it)
+        env.update(AGENTENV_HOME=str(node.home), RAY_worker_niceness="0", RAY_USAGE_STATS_ENABLED="0",
+                   RAY_AUTH_MODE="token",
+                   PYTHONPATH=os.pathsep.join([str(ROOT), str(Path(__file__).parent)]))
+        return env
+
+    def run(self, node: RayNode, argv: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+        """``argv`` inside ``node``'s namespace (the way a command runs on that machine)."""
+        return subprocess.run(["ip", "netns", "exec", node.namespace, *argv], cwd=ROOT,
+                              env=self.environment(node), capture_output=True, text=True, timeout=timeout_s)
+
+    def train(self, run_dir: Path, *overrides: str, timeout_s: float = 420) -> subprocess.CompletedProcess:
+        """``python -m rl.train trainer=cluster trainer.ray_address=HEAD:PORT ...`` on the head node."""
+        argv = [sys.executable, "-m", "rl.train", "trainer=cluster", f"trainer.ray_address={self.address}",
+                *overrides, f"hydra.run.dir={run_dir}"]
+        return self.run(self.head, argv, timeout_s)
+
+
+@contextlib.contextmanager
+def _lan(pid: int, count: int) -> Iterator[tuple[str, list[tuple[str, str]]]]:
+    """Namespaces ``k3rc-<pid>-<i>`` for ``count`` nodes, each with one veth end (10.201.N.i+1/24) whose
+    peer sits on a bridge in namespace ``k3rc-<pid>-lan``; yields (lan, [(namespace, address), ...])."""
+    n = pid % 250
+    lan = f"k3rc-{pid}-lan"
+    made: list[str] = []
+    try:
+        _ip("netns", "add", lan)
+        made.append(lan)
+        for args in (("link", "add", "br0", "type", "bridge"), ("link", "set", "br0", "up"),
+                     ("link", "set", "lo", "up")):
+            _ip("netns", "exec", lan, "ip", *args)
+        nodes = []
+        for i in range(count):
+            ns, ip = f"k3rc-{pid}-{i}", f"10.201.{n}.{i + 1}"
+            lan_if, node_if = f"k3rc{pid}l{i}", f"k3rc{pid}n{i}"
+            _ip("netns", "add", ns)
+            made.append(ns)
+            _ip("link", "add", lan_if, "type", "veth", "peer", "name", node_if)
+            _ip("link", "set", lan_if, "netns", lan)
+            _ip("link", "set", node_if, "netns", ns)
+            for args in (("link", "set", lan_if, "master", "br0"), ("link", "set", lan_if, "up")):
+                _ip("netns", "exec", lan, "ip", *args)
+            for args in (("addr", "add", f"{ip}/24", "dev", node_if), ("link", "set", node_if, "up"),
+                         ("link", "set", "lo", "up")):
+                _ip("netns", "exec", ns, "ip", *args)
+            nodes.append((ns, ip))
+        yield lan, nodes
+    finally:
+        for ns in reversed(made):  # deleting a namespace deletes its veth ends and the bridge
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+def stop_node(node: RayNode, grace_s: float = 10.0) -> None:
+    """SIGTERM then SIGKILL to every process of the node's namespace (all started by this fixture)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = node.pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while node.pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not node.pids():
+            return
+
+
+def _start(cluster: RayCluster, node: RayNode, head: bool) -> None:
+    argv = [RAY, "start", "--node-ip-address", node.ip, "--num-cpus", str(node.num_cpus),
+            "--resources", json.dumps(node.resources), "--temp-dir", str(node.temp_dir),
+            "--object-store-memory", str(100 * 2**20), "--disable-usage-stats"]
+    if head:
+        argv += ["--head", "--port", str(HEAD_PORT), "--include-dashboard=false"]
+    else:
+        argv += ["--address", cluster.address]
+    env = {**cluster.environment(node), **FAST_NODE_DEATH}
+    done = subprocess.run(["ip", "netns", "exec", node.namespace, *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=180)
+    if done.returncode != 0:
+        raise RuntimeError(f"`ray start` on {node.name} ({node.ip}) failed:\n{done.stdout[-2000:]}"
+                           f"{done.stderr[-2000:]}")
+
+
+def _wait_for_nodes(cluster: RayCluster, timeout_s: float = 120.0) -> None:
+    """Until the head sees every node alive (asked from the head's namespace, as a driver there would)."""
+    script = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
+              "print(sum(n['Alive'] for n in ray.nodes()))")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = cluster.run(cluster.head, [sys.executable, "-c", script, cluster.address], timeout_s=120)
+        alive = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+        if alive == str(len(cluster.nodes)):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the cluster has {alive or 'no'} of {len(cluster.nodes)} nodes alive: "
+                               f"{done.stderr[-2000:]}")
+        time.sleep(1)
+
+
+@contextlib.contextmanager
+def ray_cluster(base: Path, workers: int = 2, worker_rollout: float = 2,
+                worker_cpus: int = 2) -> Iterator[RayCluster]:
+    """A head (1 CPU, ``{"learner": 1}``) and ``workers`` worker nodes (``worker_cpus`` CPUs and
+    ``{"rollout": worker_rollout}`` each), each in its namespace, their AgentENV homes under ``base``;
+    everything stopped, its sandboxes removed and the namespaces deleted at the end, even on failure."""
+    pid = os.getpid()
+    tmp = Path(f"/tmp/k3rc-{pid}")  # short: Ray's socket paths live under each node's --temp-dir
+    with _lan(pid, 1 + workers) as (lan, addresses):
+        nodes = []
+        for i, (ns, ip) in enumerate(addresses):
+            name = "head" if i == 0 else f"worker{i}"
+            resources = {"learner": 1.0} if i == 0 else {"rollout": float(worker_rollout)}
+            home = base / name
+            home.mkdir(parents=True, exist_ok=True)
+            nodes.append(RayNode(name, ns, ip, resources, 1 if i == 0 else worker_cpus, tmp / name, home))
+        cluster = RayCluster(nodes[0], nodes[1:], lan, nodes)
+        try:
+            for node in nodes:  # each machine builds the sandbox image for its own AgentENV home
+                subprocess.run([sys.executable, "-m", "agentenv.cli", "images", "build", "base", "--quiet"],
+                               env=cluster.environment(node), check=True, cwd=ROOT, capture_output=True,
+                               timeout=600)
+            for node in nodes:
+                _start(cluster, node, head=node is cluster.head)
+            _wait_for_nodes(cluster)
+            yield cluster
+        finally:
+            for node in reversed(nodes):  # workers first: the head's GCS outlives its nodes
+                stop_node(node)
+            for node in nodes:
+                remove_labelled(node.home)
+            shutil.rmtree(tmp, ignore_errors=True)
