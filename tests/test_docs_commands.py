@@ -294,6 +294,22 @@ def check_agentenv(args: list[str]) -> None:
             assert e.code in (0, None), f"agentenv {' '.join(args)}: {out.getvalue().strip()}"
 
 
+def check_ray(args: list[str]) -> None:
+    """`ray SUBCOMMAND ...`: Ray's own command-line parser (options and their types; the JSON of
+    `--resources`); nothing starts."""
+    import json
+
+    with warnings.catch_warnings():  # Ray's CLI module imports Serve, which warns about pydantic
+        warnings.simplefilter("ignore")
+        from ray.scripts.scripts import cli
+
+    assert args and args[0] in cli.commands, f"ray {args[:1]}: no such ray subcommand"
+    command = cli.commands[args[0]]
+    with command.make_context(f"ray {args[0]}", list(args[1:])) as parsed:
+        if parsed.params.get("resources"):
+            json.loads(parsed.params["resources"])
+
+
 def check(cmd: list[str], ctx: Context) -> None:
     """Dry-run one command (already split into words)."""
     env = dict(ctx.env)
@@ -319,6 +335,8 @@ def check(cmd: list[str], ctx: Context) -> None:
         assert proc.returncode == 0, proc.stderr
     elif name in ("pytest", "ruff"):
         _check_paths(args, ctx, name)
+    elif name == "ray":
+        check_ray(args)
     else:
         pytest.fail(f"no dry-run rule for {prog!r}: add one to {Path(__file__).name}")
 
