@@ -2,19 +2,22 @@
 ``learner`` and two worker nodes offering ``rollout``, each `ray start`-ed in a network namespace of its
 own; the driver is `python -m rl.train` on the head. The learner runs on the head, the rollout workers
 one per worker node (``worker_placement: spread``), and each worker's sandboxes are made by its node
-(that node's AgentENV registry holds them). Killing a worker node's raylet mid-iteration costs that
-node's share of the iteration only: Ray restarts its rollout worker on the other worker node, the
-trainer retries the share there, and the run finishes.
+(that node's AgentENV registry holds them); success, reward and loss are those of the same run on
+local Ray. Killing a worker node's raylet mid-iteration costs that node's share of the iteration only:
+Ray restarts its rollout worker on the other worker node, the trainer retries the share there, and the
+run finishes.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ray_cluster import RayCluster, ray_cluster
+from ray_cluster import ROOT, RayCluster, ray_cluster
 from rl_testutil import TINY
 
 from agentenv.registry import Registry
@@ -60,6 +63,13 @@ def test_trains_with_the_learner_and_the_workers_on_the_nodes_their_resources_na
     # made none.
     made = {node.name: made_on(node.home) - before[node.name] for node in cluster.nodes}
     assert made == {"head": 0, "worker1": 2, "worker2": 2}, made
+    # The same run on local Ray (same seeds, same split of the groups over 2 workers) learns the same.
+    local = subprocess.run([sys.executable, "-m", "rl.train", *TWO_WORKERS, "trainer.num_cpus=3",
+                            f"hydra.run.dir={tmp_path / 'local'}"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert local.returncode == 0, local.stderr[-3000:]
+    for key in ("success", "reward", "loss"):
+        assert [r[key] for r in metrics(tmp_path / "local")] == [r[key] for r in records], key
 
 
 def test_a_lost_worker_node_costs_only_its_share(cluster, tmp_path):
