@@ -133,7 +133,7 @@ def test_inherited_keys_name_the_file_that_sets_them():
 
     origin = Origin({"algo": "ppo", "rollout": "vllm"}, [])
     assert origin.of("algo.gamma") == "conf/algo/ppo.yaml"  # set in ppo.yaml itself
-    assert origin.of("algo.lr") == "conf/algo/grpo.yaml"  # inherited from grpo.yaml
+    assert origin.of("algo.clip_low") == "conf/algo/grpo.yaml"  # inherited from grpo.yaml
     assert origin.of("rollout.temperature") == "conf/rollout/torch.yaml"
     assert origin.of("seed") == "conf/config.yaml"
 
