@@ -5,7 +5,9 @@
 - sandboxes whose container is gone are closed; running ones whose container stopped become broken;
 - rows still 'creating' after `stale_s` (their creator died) are removed with their containers;
 - leftovers of the runtime are deleted: checkpoint images of containers Docker no longer has, and
-  containerd's unpacked copies of restores older than `stale_s`.
+  containerd's unpacked copies of restores older than `stale_s`;
+- sandboxes labelled with an owner process that is gone (`agentenv.owner`: e.g. those of a killed
+  trainer's rollout workers) are closed (`close_orphans`).
 Each sandbox is reconciled under its lock, so gc never races a pause or a fork in progress.
 """
 
@@ -17,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from agentenv.backend.base import ContainerRef
 from agentenv.errors import SandboxBusy
 from agentenv.locks import sandbox_lock
+from agentenv.owner import OWNER_LABEL, owner_alive
 from agentenv.sandbox import runtime
 
 
@@ -28,6 +31,7 @@ class GcReport:
     broken: list[str] = field(default_factory=list)
     skipped_busy: list[str] = field(default_factory=list)
     removed_checkpoint_copies: list[str] = field(default_factory=list)
+    closed_orphans: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -87,4 +91,32 @@ def collect_garbage(dry_run: bool = False, stale_s: float = 600.0) -> GcReport:
         if not dry_run:
             rt.backend.remove(ContainerRef("", volume))
     report.removed_checkpoint_copies = rt.backend.collect_leftovers(dry_run=dry_run, older_than_s=stale_s)
+    report.closed_orphans = close_orphans(dry_run=dry_run)
     return report
+
+
+def close_orphans(dry_run: bool = False) -> list[str]:
+    """Close every live sandbox whose `OWNER_LABEL` names a process that is gone; their ids. A sandbox
+    busy with another holder of its lock is left for the next call."""
+    rt = runtime()
+    closed = []
+    for rec in rt.registry.list_sandboxes(include_closed=False):
+        owner = rec.labels.get(OWNER_LABEL)
+        if owner is None or owner_alive(owner):
+            continue
+        try:
+            with sandbox_lock(rt.registry.lock_dir, rec.id, timeout_s=1.0, action="gc"):
+                rec = rt.registry.get_sandbox(rec.id) or rec
+                if rec.state == "closed":
+                    continue
+                closed.append(rec.id)
+                if not dry_run:
+                    rt.backend.remove(ContainerRef(rec.container or "", rec.volume or ""))
+                    while (ck := rt.registry.latest_checkpoint(rec.id)) is not None:
+                        rt.registry.delete_checkpoint(ck.id)
+                    pid = owner.split(":")[1]
+                    rt.registry.update_sandbox(rec.id, state="closed",
+                                               reason=f"its owner process {pid} is gone (gc)")
+        except SandboxBusy:
+            continue
+    return closed

@@ -52,8 +52,8 @@ WEIGHTS_GROUP = "weights"  # the concurrency group `offer_weights` runs in (besi
 
 
 class RolloutWorker:
-    """Ray actor: rolls out groups of episodes with its copy of the policy (create it with
-    ``ray.remote(concurrency_groups={WEIGHTS_GROUP: 1})``; see the module docstring)."""
+    """Ray actor: rolls out groups of episodes with its copy of the policy (make the actor class with
+    `rollout_worker_actor`; see the module docstring)."""
 
     def __init__(self, cfg: RunConfig, index: int, environment: dict[str, str] | None = None) -> None:
         """``environment``: `rl.sandbox_hosts.worker_environment` of the driver (the sandbox hosts' key)."""
@@ -170,3 +170,8 @@ class LearnerActor(Learner):
         metrics = super().train_step([episode for share in shares for episode in share])
         version, weights = self.publish()
         return metrics, version, weights
+
+
+def rollout_worker_actor():
+    """`RolloutWorker` as a Ray actor class, with the concurrency group its weight offers run in."""
+    return ray.remote(concurrency_groups={WEIGHTS_GROUP: 1})(RolloutWorker)

@@ -69,6 +69,7 @@ import gymnasium
 import torch
 
 import agentenv.tasks  # noqa: F401  (registers the built-in tasks)
+from agentenv.owner import owner_labels
 from agentenv.pool import PauseCostModel, PauseDecision, PoolMetrics, SandboxPool
 from rl.config import EnvConfig, RolloutConfig, SandboxPoolConfig
 from rl.episode import Episode, Outcome
@@ -147,7 +148,8 @@ def make_sandbox_pool(pool_cfg: SandboxPoolConfig, remote: bool = False) -> Sand
     if remote:
         return None
     name = f"{pool_cfg.name}-{os.getpid()}-{secrets.token_hex(3)}"
-    return SandboxPool(name, **pool_cfg.overrides)
+    # owned by this process: if it is killed, `agentenv gc` (and the next run's start) closes them
+    return SandboxPool(name, labels=owner_labels(), **pool_cfg.overrides)
 
 
 class EpisodeRunner:

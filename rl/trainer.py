@@ -40,13 +40,13 @@ import torch
 from ray.exceptions import RayActorError, RayTaskError
 
 from model.balancing import max_violation
-from rl.actors import WEIGHTS_GROUP, LearnerActor, RolloutWorker, StaleWeights
+from rl.actors import LearnerActor, StaleWeights, rollout_worker_actor
 from rl.async_rollout import AsyncBatch, AsyncRollouts, RolloutWorkerLost
 from rl.config import RunConfig
 from rl.episode import Outcome
 from rl.metrics import MetricsLogger
 from rl.rollout import RolloutStats
-from rl.sandbox_hosts import worker_environment
+from rl.sandbox_hosts import split_hosts, worker_environment
 
 log = logging.getLogger("k3rl.train")
 
@@ -180,7 +180,13 @@ class Trainer:
 
     def _start_actors(self) -> None:
         """Create the learner and the rollout workers (built without init: they hold no weights until
-        `_publish_first`); Ray constructs them in parallel."""
+        `_publish_first`); Ray constructs them in parallel. Local sandboxes left by the workers of an
+        earlier run that was killed on this machine are closed first (`agentenv.gc.close_orphans`)."""
+        if not split_hosts(self.cfg.sandbox)[1]:
+            from agentenv.gc import close_orphans
+
+            if orphans := close_orphans():
+                log.info("closed %d sandboxes left by a killed run's rollout workers", len(orphans))
         learner_cls = ray.remote(LearnerActor).options(
             num_cpus=self.tcfg.learner_cpus, resources=dict(self.tcfg.learner_resources)
         )
@@ -192,7 +198,7 @@ class Trainer:
         }
         if self.tcfg.worker_placement == "spread":
             worker_options["scheduling_strategy"] = "SPREAD"
-        worker_cls = ray.remote(concurrency_groups={WEIGHTS_GROUP: 1})(RolloutWorker)
+        worker_cls = rollout_worker_actor()
         worker_cls = worker_cls.options(**worker_options)
         environment = worker_environment(self.cfg.sandbox)  # the sandbox hosts' key, if any
         self.workers = [

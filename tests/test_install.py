@@ -32,7 +32,7 @@ LOCK = ROOT / "requirements.lock"
 WHEEL_SOURCES = ("pyproject.toml", "setup.py", "README.md", "agentenv", "rl", "model", "kernels", "conf",
                  "sandbox_images")
 # The third-party packages `agentenv` imports to manage sandboxes (versions from the lock).
-AGENTENV_REQUIREMENTS = ("docker", "pyyaml", "platformdirs", "httpx")  # what `agentenv` imports
+AGENTENV_REQUIREMENTS = ("docker", "pyyaml", "platformdirs", "httpx", "e2b", "connectrpc", "protobuf-py")
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$", re.MULTILINE)
 
 

@@ -135,13 +135,17 @@ class SandboxPool:
         name: str = "default",
         settings: PoolSettings | None = None,
         config: SandboxConfig | None = None,
+        labels: Mapping[str, str] | None = None,
         **overrides: Any,
     ) -> None:
+        """`labels` go on every member the pool makes (e.g. `agentenv.owner.owner_labels()` for a pool
+        that lives as long as its process); `overrides` are conf/agentenv/pool.yaml keys."""
         if not isinstance(name, str) or not _NAME.match(name):
             raise AgentEnvError(f"pool name must match {_NAME.pattern}, got {name!r}")
         self.name = name
         self.settings = settings or PoolSettings.load(**overrides)
         self.config = config
+        self.labels = dict(labels or {})
         home = agentenv_home()
         self.state = PoolState(home / "pools" / f"{name}.sqlite3")
         self._lock_dir = home / "locks"
@@ -194,7 +198,7 @@ class SandboxPool:
         sandbox) to its ready state, e.g. installs a task; a named `template` is built once per pool.
         `config` (default: the pool's, else conf/sandbox) is the new sandbox's configuration."""
         cfg = (config or self.config or SandboxConfig.load()).replace(image=image)
-        user_labels = {**(labels or {}), LABEL_POOL: self.name}
+        user_labels = {**self.labels, **(labels or {}), LABEL_POOL: self.name}
         if self.settings.warm_starts or template is not None:
             key = template or _config_key(cfg)
             tmpl = self._template(key, cfg, setup, user_labels)

@@ -71,7 +71,8 @@ def test_tokens_record_their_version_and_collate_ignores_it():
 
 @pytest.fixture(scope="module")
 def cfg():
-    return compose("algo.group_size=2", "algo.episodes_per_step=2", "trainer.learner_threads=1")
+    return compose("algo.group_size=2", "algo.episodes_per_step=2", "algo.minibatches=1",
+                   "trainer.learner_threads=1")
 
 
 def test_a_worker_swaps_in_offered_weights_between_turns_without_waiting_on_a_copy(cfg):

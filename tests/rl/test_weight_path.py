@@ -14,7 +14,7 @@ from rl_testutil import TINY, compose
 from test_learner import episodes
 
 from model import K3ForCausalLM
-from rl.actors import NO_WEIGHTS, LearnerActor, RolloutWorker, StaleWeights
+from rl.actors import NO_WEIGHTS, LearnerActor, RolloutWorker, StaleWeights, rollout_worker_actor
 from rl.learner import Learner
 from rl.trainer import Trainer
 
@@ -88,7 +88,7 @@ def test_the_learner_trains_on_episode_references_and_publishes_each_version_onc
 
 def test_a_restarted_worker_refuses_the_batch_until_it_reloads_the_current_weights(cfg, local_ray):
     learner = ray.remote(LearnerActor).remote(cfg)
-    worker = ray.remote(RolloutWorker).options(max_restarts=1).remote(cfg, 0)
+    worker = rollout_worker_actor().options(max_restarts=1).remote(cfg, 0)
     _metrics, version, weights = ray.get(learner.train_step.remote(episodes()))
     assert ray.get(worker.load_weights.remote(version, weights)) == 1
     ray.kill(worker, no_restart=False)  # as an OOM kill: Ray restarts it, with no weights

@@ -1,0 +1,51 @@
+"""Which process owns a sandbox, so that the sandboxes of a process that died can be found and closed.
+
+A process that makes sandboxes only for its own lifetime (a trainer's rollout worker and its
+`SandboxPool`) labels them with `owner_labels()`: this boot's id, its pid and its start time (pids are
+reused; the pair is not). When such a process is killed (Ctrl-C of the driver, SIGKILL, a crash), nothing
+in it runs to close its sandboxes; `agentenv gc` and the trainer's start-up close every sandbox whose owner
+is gone (`agentenv.gc.close_orphans`). Sandboxes without the label (made by the CLI, the server, a user's
+script) are never closed this way.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+OWNER_LABEL = "org.k3rl.agentenv.owner"
+
+
+def _boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def _start_ticks(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat); None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # fields after "(comm)" start at field 3
+
+
+def owner_labels(pid: int | None = None) -> dict[str, str]:
+    """The label naming this process (or `pid`) as the owner of the sandboxes it makes."""
+    pid = os.getpid() if pid is None else pid
+    ticks = _start_ticks(pid)
+    if ticks is None:
+        raise ProcessLookupError(f"no process {pid}")
+    return {OWNER_LABEL: f"{_boot_id()}:{pid}:{ticks}"}
+
+
+def owner_alive(value: str) -> bool:
+    """Whether the process an `OWNER_LABEL` value names still runs (a malformed value counts as alive:
+    never close what cannot be judged)."""
+    try:
+        boot, pid, ticks = value.split(":")
+        pid_number = int(pid)
+    except ValueError:
+        return True
+    if boot != _boot_id():
+        return False  # the machine rebooted since: the owner is gone
+    return _start_ticks(pid_number) == ticks
