@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import posixpath
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from connectrpc.code import Code
@@ -21,7 +21,7 @@ from starlette.responses import Response
 from agentenv.errors import AgentEnvError
 from agentenv.sandbox import Sandbox
 from agentenv.server import fsops
-from agentenv.server.errors import ApiError, to_connect
+from agentenv.server.errors import ApiError
 from agentenv.server.state import ServerState, Unauthorized
 
 T = TypeVar("T")
@@ -42,23 +42,8 @@ class FilesystemService:
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
-    async def _call(self, ctx: RequestContext, fn: Callable[[Sandbox], T], action: str) -> T:
-        headers = ctx.request_headers
-
-        def run() -> T:
-            sb, _rec = self.state.envd_sandbox(headers)
-            with self.state.serialised(sb, action):
-                return fn(sb)
-        try:
-            return await asyncio.to_thread(run)
-        except Unauthorized as e:
-            raise ConnectError(Code.UNAUTHENTICATED, str(e)) from None
-        except fsops.FileExists as e:
-            raise ConnectError(Code.ALREADY_EXISTS, str(e)) from None
-        except fsops.MissingPath as e:
-            raise ConnectError(Code.NOT_FOUND, str(e)) from None
-        except Exception as e:
-            raise to_connect(e) from None
+    def _call(self, ctx: RequestContext, fn: Callable[[Sandbox], T], action: str) -> Awaitable[T]:
+        return self.state.envd_call(ctx.request_headers, fn, action)
 
     async def stat(self, request: pb.StatRequest, ctx: RequestContext) -> pb.StatResponse:
         e = await self._call(ctx, lambda sb: fsops.stat(sb, request.path), "stat")

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from connectrpc.code import Code
@@ -21,7 +21,7 @@ from protobuf import Oneof
 from agentenv.sandbox import Sandbox
 from agentenv.server.errors import to_connect
 from agentenv.server.procs import OutputEvent
-from agentenv.server.state import ServerState, Unauthorized
+from agentenv.server.state import ServerState
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -49,22 +49,8 @@ class ProcessService:
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
-    async def _call(self, ctx: RequestContext, fn: Callable[[Sandbox], T], action: str) -> T:
-        """Run `fn(sandbox)` in a worker thread under the sandbox's lock, errors as Connect errors."""
-        headers = ctx.request_headers
-
-        def run() -> T:
-            sb, _rec = self.state.envd_sandbox(headers)
-            with self.state.serialised(sb, action):
-                return fn(sb)
-        try:
-            return await asyncio.to_thread(run)
-        except Unauthorized as e:
-            raise ConnectError(Code.UNAUTHENTICATED, str(e)) from None
-        except ConnectError:
-            raise
-        except Exception as e:
-            raise to_connect(e) from None
+    def _call(self, ctx: RequestContext, fn: Callable[[Sandbox], T], action: str) -> Awaitable[T]:
+        return self.state.envd_call(ctx.request_headers, fn, action)
 
     def _selector(self, sel: pb.ProcessSelector | None) -> tuple[int | None, str | None]:
         if sel is None or sel.selector is None:

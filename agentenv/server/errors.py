@@ -35,6 +35,7 @@ _TABLE: tuple[tuple[type[Exception], int, Code], ...] = (
     (SandboxNotFound, 404, Code.NOT_FOUND),
     (ProcessNotFound, 404, Code.NOT_FOUND),
     (FileNotFoundError, 404, Code.NOT_FOUND),
+    (FileExistsError, 409, Code.ALREADY_EXISTS),
     (SandboxBusy, 409, Code.UNAVAILABLE),
     (SandboxUnavailable, 409, Code.FAILED_PRECONDITION),
     (SandboxStateError, 409, Code.FAILED_PRECONDITION),

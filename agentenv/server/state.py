@@ -4,15 +4,21 @@ sandbox's envd access token on the data plane."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
 
 from agentenv.errors import SandboxNotFound
 from agentenv.locks import sandbox_lock
 from agentenv.sandbox import Sandbox, runtime
 from agentenv.server.auth import same_secret
+from agentenv.server.errors import to_connect
 from agentenv.server.procs import ProcessManager
 from agentenv.server.settings import ServerSettings
 from agentenv.server.store import E2BRecord, E2BStore
@@ -20,6 +26,8 @@ from agentenv.server.store import E2BRecord, E2BStore
 SANDBOX_ID_HEADER = "e2b-sandbox-id"
 ACCESS_TOKEN_HEADER = "x-access-token"
 API_KEY_HEADER = "x-api-key"
+
+T = TypeVar("T")
 
 
 class Unauthorized(Exception):
@@ -74,3 +82,19 @@ class ServerState:
         never overlaps a pause, fork or kill of the same sandbox, nor another request on it."""
         with sandbox_lock(runtime().registry.lock_dir, sb.id, sb.config.lock_timeout_s, action):
             yield
+
+
+    async def envd_call(self, headers: Mapping[str, str], fn: Callable[[Sandbox], T], action: str) -> T:
+        """`fn(sandbox)` for a data-plane RPC: the request's sandbox (token checked), in a worker thread,
+        under the sandbox's lock; every error as a Connect error (`agentenv.server.errors`)."""
+
+        def run() -> T:
+            sb, _rec = self.envd_sandbox(headers)
+            with self.serialised(sb, action):
+                return fn(sb)
+        try:
+            return await asyncio.to_thread(run)
+        except Unauthorized as e:
+            raise ConnectError(Code.UNAUTHENTICATED, str(e)) from None
+        except Exception as e:
+            raise to_connect(e) from None
