@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from agentenv.errors import ConfigError
-from agentenv.paths import default_config_path
+from agentenv.paths import conf_dir, default_config_path, overridable_path
 
 USER_MODES = ("auto", "agent", "root")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
@@ -49,6 +49,21 @@ def read_yaml_mapping(path: Path, what: str, hint: str = "") -> dict[str, Any]:
         raise ConfigError(f"{what} {path} is not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{what} {path} must be a mapping of keys to values")
+    return data
+
+
+def settings_path(env_var: str, file_name: str) -> Path:
+    """An agentenv settings file: `$env_var` when set, else conf/agentenv/<file_name>."""
+    return overridable_path(env_var, conf_dir() / "agentenv" / file_name)
+
+
+def read_settings(path: str | Path | None, env_var: str, file_name: str, what: str,
+                  overrides: dict[str, Any]) -> dict[str, Any]:
+    """The mapping of a settings file (`path`, else `settings_path(env_var, file_name)`) with
+    `overrides` on top (None values ignored): what every `*Settings.load` starts from."""
+    path = Path(path) if path is not None else settings_path(env_var, file_name)
+    data = read_yaml_mapping(path, what, f"set {env_var} to another file")
+    data.update({k: v for k, v in overrides.items() if v is not None})
     return data
 
 

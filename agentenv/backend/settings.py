@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentenv.config import parse_size, read_yaml_mapping, require_exact_keys
+from agentenv.config import parse_size, read_settings, require_exact_keys, settings_path
 from agentenv.errors import ConfigError
-from agentenv.paths import conf_dir, overridable_path
 
 BACKENDS = ("fastpath", "docker-criu")
 FALLBACKS = ("none", "docker-criu")
@@ -24,7 +23,7 @@ WHAT = "backend config"
 
 
 def default_settings_path() -> Path:
-    return overridable_path("AGENTENV_BACKEND_CONFIG", conf_dir() / "agentenv" / "backend.yaml")
+    return settings_path("AGENTENV_BACKEND_CONFIG", "backend.yaml")
 
 
 @dataclass(frozen=True)
@@ -46,12 +45,10 @@ class BackendSettings:
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> BackendSettings:
         """Values from `path` (default: conf/agentenv/backend.yaml), `$AGENTENV_BACKEND`, then `overrides`."""
-        path = Path(path) if path is not None else default_settings_path()
-        data = read_yaml_mapping(path, WHAT, "set AGENTENV_BACKEND_CONFIG to another file")
-        if os.environ.get("AGENTENV_BACKEND"):
-            data["backend"] = os.environ["AGENTENV_BACKEND"]
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.from_dict(data)
+        given = {k: v for k, v in overrides.items() if v is not None}
+        environment = {"backend": os.environ.get("AGENTENV_BACKEND") or None}
+        return cls.from_dict(read_settings(path, "AGENTENV_BACKEND_CONFIG", "backend.yaml", WHAT,
+                                           {**environment, **given}))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BackendSettings:

@@ -6,13 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentenv.config import parse_size, read_yaml_mapping, require_exact_keys
+from agentenv.config import parse_size, read_settings, require_exact_keys
 from agentenv.errors import ConfigError
-from agentenv.paths import conf_dir, overridable_path
-
-
-def default_pool_config_path() -> Path:
-    return overridable_path("AGENTENV_POOL_CONFIG", conf_dir() / "agentenv" / "pool.yaml")
 
 
 @dataclass(frozen=True)
@@ -34,10 +29,8 @@ class PoolSettings:
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> PoolSettings:
         """Values from `path` (default: conf/agentenv/pool.yaml), then `overrides` (None ignored)."""
-        path = Path(path) if path is not None else default_pool_config_path()
-        data = read_yaml_mapping(path, "pool config", "set AGENTENV_POOL_CONFIG")
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.from_dict(data)
+        return cls.from_dict(read_settings(path, "AGENTENV_POOL_CONFIG", "pool.yaml", "pool config",
+                                           overrides))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PoolSettings:

@@ -6,13 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentenv.config import parse_size, read_yaml_mapping, require_exact_keys
+from agentenv.config import parse_size, read_settings, require_exact_keys
 from agentenv.errors import ConfigError
-from agentenv.paths import conf_dir, overridable_path
-
-
-def default_server_config_path() -> Path:
-    return overridable_path("AGENTENV_SERVER_CONFIG", conf_dir() / "agentenv" / "server.yaml")
 
 
 @dataclass(frozen=True)
@@ -32,10 +27,8 @@ class ServerSettings:
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> ServerSettings:
         """Values from `path` (default: conf/agentenv/server.yaml), then `overrides` (None ignored)."""
-        path = Path(path) if path is not None else default_server_config_path()
-        data = read_yaml_mapping(path, "server config", "set AGENTENV_SERVER_CONFIG")
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.from_dict(data)
+        return cls.from_dict(read_settings(path, "AGENTENV_SERVER_CONFIG", "server.yaml", "server config",
+                                           overrides))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServerSettings:
