@@ -130,7 +130,7 @@ def main() -> None:
     os.environ.setdefault("RAY_worker_niceness", "0")
     user = list(args.overrides)
     groups, repeats = (2, 2) if args.quick else (8, 3)
-    rollout_group_size = int(compose(user)["algo"]["group_size"])
+    rollout_group_size = compose(user).algo.group_size
 
     print("rollout micro-benchmark ...", flush=True)
     variants = {
@@ -151,7 +151,7 @@ def main() -> None:
     t = training_run(train_overrides, run_dir)
     image = ROOT / "docs" / "img" / "train_learning_curve.png"
     image.parent.mkdir(parents=True, exist_ok=True)
-    if t["result"].plot is not None:
+    if t["result"].plot is not None and not args.no_write:  # --no-write leaves docs/ alone
         from rl.metrics import plot_history
 
         plot_history(t["result"].history, image, title="k3_tiny, GRPO, GuessNumber (make train)")
