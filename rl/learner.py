@@ -178,7 +178,7 @@ class Learner:
         """Optimizer step(s) on ``episodes`` (laid out group after group); returns metrics.
 
         ``algo.epochs`` passes over the batch, each split into ``algo.minibatches`` (whole groups), make
-        the clipped surrogate and the clipped value loss bite; with 1 x 1 (the default) it is a single
+        the clipped surrogate and the clipped value loss bite; with 1 x 1 it is a single
         on-policy step and the learner's own log-probs are the old policy. Every optimizer step is
         followed by quantile balancing of the routers from that step's router statistics.
         """
