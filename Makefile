@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: bootstrap lock test test-fast train bench bench-sandbox bench-model bench-kernels bench-train image lint
+.PHONY: bootstrap lock test test-fast train bench bench-sandbox bench-model bench-kernels bench-train bench-learning image lint
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -24,7 +24,7 @@ train: bootstrap
 image: bootstrap
 	$(VENV)/bin/agentenv images build
 
-bench: bench-model bench-kernels bench-sandbox bench-train
+bench: bench-model bench-kernels bench-sandbox bench-train bench-learning
 
 bench-model: bootstrap
 	$(PY) bench/model.py $(ARGS)
@@ -37,6 +37,9 @@ bench-sandbox: bootstrap
 
 bench-train: bootstrap
 	$(PY) bench/train.py $(ARGS)
+
+bench-learning: bootstrap
+	$(PY) bench/learning.py --seeds 5 $(ARGS)
 
 lint: bootstrap
 	$(VENV)/bin/ruff check .
