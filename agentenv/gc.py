@@ -20,7 +20,7 @@ from agentenv.backend.base import ContainerRef
 from agentenv.errors import SandboxBusy
 from agentenv.locks import sandbox_lock
 from agentenv.owner import OWNER_LABEL, owner_alive
-from agentenv.sandbox import runtime
+from agentenv.sandbox import remove_sandbox, runtime
 
 
 @dataclass
@@ -111,12 +111,7 @@ def close_orphans(dry_run: bool = False) -> list[str]:
                     continue
                 closed.append(rec.id)
                 if not dry_run:
-                    rt.backend.remove(ContainerRef(rec.container or "", rec.volume or ""))
-                    while (ck := rt.registry.latest_checkpoint(rec.id)) is not None:
-                        rt.registry.delete_checkpoint(ck.id)
-                    pid = owner.split(":")[1]
-                    rt.registry.update_sandbox(rec.id, state="closed",
-                                               reason=f"its owner process {pid} is gone (gc)")
+                    remove_sandbox(rt, rec, reason=f"its owner process {owner.split(':')[1]} is gone (gc)")
         except SandboxBusy:
             continue
     return closed

@@ -490,10 +490,7 @@ class Sandbox:
             rec = self._record()
             if rec.state == "closed":
                 return
-            self._rt.backend.remove(self._ref(rec))
-            while (row := self._rt.registry.latest_checkpoint(self.id)) is not None:
-                self._rt.registry.delete_checkpoint(row.id)
-            self._rt.registry.update_sandbox(self.id, state="closed")
+            remove_sandbox(self._rt, rec)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -511,6 +508,15 @@ class Sandbox:
                             cpu_seconds=rec.cpu_seconds_before + cpu,
                             checkpoint_bytes=row.bytes if row else 0, pids=pids,
                             memory_limit_bytes=self.config.memory_bytes, user=rec.user)
+
+
+def remove_sandbox(rt: _Runtime, rec: SandboxRecord, reason: str | None = None) -> None:
+    """Remove a sandbox's container, volume and checkpoints and mark its row closed (with `reason` when
+    given). The caller holds the sandbox's lock: `Sandbox.close`, and gc for an orphan."""
+    rt.backend.remove(ContainerRef(container=rec.container or "", volume=rec.volume or ""))
+    while (ck := rt.registry.latest_checkpoint(rec.id)) is not None:
+        rt.registry.delete_checkpoint(ck.id)
+    rt.registry.update_sandbox(rec.id, state="closed", **({} if reason is None else {"reason": reason}))
 
 
 def _now() -> float:

@@ -31,6 +31,7 @@ import numpy as np
 from bench_report import write_section
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 IMAGE = ROOT / "docs" / "img" / "learning_seeds.png"
 MAXVIO_FROM = 20  # iterations before this are the balancing's warm-up and not judged
 
@@ -51,10 +52,11 @@ def run_seed(seed: int, overrides: list[str], run_dir: Path) -> dict:
 
 
 def summarise(run: dict, window: int, target: float) -> dict:
+    from rl.metrics import first_reaching  # after ROOT is on sys.path
+
     history = run["history"]
     success = [r["success"] for r in history]
-    reached = next((i for i in range(window - 1, len(history))
-                    if np.mean(success[i - window + 1: i + 1]) >= target), None)
+    reached = first_reaching(history, window, target)
     late = [r for r in history if r["iteration"] >= MAXVIO_FROM and "maxvio_floor" in r]
     return {
         "seed": run["seed"],

@@ -84,22 +84,18 @@ def rollout_throughput(overrides: list[str], groups: int, repeats: int) -> dict:
 
 
 def training_run(overrides: list[str], run_dir: Path) -> dict:
-    import numpy as np
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from rl.metrics import first_reaching
     from rl.train import train
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         cfg = hydra_compose("config", overrides=overrides)
     result = train(cfg, run_dir)
     history = result.history
-    window = int(cfg.trainer.success_window)
-    reached_at = None
-    for i in range(window - 1, len(history)):
-        if np.mean([r["success"] for r in history[i - window + 1 : i + 1]]) >= 0.9:
-            reached_at = history[i]["elapsed_s"]
-            break
+    reached = first_reaching(history, int(cfg.trainer.success_window), 0.9)
+    reached_at = None if reached is None else history[reached]["elapsed_s"]
     total = lambda key: sum(r[key] for r in history)  # noqa: E731
     return {
         "result": result,

@@ -48,17 +48,19 @@ class Episode:
         """1 for a usable sample, 0 for a failed episode (it contributes nothing to the loss)."""
         return 0.0 if self.error else 1.0
 
+    def _action_versions(self) -> list[int]:
+        """The weights version of each action token (none for an episode built by hand without them)."""
+        return [v for v, m in zip(self.versions, self.action_mask, strict=False) if m]
+
     @property
     def oldest_version(self) -> int | None:
         """The oldest weights version that sampled one of its action tokens (None: it has none)."""
-        pairs = zip(self.versions, self.action_mask, strict=False)  # no versions: built by hand
-        return min((v for v, m in pairs if m), default=None)
+        return min(self._action_versions(), default=None)
 
     @property
     def newest_version(self) -> int | None:
         """The newest weights version that sampled one of its action tokens (None: it has none)."""
-        pairs = zip(self.versions, self.action_mask, strict=False)  # no versions: built by hand
-        return max((v for v, m in pairs if m), default=None)
+        return max(self._action_versions(), default=None)
 
     def append(
         self, ids: list[int], trained: bool, logprobs: list[float] | None = None, version: int = 0

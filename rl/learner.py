@@ -206,15 +206,18 @@ class Learner:
             for g in torch.arange(num_groups).chunk(min(algo.minibatches, num_groups))
         ]
         totals: dict[str, list[float]] = {}
+        floors: dict[int, float] = {}  # per minibatch: its tokens are the same in every epoch
         for _epoch in range(algo.epochs):
-            for rows in chunks:
+            for chunk, rows in enumerate(chunks):
                 forward = first if first is not None else self._forward(batch, rows)
                 step_metrics = self._update(
                     batch, rows, forward, old_logp, old_values, advantages, returns, is_weights
                 )
                 step_metrics.update(self._balance_experts([forward[3]]))
                 if "maxvio" in step_metrics:
-                    step_metrics["maxvio_floor"] = self._maxvio_floor(batch, rows)
+                    if chunk not in floors:
+                        floors[chunk] = self._maxvio_floor(batch, rows)
+                    step_metrics["maxvio_floor"] = floors[chunk]
                 for key, value in step_metrics.items():
                     totals.setdefault(key, []).append(value)
         metrics = {key: float(np.mean(values)) for key, values in totals.items()}

@@ -56,6 +56,14 @@ class MetricsLogger:
         return plot_history(self.history, path or self.run_dir / "learning_curve.png", panels=panels)
 
 
+def first_reaching(history: list[dict[str, Any]], window: int, target: float) -> int | None:
+    """Index of the first record at which the mean ``success`` of the last ``window`` records is at least
+    ``target`` (the trainer's ``stop_at_success`` rule, read back from a run's records); None if never."""
+    success = [r["success"] for r in history]
+    return next((i for i in range(window - 1, len(success))
+                 if sum(success[i - window + 1 : i + 1]) / window >= target), None)
+
+
 def plot_history(
     history: list[dict[str, Any]],
     path: str | Path,

@@ -128,10 +128,10 @@ def doc_commands() -> list[DocCommand]:
 
 def feeds(command: DocCommand) -> bool:
     """Whether a later command of its block names a path this one writes (a pipeline step)."""
-    later = [c for c in COMMANDS
-             if (c.doc, c.block) == (command.doc, command.block) and c.line > command.line]
-    return any(path in shlex.split(c.text, comments=True) or any(w.endswith(f"={path}") for w in
-               shlex.split(c.text, comments=True)) for path in command.writes() for c in later)
+    later_words = [w for c in COMMANDS
+                   if (c.doc, c.block) == (command.doc, command.block) and c.line > command.line
+                   for w in shlex.split(c.text, comments=True)]
+    return any(w == path or w.endswith(f"={path}") for path in command.writes() for w in later_words)
 
 
 def tutorial_files() -> dict[str, str]:
