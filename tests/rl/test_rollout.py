@@ -35,6 +35,7 @@ def make_runner(
     pause_policy="never",
     wrappers=None,
     policy_latency_s=0.0,
+    max_concurrent_episodes=None,
 ):
     """A runner on ``env_id`` with the test sandbox limits; ``pool``: conf/agentenv/pool.yaml overrides."""
     import fault_tasks  # noqa: F401  (registers faults/*)
@@ -43,7 +44,12 @@ def make_runner(
     env_cfg = replace(cfg.env, id=env_id, group_start=group_start, wrappers=wrappers)
     pool_cfg = cfg.rollout.sandbox_pool
     pool_cfg = replace(pool_cfg, pause_policy=pause_policy, overrides={**pool_cfg.overrides, **(pool or {})})
-    rollout_cfg = replace(cfg.rollout, sandbox_pool=pool_cfg, policy_latency_s=policy_latency_s)
+    rollout_cfg = replace(
+        cfg.rollout,
+        sandbox_pool=pool_cfg,
+        policy_latency_s=policy_latency_s,
+        max_concurrent_episodes=max_concurrent_episodes,
+    )
     return EpisodeRunner(env_cfg, rollout_cfg, TorchEngine(policy, TOK), TOK, sandbox=sandbox_config)
 
 
@@ -78,6 +84,20 @@ def test_sandboxes_stay_alive_across_iterations(policy, sandbox_config):
     finally:
         runner.close()
     assert first.sandboxes_created == 4 and second.sandboxes_created == 0
+
+
+def test_max_concurrent_episodes_plays_whole_groups_in_waves_on_the_same_sandboxes(policy, sandbox_config):
+    """A cap of 5 episodes with groups of 2 plays 2 groups per wave: 3 waves for 6 groups, each wave on
+    the sandboxes of the first (4 created, not 12), episodes still in group order and all played."""
+    runner = make_runner(policy, sandbox_config, max_concurrent_episodes=5)
+    try:
+        episodes, stats = runner.run([1, 2, 3, 4, 5, 6], 2, torch.Generator().manual_seed(0))
+    finally:
+        runner.close()
+    assert stats.sandboxes_created == 4 and stats.failed == 0 and len(episodes) == 12
+    assert [e.group for e in episodes] == [g for g in range(6) for _ in range(2)]
+    assert [e.seed for e in episodes] == [s for s in [1, 2, 3, 4, 5, 6] for _ in range(2)]
+    assert all(e.turns >= 1 for e in episodes)
 
 
 def test_fork_group_start_gives_byte_identical_starts_even_for_random_state(policy, sandbox_config):
