@@ -5,7 +5,11 @@ one per worker node (``worker_placement: spread``), and each worker's sandboxes 
 (that node's AgentENV registry holds them); success, reward and loss are those of the same run on
 local Ray. Killing a worker node's raylet mid-iteration costs that node's share of the iteration only:
 Ray restarts its rollout worker on the other worker node, the trainer retries the share there, and the
-run finishes.
+run finishes. The same holds for ``trainer.mode=async`` (rl/async_rollout.py): an async run places its
+actors the same way and logs staleness and learner idleness (it is not replayable, so it is compared
+with local Ray only in what timing does not decide: the iterations and weights versions); a worker
+node lost mid-iteration costs only the rollout calls queued on its worker, which are resubmitted to
+the worker restarted on the other node.
 """
 
 from __future__ import annotations
@@ -16,22 +20,49 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
-from ray_cluster import ROOT, RayCluster, ray_cluster
+from ray_cluster import ROOT, RayCluster, RayNode, _start, _wait_for_nodes, ray_cluster, stop_node
 from rl_testutil import TINY
 
+from agentenv.owner import OWNER_LABEL
 from agentenv.registry import Registry
+from rl.async_rollout import ASYNC_SEEDS
 from rl.trainer import group_seeds
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 TWO_WORKERS = (*TINY, "rollout.num_workers=2")  # one group of 2 episodes each
+# 2 workers x 2 calls in flight, each call one group (ceil(2 groups / 4)); staleness bound 2 versions
+ASYNC = (*TWO_WORKERS, "trainer.mode=async", "trainer.rollouts_in_flight=2", "trainer.max_staleness=2",
+         "trainer.checkpoint_every=0")
 
 
 @pytest.fixture(scope="module")
-def cluster(task_home, tmp_path_factory) -> Iterator[RayCluster]:  # task_home: Docker and the base image
+def started_cluster(task_home, tmp_path_factory) -> Iterator[RayCluster]:  # task_home: Docker, base image
     with ray_cluster(tmp_path_factory.mktemp("cluster"), workers=2) as made:
         yield made
+
+
+@pytest.fixture
+def cluster(started_cluster: RayCluster) -> RayCluster:
+    """The module's cluster with every worker node up: a node whose raylet an earlier test killed is
+    started again (what is left of it stopped first), as an operator puts a repaired machine back."""
+    down = [node for node in started_cluster.workers if not raylet_runs(node)]
+    for node in down:
+        stop_node(node)
+        _start(started_cluster, node, head=False)
+    if down:
+        _wait_for_nodes(started_cluster)
+    return started_cluster
+
+
+def raylet_runs(node: RayNode) -> bool:
+    try:
+        node.raylet_pid()
+    except RuntimeError:
+        return False
+    return True
 
 
 def made_on(home: Path) -> int:
@@ -39,8 +70,19 @@ def made_on(home: Path) -> int:
     return len(Registry(home).list_sandboxes(include_closed=True))
 
 
+def owners(home: Path) -> set[str]:
+    """The processes (`agentenv.owner` labels) that made the sandboxes ever made with this home."""
+    return {r.labels.get(OWNER_LABEL, "") for r in Registry(home).list_sandboxes(include_closed=True)}
+
+
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def async_call_seeds(*calls: int) -> list[int]:
+    """The task seed of each async rollout call numbered in ``calls``, for a run with ``seed=0`` started
+    at iteration 0 and one group per call (as `rl.async_rollout.AsyncRollouts._submit` draws them)."""
+    return [int(np.random.SeedSequence([0, ASYNC_SEEDS, 0, c]).generate_state(1)[0]) % 2**31 for c in calls]
 
 
 def train(cluster: RayCluster, run_dir: Path, *overrides: str) -> tuple[list[dict], dict]:
@@ -97,3 +139,56 @@ def test_a_lost_worker_node_costs_only_its_share(cluster, tmp_path):
     # The survivor's node made its own worker's 2 sandboxes, then the restarted worker's 2 (kept alive
     # into iteration 2): the victim's share moved there with its worker.
     assert made_on(survivor.home) - made_before == 4
+
+
+def test_async_training_places_its_actors_the_same_and_logs_staleness(cluster, tmp_path):
+    before = {node.name: made_on(node.home) for node in cluster.nodes}
+    records, placement = train(cluster, tmp_path / "run", *ASYNC)
+    assert [r["iteration"] for r in records] == [0, 1] and records[-1]["worker_restarts"] == 0
+    for r in records:
+        assert r["episodes"] >= 4 and r["failed_episodes"] == 0 and r["env_steps"] > 0
+        assert 0.0 <= r["success"] <= 1.0 and 0.0 <= r["learner_idle_fraction"] <= 1.0
+        assert 0.0 <= r["staleness_mean"] <= r["staleness_max"] <= 2 and r["dropped_episodes"] >= 0
+    assert placement["learner"]["ip"] == cluster.head.ip
+    assert sorted(w["ip"] for w in placement["workers"]) == sorted(n.ip for n in cluster.workers)
+    made = {node.name: made_on(node.home) - before[node.name] for node in cluster.nodes}
+    assert made["head"] == 0 and made["worker1"] > 0 and made["worker2"] > 0, made  # by the workers' nodes
+    # Local Ray: which groups finish first is timing, so only what timing does not decide must match.
+    local = subprocess.run([sys.executable, "-m", "rl.train", *ASYNC, "trainer.num_cpus=3",
+                            f"hydra.run.dir={tmp_path / 'local'}"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert local.returncode == 0, local.stderr[-3000:]
+    local_records = metrics(tmp_path / "local")
+    for key in ("iteration", "weights_version"):
+        assert [r[key] for r in local_records] == [r[key] for r in records], key
+    assert all(0.0 <= r["success"] <= 1.0 and r["episodes"] >= 4 for r in local_records)
+
+
+def test_a_lost_worker_node_costs_an_async_run_only_its_calls(cluster, tmp_path):
+    """Worker node 2's raylet is killed at the first reset of async call 4 or 5 (the first calls queued
+    after one finished, on whichever worker finished first): the calls queued on its worker fail, the
+    driver reloads the worker Ray restarts on worker node 1 and resubmits them there, and the run
+    completes every iteration without a failed episode; the survivor's own worker is not restarted."""
+    victim, survivor = cluster.workers[1], cluster.workers[0]
+    raylet = victim.raylet_pid()
+    marker = tmp_path / "killed"
+    # After the kill every reset waits for the trainer to reload the lost worker on the survivor, so the
+    # survivor's own worker cannot finish the run (4 iterations: 8 groups, only calls 0-3 reset before the
+    # kill) before Ray declares the victim node dead.
+    kill = f"{{cls: 'user_wrappers:KillsProcessThenWaits', kwargs: {{seeds: {async_call_seeds(4, 5)}, " \
+           f"pid: {raylet}, marker: '{marker}', placement: '{tmp_path / 'run' / 'placement.json'}', " \
+           f"ip: '{survivor.ip}'}}}}"
+    before = {node.name: owners(node.home) for node in cluster.workers}
+    records, placement = train(cluster, tmp_path / "run", *ASYNC, "trainer.iterations=4",
+                               f"env.wrappers=[{kill}]")
+    assert marker.exists() and raylet not in victim.pids()  # the fault really fired
+    assert [r["iteration"] for r in records] == [0, 1, 2, 3]
+    assert [r["weights_version"] for r in records] == [1.0, 2.0, 3.0, 4.0]
+    assert all(r["episodes"] >= 4 and r["failed_episodes"] == 0 for r in records)
+    assert records[-1]["worker_restarts"] >= 1
+    assert placement["learner"]["ip"] == cluster.head.ip
+    assert [w["ip"] for w in placement["workers"]] == [survivor.ip, survivor.ip]
+    # The survivor's node made sandboxes for two worker processes (its own worker and the restarted one),
+    # the victim's for one (its worker, before it died).
+    made_by = {node.name: owners(node.home) - before[node.name] for node in cluster.workers}
+    assert len(made_by[survivor.name]) == 2 and len(made_by[victim.name]) == 1, made_by

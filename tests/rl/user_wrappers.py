@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import gymnasium
@@ -69,3 +71,29 @@ class KillsProcessOnce(gymnasium.Wrapper):
             except ProcessLookupError:  # another env's thread was first
                 pass
         return self.env.reset(seed=seed, options=options)
+
+
+class KillsProcessThenWaits(KillsProcessOnce):
+    """`KillsProcessOnce`, then every reset (in any worker) waits, for at most ``timeout_s``, until the
+    run's ``placement`` file (the trainer's placement.json) has every rollout worker on node ``ip``: the
+    trainer has found the killed node's worker dead and reloaded it where Ray restarted it. Async runs
+    need this: without it the surviving workers could finish the run before Ray declares the node dead."""
+
+    def __init__(self, env: gymnasium.Env, seeds: list[int], pid: int, marker: str, placement: str, ip: str,
+                 timeout_s: float = 120.0) -> None:
+        super().__init__(env, seeds, pid, marker)
+        self.placement, self.ip, self.timeout_s = Path(placement), ip, timeout_s
+
+    def _restarted(self) -> bool:
+        try:
+            workers = json.loads(self.placement.read_text())["workers"]
+        except (OSError, ValueError):  # not written yet, or caught mid-write
+            return False
+        return all(w["ip"] == self.ip for w in workers)
+
+    def reset(self, *, seed=None, options=None):
+        result = super().reset(seed=seed, options=options)
+        deadline = time.monotonic() + self.timeout_s
+        while self.marker.exists() and not self._restarted() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return result
