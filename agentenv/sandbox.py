@@ -409,6 +409,24 @@ class Sandbox:
         self._rt.registry.delete_checkpoint(ck.id)
         self._rt.registry.update_sandbox(self.id, state="running", reason=None)
 
+    def freeze(self) -> None:
+        """Freeze every process (cgroup freezer, `docker pause`): no CPU, but the memory stays and the
+        state stays ``running``; no command runs until `thaw`. Cheaper than `pause` (no checkpoint),
+        for waits where memory does not matter (a pool's ``pause_method: freeze``)."""
+        with self._lock("freeze"):
+            rec = self._record()
+            if rec.state != "running":
+                raise _state_error(rec, "freeze")
+            self._rt.backend.freeze(self._ref(rec))
+
+    def thaw(self) -> None:
+        """Let a frozen sandbox's processes run again (`docker unpause`)."""
+        with self._lock("thaw"):
+            rec = self._record()
+            if rec.state != "running":
+                raise _state_error(rec, "thaw")
+            self._rt.backend.thaw(self._ref(rec))
+
     def _restorable(self, rec: SandboxRecord, ck: Checkpoint, action: str) -> Checkpoint:
         """`ck`, after checking that its files and the sandbox's container are still there. When something
         was deleted behind AgentENV's back nothing can bring the sandbox back, so it is marked broken (a

@@ -134,6 +134,15 @@ class SandboxBackend(abc.ABC):
         """Delete a checkpoint's images from disk."""
 
     @abc.abstractmethod
+    def freeze(self, ref: ContainerRef) -> None:
+        """Freeze every process of the running container (cgroup freezer, `docker pause`): no CPU, its
+        memory kept; a frozen container takes no exec until `thaw`."""
+
+    @abc.abstractmethod
+    def thaw(self, ref: ContainerRef) -> None:
+        """Let a frozen container's processes run again (`docker unpause`)."""
+
+    @abc.abstractmethod
     def remove(self, ref: ContainerRef) -> None:
         """Kill and delete the container and its volume (idempotent)."""
 

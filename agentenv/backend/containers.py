@@ -270,6 +270,14 @@ class DockerContainers(SandboxBackend):
             raise AgentEnvError(f"docker exec failed: {_first_line(e)}") from None
 
     @_docker_errors
+    def freeze(self, ref: ContainerRef) -> None:
+        self.api.pause(ref.container)
+
+    @_docker_errors
+    def thaw(self, ref: ContainerRef) -> None:
+        self.api.unpause(ref.container)
+
+    @_docker_errors
     def remove(self, ref: ContainerRef) -> None:
         if ref.container:
             with contextlib.suppress(docker.errors.NotFound):

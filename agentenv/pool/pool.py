@@ -11,6 +11,12 @@ members (cgroup reads) and, while RSS + the newcomer's expected size exceeds `me
 least recently used members that have been idle for `idle_after_s` and are not in use. When nothing idle
 is left it goes over budget and counts it (`strict_budget: true` raises PoolBudgetExceeded instead).
 
+Pause method (`pause_method`): ``criu`` (default) checkpoints a paused member to disk, so it holds no
+memory; ``freeze`` freezes it in its cgroup (`Sandbox.freeze`, `docker pause`): no CPU and a resume in
+milliseconds, but its memory stays, so it still counts as running for the budget and the budget never
+freezes members to make room (it goes over budget instead). Either way the pool counts it as paused
+(pauses, resumes, sandbox-seconds) and resumes (thaws) it on its next use.
+
 Warm starts: the first `create()` of an image/config (or of a named template with a `setup` callable,
 e.g. a task's reset state) builds that sandbox once, pauses it as the pool's template, and every later
 `create()` forks it, paying a restore instead of a cold start and the rebuild of the state.
@@ -151,9 +157,19 @@ class SandboxPool:
         self._lock_dir = home / "locks"
 
     def _pause_member(self, sandbox: Sandbox) -> None:
-        """Pause a member this caller has claimed (`claim_for_pause`); the pause ends its session shells."""
-        self._timed("pause", sandbox.pause)
+        """Pause a member this caller has claimed (`claim_for_pause`): a CRIU pause ends its session
+        shells; with ``pause_method: freeze`` it is frozen instead (the registry keeps it running)."""
+        self._timed("pause", sandbox.freeze if self._freezes else sandbox.pause)
         self.state.mark(sandbox.id, paused=True)
+
+    @property
+    def _freezes(self) -> bool:
+        return self.settings.pause_method == "freeze"
+
+    def _frozen(self, sandbox_id: str) -> bool:
+        """A member this pool froze (``pause_method: freeze``): paused for the pool, running for Docker."""
+        member = self.state.get(sandbox_id)
+        return self._freezes and member is not None and bool(member.paused)
 
     # ---- helpers -----------------------------------------------------------------------------
     def _pool_lock(self, action: str, suffix: str = ""):
@@ -276,6 +292,9 @@ class SandboxPool:
             sandbox = Sandbox.get(sid)
             if sandbox.status == "paused":
                 self._resume(sandbox)
+            elif self._frozen(sid):
+                self._timed("resume", sandbox.thaw)
+                self.state.mark(sid, paused=False)
             yield sandbox
 
     def _resume(self, sandbox: Sandbox) -> None:
@@ -304,7 +323,7 @@ class SandboxPool:
         """Pause a member now unless it is in use (False) or already paused."""
         sid = self._id(sb)
         sandbox = Sandbox.get(sid)
-        if sandbox.status != "running" or not self.state.claim_for_pause(sid):
+        if sandbox.status != "running" or self._frozen(sid) or not self.state.claim_for_pause(sid):
             return False
         try:
             self._pause_member(sandbox)
@@ -375,7 +394,7 @@ class SandboxPool:
             if used + need <= budget:
                 return used
             now = time.time()
-            for m, sb, rss in running:
+            for m, sb, rss in [] if self._freezes else running:  # a frozen member keeps its memory
                 if m.sandbox_id in exclude or now - m.last_used < self.settings.idle_after_s:
                     continue
                 if not self.state.claim_for_pause(m.sandbox_id):
@@ -404,8 +423,10 @@ class SandboxPool:
             running, _ = self._running()
             now, n = time.time(), 0
             for m, sb, _rss in running:
-                if now - m.last_used >= self.settings.idle_after_s and self.state.claim_for_pause(
-                    m.sandbox_id
+                if (
+                    not (self._freezes and m.paused)
+                    and now - m.last_used >= self.settings.idle_after_s
+                    and self.state.claim_for_pause(m.sandbox_id)
                 ):
                     try:
                         self._pause_member(sb)

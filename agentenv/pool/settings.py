@@ -9,6 +9,10 @@ from typing import Any
 from agentenv.config import parse_size, read_settings, require_exact_keys
 from agentenv.errors import ConfigError
 
+# criu: a pause checkpoints the sandbox to disk (no memory, no CPU); freeze: `docker pause` (cgroup
+# freezer: no CPU, the memory stays, so it still counts against the budget and frees no room)
+PAUSE_METHODS = ("criu", "freeze")
+
 
 @dataclass(frozen=True)
 class PoolSettings:
@@ -25,6 +29,7 @@ class PoolSettings:
     pause_prior_s: float
     resume_prior_s: float
     cost_min_samples: int
+    pause_method: str
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> PoolSettings:
@@ -51,6 +56,7 @@ class PoolSettings:
                 pause_prior_s=float(data["pause_prior_s"]),
                 resume_prior_s=float(data["resume_prior_s"]),
                 cost_min_samples=int(data["cost_min_samples"]),
+                pause_method=str(data["pause_method"]),
             )
         except (TypeError, ValueError) as e:
             if isinstance(e, ConfigError):
@@ -70,5 +76,9 @@ class PoolSettings:
                 "pool config: idle_after_s must be >= 0, lease_timeout_s and lock_timeout_s > 0, "
                 "metrics_window >= 1, rss_refresh_s, pause_prior_s and resume_prior_s >= 0, "
                 "cost_min_samples >= 1"
+            )
+        if s.pause_method not in PAUSE_METHODS:
+            raise ConfigError(
+                f"pool config: pause_method must be one of {', '.join(PAUSE_METHODS)}, got {s.pause_method!r}"
             )
         return s
