@@ -7,7 +7,8 @@
 - leftovers of the runtime are deleted: checkpoint images of containers Docker no longer has, and
   containerd's unpacked copies of restores older than `stale_s`;
 - sandboxes labelled with an owner process that is gone (`agentenv.owner`: e.g. those of a killed
-  trainer's rollout workers) are closed (`close_orphans`).
+  trainer's rollout workers) are closed, and so are sandboxes kept by a path that is gone (a deleted
+  checkpoint's in-flight episodes) (`close_orphans`).
 Each sandbox is reconciled under its lock, so gc never races a pause or a fork in progress.
 """
 
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from agentenv.backend.base import ContainerRef
 from agentenv.errors import SandboxBusy
 from agentenv.locks import sandbox_lock
-from agentenv.owner import OWNER_LABEL, owner_alive
+from agentenv.owner import KEEPER_LABEL, OWNER_LABEL, keeper_alive, owner_alive
 from agentenv.sandbox import remove_sandbox, runtime
 
 
@@ -96,13 +97,18 @@ def collect_garbage(dry_run: bool = False, stale_s: float = 600.0) -> GcReport:
 
 
 def close_orphans(dry_run: bool = False) -> list[str]:
-    """Close every live sandbox whose `OWNER_LABEL` names a process that is gone; their ids. A sandbox
-    busy with another holder of its lock is left for the next call."""
+    """Close every live sandbox whose `OWNER_LABEL` names a process that is gone, or whose `KEEPER_LABEL`
+    names a path that is gone; their ids. A sandbox busy with another holder of its lock is left for the
+    next call."""
     rt = runtime()
     closed = []
     for rec in rt.registry.list_sandboxes(include_closed=False):
-        owner = rec.labels.get(OWNER_LABEL)
-        if owner is None or owner_alive(owner):
+        owner, keeper = rec.labels.get(OWNER_LABEL), rec.labels.get(KEEPER_LABEL)
+        if owner is not None and not owner_alive(owner):
+            why = f"its owner process {owner.split(':')[1]} is gone (gc)"
+        elif keeper is not None and not keeper_alive(keeper):
+            why = f"{keeper}, which kept it, is gone (gc)"
+        else:
             continue
         try:
             with sandbox_lock(rt.registry.lock_dir, rec.id, timeout_s=1.0, action="gc"):
@@ -111,7 +117,7 @@ def close_orphans(dry_run: bool = False) -> list[str]:
                     continue
                 closed.append(rec.id)
                 if not dry_run:
-                    remove_sandbox(rt, rec, reason=f"its owner process {owner.split(':')[1]} is gone (gc)")
+                    remove_sandbox(rt, rec, reason=why)
         except SandboxBusy:
             continue
     return closed

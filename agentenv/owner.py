@@ -6,6 +6,12 @@ reused; the pair is not). When such a process is killed (Ctrl-C of the driver, S
 in it runs to close its sandboxes; `agentenv gc` and the trainer's start-up close every sandbox whose owner
 is gone (`agentenv.gc.close_orphans`). Sandboxes without the label (made by the CLI, the server, a user's
 script) are never closed this way.
+
+A sandbox can instead be **kept by a path** (`keeper_labels`): a trainer's checkpoint keeps the paused
+sandboxes of the episodes that were in flight when it was written, so that a resumed run continues them.
+Such a sandbox has no owner process (it must outlive the run that made it); gc closes it once the path
+that keeps it no longer exists on this host (the checkpoint was deleted). On a cluster the path must be
+on storage every node sees, as checkpoints usually are.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import os
 from pathlib import Path
 
 OWNER_LABEL = "org.k3rl.agentenv.owner"
+KEEPER_LABEL = "org.k3rl.agentenv.kept-by"
 
 
 def _boot_id() -> str:
@@ -49,3 +56,14 @@ def owner_alive(value: str) -> bool:
     if boot != _boot_id():
         return False  # the machine rebooted since: the owner is gone
     return _start_ticks(pid_number) == ticks
+
+
+def keeper_labels(path: str | os.PathLike) -> dict[str, str]:
+    """The label that keeps a sandbox for as long as `path` (made absolute) exists."""
+    return {KEEPER_LABEL: str(Path(path).resolve())}
+
+
+def keeper_alive(value: str) -> bool:
+    """Whether the path a `KEEPER_LABEL` value names still exists (a relative value counts as alive)."""
+    path = Path(value)
+    return not path.is_absolute() or path.exists()

@@ -118,6 +118,8 @@ class Registry:
         if not fields:
             return
         fields["updated_at"] = time.time()
+        if isinstance(fields.get("labels"), dict):
+            fields["labels"] = json.dumps(fields["labels"])
         cols = ", ".join(f"{k} = ?" for k in fields)
         self._conn().execute(f"UPDATE sandboxes SET {cols} WHERE id = ?", (*fields.values(), sandbox_id))
 

@@ -12,7 +12,7 @@ import secrets
 import shlex
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -445,10 +445,11 @@ class Sandbox:
         return error(f"sandbox {self.id} cannot be {action}: {reason}; it is now marked broken: remove "
                      f"it with `agentenv rm {self.id}` and create a new one")
 
-    def fork(self, n: int) -> list[Sandbox]:
+    def fork(self, n: int, labels: Mapping[str, str] | None = None) -> list[Sandbox]:
         """`n` new running sandboxes restored from this one's checkpoint (its memory and files). A
         running source is paused for the copy and resumed afterwards; a paused one stays paused.
-        Forks share all memory, PRNG state included: reseed from /run/agentenv/seed if that matters."""
+        Forks share all memory, PRNG state included: reseed from /run/agentenv/seed if that matters.
+        `labels`: the forks' labels (default: the source's)."""
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_FORKS:
             raise AgentEnvError(f"fork count must be an integer from 1 to {MAX_FORKS}, got {n!r}")
         with self._lock("fork"):
@@ -461,7 +462,7 @@ class Sandbox:
                 raise CheckpointError(f"sandbox {self.id} is paused but has no checkpoint in the registry")
             ck = row if was_running else self._restorable(rec, row, "forked")
             try:
-                forks = self._fork_from(self._record(), ck, n)
+                forks = self._fork_from(self._record(), ck, n, labels)
             except BaseException:
                 if was_running:
                     self._resume_locked(self._record())
@@ -474,18 +475,20 @@ class Sandbox:
                     raise CheckpointError(f"forks {ids} were created, but {e}") from None
             return forks
 
-    def _fork_from(self, rec: SandboxRecord, ck: Checkpoint, n: int) -> list[Sandbox]:
+    def _fork_from(self, rec: SandboxRecord, ck: Checkpoint, n: int,
+                   labels: Mapping[str, str] | None = None) -> list[Sandbox]:
         """Restore `ck` into n new sandboxes, a few at a time; all or nothing."""
         cfg = self.config
+        fork_labels = dict(rec.labels) if labels is None else {str(k): str(v) for k, v in labels.items()}
         ids = [secrets.token_hex(6) for _ in range(n)]
         for sid in ids:  # rows first, so that gc sees forks in progress as 'creating'
             self._rt.registry.insert_sandbox(id=sid, state="creating", image=rec.image, user=rec.user,
-                                             config=rec.config, labels=rec.labels, parent_id=rec.id,
+                                             config=rec.config, labels=fork_labels, parent_id=rec.id,
                                              parent_checkpoint=ck.id)
 
         def one(sid: str) -> ContainerRef:
-            labels = {**rec.labels, LABEL_HOME: str(self._rt.home)}
-            spec = ContainerSpec(sid, rec.image, rec.user, cfg, labels)
+            container_labels = {**fork_labels, LABEL_HOME: str(self._rt.home)}
+            spec = ContainerSpec(sid, rec.image, rec.user, cfg, container_labels)
             ref = self._rt.backend.fork(self._ref(rec), ck, spec)
             self._rt.registry.update_sandbox(sid, state="running", container=ref.container, volume=ref.volume)
             return ref
@@ -501,6 +504,16 @@ class Sandbox:
                 self._rt.registry.delete_sandbox(sid)
             raise errors[0]
         return [Sandbox.get(sid) for sid in ids]
+
+    def relabel(self, labels: Mapping[str, str], remove: Iterable[str] = ()) -> None:
+        """Set `labels` and drop the `remove` keys in the registry, which is what `agentenv ls`, gc and
+        pools read (the container keeps the labels it was created with: Docker cannot change them)."""
+        with self._lock("relabel"):
+            rec = self._record()
+            new = {k: v for k, v in rec.labels.items() if k not in set(remove)}
+            new.update({str(k): str(v) for k, v in labels.items()})
+            self._rt.registry.update_sandbox(self.id, labels=new)
+            self._record()
 
     def close(self) -> None:
         """Remove the container, its volume and checkpoints (idempotent); the registry keeps the row."""

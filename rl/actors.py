@@ -23,6 +23,7 @@ copy in progress), so env stepping and generation are not stalled by weight load
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -31,6 +32,7 @@ import torch
 from rl.config import RunConfig
 from rl.episode import Episode
 from rl.generation import build_engine
+from rl.inflight import InFlightRollout
 from rl.learner import Learner, build_policy_shell
 from rl.rollout import EpisodeRunner, RolloutStats
 from rl.sandbox_hosts import apply_worker_environment
@@ -49,6 +51,7 @@ class StaleWeights(RuntimeError):
 
 
 WEIGHTS_GROUP = "weights"  # the concurrency group `offer_weights` runs in (beside `rollout`)
+CONTROL_GROUP = "control"  # the concurrency group of `snapshot_in_flight` and `release_kept`
 
 
 class RolloutWorker:
@@ -69,6 +72,7 @@ class RolloutWorker:
         self._standby = None  # async: the policy copy newer weights are loaded into, off the rollout
         self._standby_version = NO_WEIGHTS
         self._standby_lock = threading.Lock()
+        self._last_call = -1  # async: the driver's number of the last rollout call this worker finished
 
     def load_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> int:
         """Copy the learner's weights of ``version`` into the policy (Ray resolves a reference passed
@@ -115,6 +119,7 @@ class RolloutWorker:
         first_group: int,
         sample_seed: int,
         expected_version: int | None,
+        call: int | None = None,
     ) -> tuple[tuple[int, RolloutStats, dict[int, torch.Tensor]], ...]:
         """Episodes of the groups started from ``seeds``; sampling is seeded by ``sample_seed``.
 
@@ -123,20 +128,68 @@ class RolloutWorker:
         to each expert per MoE layer; then each group's episodes. Called with ``num_returns=1 + groups``
         so that each part is its own Ray object: the driver reads the first and passes the groups on to
         the learner. ``expected_version`` (sync mode) is the version the batch must be sampled with;
-        None (async mode) samples with the newest weights, swapped in between turns.
+        None (async mode) samples with the newest weights, swapped in between turns. ``call`` (async
+        mode) is the driver's number of this call, which names it in `snapshot_in_flight`.
         """
         if expected_version is not None and self.version != expected_version:
             raise StaleWeights(
                 f"worker {self.index} holds weights v{self.version} but the batch needs v{expected_version}"
             )
-        if self.version == NO_WEIGHTS:
-            raise StaleWeights(f"worker {self.index} holds no weights yet")
+        self._check_weights()
         generator = torch.Generator().manual_seed(sample_seed)
         episodes, stats = self.runner.run(
-            seeds, group_size, generator, first_group, policy_version=self._turn_version
+            seeds, group_size, generator, first_group, policy_version=self._turn_version, tag=call
         )
-        groups = [episodes[g * group_size : (g + 1) * group_size] for g in range(len(seeds))]
+        return self._returned(episodes, stats, group_size, call)
+
+    def _check_weights(self) -> None:
+        if self.version == NO_WEIGHTS:
+            raise StaleWeights(f"worker {self.index} holds no weights yet")
+
+    def _returned(self, episodes: list[Episode], stats: RolloutStats, group_size: int, call: int | None):
+        """``((version, stats, expert loads), group 0, group 1, ...)`` of a finished rollout call."""
+        if call is not None:
+            self._last_call = max(self._last_call, call)
+        groups = [episodes[g : g + group_size] for g in range(0, len(episodes), group_size)]
         return (self.version, stats, self.engine.take_expert_loads()), *groups
+
+    def continue_rollout(
+        self, recorded: InFlightRollout, sample_seed: int, call: int
+    ) -> tuple[tuple[int, RolloutStats, dict[int, torch.Tensor]], ...]:
+        """Async resume: finish a rollout a checkpoint recorded (``rl.inflight``); returns as `rollout`."""
+        self._check_weights()
+        generator = torch.Generator().manual_seed(sample_seed)
+        episodes, stats = self.runner.resume(
+            recorded.episodes, recorded.group_size, generator, policy_version=self._turn_version, tag=call
+        )
+        return self._returned(episodes, stats, recorded.group_size, call)
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def snapshot_in_flight(self, keeper: str) -> tuple[int, InFlightRollout | None]:
+        """Async checkpoint: ``(the last call this worker finished, the running call recorded at its next
+        turn boundary)`` (None: no call running). Runs beside the rollout; see ``rl.inflight``."""
+        taken = self.runner.snapshot(Path(keeper))
+        last = self._last_call  # read after: a call that ended meanwhile is finished, not lost
+        if taken is None:
+            return last, None
+        episodes, call = taken
+        group_size = self.cfg.algo.group_size
+        return last, InFlightRollout(call, node_address()["ip"], group_size, episodes)
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def release_kept(self, sandbox_ids: list[str]) -> list[str]:
+        """Close the sandboxes a superseded checkpoint kept, those of this node's registry; their ids."""
+        from agentenv import Sandbox
+        from agentenv.errors import SandboxNotFound
+
+        closed = []
+        for sid in sandbox_ids:
+            try:
+                Sandbox.get(sid).close()
+            except SandboxNotFound:
+                continue
+            closed.append(sid)
+        return closed
 
     def node(self) -> dict[str, str]:
         """`node_address` of this worker (and so of its sandboxes, which this process creates)."""
@@ -174,4 +227,4 @@ class LearnerActor(Learner):
 
 def rollout_worker_actor():
     """`RolloutWorker` as a Ray actor class, with the concurrency group its weight offers run in."""
-    return ray.remote(concurrency_groups={WEIGHTS_GROUP: 1})(RolloutWorker)
+    return ray.remote(concurrency_groups={WEIGHTS_GROUP: 1, CONTROL_GROUP: 1})(RolloutWorker)

@@ -28,6 +28,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import ray
@@ -36,12 +37,14 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from rl.actors import StaleWeights
 from rl.episode import Outcome
+from rl.inflight import InFlightRecord
 from rl.rollout import RolloutStats
 
 log = logging.getLogger("k3rl.train")
 
 ASYNC_SEEDS = 2  # the SeedSequence stream of async task seeds (sync mode's is (seed, iteration))
 ASYNC_SAMPLING = 3
+RESTORED = -1  # the call number of finished groups read from a checkpoint
 
 
 class RolloutWorkerLost(RuntimeError):
@@ -54,6 +57,7 @@ class FinishedGroup:
 
     ref: ray.ObjectRef
     outcomes: list[Outcome]
+    call: int | None = None  # the rollout call that played it (RESTORED: read from a checkpoint)
 
     @property
     def oldest_version(self) -> int | None:
@@ -85,6 +89,7 @@ class AsyncBatch:
     stats: RolloutStats  # of the rollout calls that finished while it formed
     expert_loads: dict[int, torch.Tensor] = field(default_factory=dict)
     dropped_episodes: int = 0
+    continued_episodes: int = 0  # episodes recorded by a checkpoint and finished after the restart
     wait_s: float = 0.0  # the driver's (and so the learner's) wait for it
     worker_restarts: int = 0
 
@@ -107,6 +112,7 @@ class AsyncBatch:
             "staleness_max": float(max(lags, default=0)),
             "partial_rollout_episodes": float(len(partial)),
             "dropped_episodes": float(self.dropped_episodes),
+            "continued_episodes": float(self.continued_episodes),
         }
 
 
@@ -142,6 +148,7 @@ class AsyncRollouts:
         self.pools: dict[int, list[dict]] = {}  # each worker's latest sandbox-pool snapshot
         self.submitted = 0
         self.offers: list[ray.ObjectRef] = []
+        self.continued: set[int] = {RESTORED}  # calls a checkpoint recorded, and its finished groups
 
     def start(self) -> None:
         """Queue ``in_flight`` calls on every worker."""
@@ -158,15 +165,17 @@ class AsyncRollouts:
                 self.groups_per_call
             )
         ]
-        sample_seed = int(
-            np.random.SeedSequence([self.seed, ASYNC_SAMPLING, self.stream, call]).generate_state(1)[0]
-        )
+        sample_seed = self._sample_seed(call)
         summary, *groups = (
             self.workers[w]
             .rollout.options(num_returns=1 + len(seeds))
-            .remote(seeds, self.group_size, 0, sample_seed, None)
+            .remote(seeds, self.group_size, 0, sample_seed, None, call)
         )
         self.calls[summary] = (w, groups, call)
+
+    def _sample_seed(self, call: int) -> int:
+        sequence = np.random.SeedSequence([self.seed, ASYNC_SAMPLING, self.stream, call])
+        return int(sequence.generate_state(1)[0])
 
     def publish(self, version: int, weights: ray.ObjectRef) -> None:
         """Offer the learner's new weights to every worker (returns at once: workers copy them beside
@@ -187,6 +196,7 @@ class AsyncRollouts:
             waited += time.perf_counter() - started
             self._collect(done[0], batch)
         batch.groups, self.ready = self.ready[: self.num_groups], self.ready[self.num_groups :]
+        batch.continued_episodes = sum(len(g.outcomes) for g in batch.groups if g.call in self.continued)
         batch.wait_s = waited
         batch.stats.pool = [p for w in sorted(self.pools) for p in self.pools[w]]
         return batch
@@ -220,7 +230,56 @@ class AsyncRollouts:
             batch.expert_loads[layer] = batch.expert_loads.get(layer, 0) + value
         size = self.group_size
         for g, ref in enumerate(groups):
-            self.ready.append(FinishedGroup(ref, stats.outcomes[g * size : (g + 1) * size]))
+            self.ready.append(FinishedGroup(ref, stats.outcomes[g * size : (g + 1) * size], call))
+
+    # ------------------------------------------------------------------ in-flight checkpoints
+    def snapshot(self, keeper: Path, version: int, timeout_s: float = 600.0) -> InFlightRecord:
+        """What a checkpoint at ``version`` (kept in folder ``keeper``) must hold to go on after a
+        restart (``rl.inflight``): each worker's running call, recorded at its next turn boundary, and
+        the groups of the calls that finished before that and are not trained yet. The live run goes on
+        untouched (its playing episodes continue in forks of the sandboxes the checkpoint keeps)."""
+        record = InFlightRecord(version=version, group_size=self.group_size)
+        replies = [w.snapshot_in_flight.remote(str(keeper)) for w in self.workers]
+        last_finished: dict[int, int] = {}
+        for w, reply in enumerate(replies):
+            try:
+                last_finished[w], running = ray.get(reply, timeout=timeout_s)
+            except (RayActorError, RayTaskError, ray.exceptions.GetTimeoutError) as exc:
+                log.warning("rollout worker %d could not record its episodes in flight: %s", w, exc)
+                continue
+            if running is not None:
+                record.rollouts.append(running)
+        recorded = {r.call for r in record.rollouts}
+        finished = [g.ref for g in self.ready if g.call not in recorded]
+        for w, groups, call in self.calls.values():  # finished before the snapshot, not collected yet
+            if call <= last_finished.get(w, -1) and call not in recorded:
+                finished.extend(groups)
+        for ref in finished:
+            try:
+                record.ready.append(ray.get(ref, timeout=timeout_s))
+            except (RayActorError, RayTaskError, ray.exceptions.GetTimeoutError) as exc:
+                log.warning("a finished group could not be read for the checkpoint: %s", exc)
+        return record
+
+    def restore(self, record: InFlightRecord, node_ips: list[str]) -> None:
+        """Before `start`: queue the recorded finished groups and hand each recorded call back to a
+        worker on the node that keeps its sandboxes (``node_ips``: each worker's; another worker when
+        that node has none: those episodes then fail, see ``rl.inflight``)."""
+        for episodes in record.ready:
+            self.ready.append(FinishedGroup(ray.put(episodes), [Outcome.of(e) for e in episodes], RESTORED))
+        for n, recorded in enumerate(record.rollouts):
+            on_node = [w for w, ip in enumerate(node_ips) if ip == recorded.node_ip]
+            w = on_node[n % len(on_node)] if on_node else n % len(self.workers)
+            call = self.submitted
+            self.submitted += 1
+            self.continued.add(call)
+            groups = len(recorded.episodes) // recorded.group_size
+            summary, *refs = (
+                self.workers[w]
+                .continue_rollout.options(num_returns=1 + groups)
+                .remote(recorded, self._sample_seed(call), call)
+            )
+            self.calls[summary] = (w, refs, call)
 
     def close(self, timeout_s: float = 120.0) -> None:
         """Cancel the queued calls and wait (bounded) for the running ones, so workers can close."""

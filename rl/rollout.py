@@ -45,12 +45,18 @@ weights version the policy holds now, and records it on the tokens of that turn:
 worker swaps in newer weights there, between turns, so an episode in flight across an update continues
 with the new weights (partial rollout) and each token keeps the version that sampled it.
 
+In-flight checkpoints (async training, ``rl.inflight``): `EpisodeRunner.snapshot`, called from another
+thread, records the run in progress at its next turn boundary (each playing episode's sandbox paused and
+kept by the checkpoint, the run going on in a fork of it); `EpisodeRunner.resume` finishes such a
+recorded run after a restart, from restores of the kept sandboxes.
+
 `RolloutWorker` (in ``rl.actors``) is the Ray actor around a runner and a policy copy; the driver reads
 only its `RolloutStats` (counters and one `Outcome` per episode), the episodes go on to the learner.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -63,17 +69,19 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import gymnasium
 import torch
 
 import agentenv.tasks  # noqa: F401  (registers the built-in tasks)
-from agentenv.owner import owner_labels
+from agentenv.owner import keeper_labels, owner_labels
 from agentenv.pool import PauseCostModel, PauseDecision, PoolMetrics, SandboxPool
 from rl.config import EnvConfig, RolloutConfig, SandboxPoolConfig
 from rl.episode import Episode, Outcome
 from rl.generation import TorchEngine
+from rl.inflight import InFlightEpisode, env_state, restore_env_state
 from rl.sandbox_hosts import split_hosts
 from rl.tokenizer import Tokenizer
 from rl.wrappers import fork_env, make_env, task, wrapper_specs
@@ -190,6 +198,10 @@ class EpisodeRunner:
         self._generator = torch.Generator()
         self._policy_version: Callable[[], int] = lambda: 0
         self._stats_lock = threading.Lock()
+        self._snapshot_lock = threading.Lock()  # guards the two fields below (see `snapshot`)
+        self._run_episodes: list[Episode] | None = None  # every episode of the run in progress
+        self._snapshot_request: _SnapshotRequest | None = None
+        self._run_tag: Any = None
         self.threads = ThreadPoolExecutor(max_workers=rollout_cfg.env_threads)
 
     # ------------------------------------------------------------------ envs and their sandboxes
@@ -303,16 +315,16 @@ class EpisodeRunner:
         generator: torch.Generator,
         first_group: int = 0,
         policy_version: Callable[[], int] | None = None,
+        tag: Any = None,
     ) -> tuple[list[Episode], RolloutStats]:
         """One episode per group member for each seed; episodes come back group after group.
 
         ``policy_version()`` is called before every turn's generation and returns the weights version
         the policy holds for it (None: version 0 throughout). With ``rollout.max_concurrent_episodes``
-        the groups are played in waves of at most that many episodes (whole groups, at least one)."""
+        the groups are played in waves of at most that many episodes (whole groups, at least one).
+        ``tag`` names the run in a `snapshot` of it (the async driver's call number)."""
         stats = RolloutStats()
         started = time.perf_counter()
-        if self._run_ended is not None:
-            self._run_gaps.append(started - self._run_ended)
         self._generator = generator
         self._policy_version = policy_version or (lambda: 0)
         episodes = [
@@ -321,19 +333,33 @@ class EpisodeRunner:
             for _ in range(group_size)
         ]
         per_wave = max(1, (self.max_concurrent_episodes or len(episodes)) // group_size)  # groups
-        for w in range(0, len(seeds), per_wave):
-            wave = episodes[w * group_size : (w + per_wave) * group_size]
-            t0 = time.perf_counter()
-            envs, owned_forks = self._start_groups(seeds[w : w + per_wave], group_size, wave, stats)
-            stats.reset_s += time.perf_counter() - t0
-            self._play(wave, envs, stats)
-            for env, episode in zip(envs, wave, strict=True):
-                if env is None:
-                    continue
-                if id(env) in owned_forks:
-                    self._discard(env)
-                else:
-                    self._give_back(env, broken=episode.error is not None)
+        with self._running(episodes, tag):
+            for w in range(0, len(seeds), per_wave):
+                wave = episodes[w * group_size : (w + per_wave) * group_size]
+                t0 = time.perf_counter()
+                envs, owned_forks = self._start_groups(seeds[w : w + per_wave], group_size, wave, stats)
+                stats.reset_s += time.perf_counter() - t0
+                self._play(wave, envs, stats)
+                self._return_envs(envs, wave, owned_forks)
+        return self._finish(episodes, stats, started)
+
+    def _return_envs(self, envs: list, episodes: list[Episode], owned: set[int]) -> None:
+        """After play: close the envs in ``owned`` (forks, restores), give the others back for reuse."""
+        for env, episode in zip(envs, episodes, strict=True):
+            if env is None:
+                continue
+            if id(env) in owned:
+                self._discard(env)
+            else:
+                self._give_back(env, broken=episode.error is not None)
+
+    def _finish(
+        self, episodes: list[Episode], stats: RolloutStats, started: float
+    ) -> tuple[list[Episode], RolloutStats]:
+        """The end of a run: idle sandboxes released, the pool's counters and the episodes' outcomes
+        recorded in ``stats``."""
+        if self._run_ended is not None:
+            self._run_gaps.append(started - self._run_ended)
         self.release_idle(stats)
         self._record_pool(stats)
         stats.episodes = len(episodes)
@@ -404,10 +430,15 @@ class EpisodeRunner:
             version=self._policy_version(),
         )
 
-    def _play(self, episodes: list[Episode], envs: list, stats: RolloutStats) -> None:
+    def _play(
+        self, episodes: list[Episode], envs: list, stats: RolloutStats, active: list[int] | None = None
+    ) -> None:
+        """Play ``episodes`` (those at ``active``, default: every one without an error) to their end."""
         tok = self.tokenizer
-        active = [i for i, e in enumerate(episodes) if e.error is None]
+        if active is None:
+            active = [i for i, e in enumerate(episodes) if e.error is None]
         while active:
+            self._serve_snapshot({id(episodes[i]): envs[i] for i in active})
             version = self._policy_version()  # async: newer weights are swapped in here, between turns
             t = time.perf_counter()
             expected = self.expected_generation_s(len(active))
@@ -457,3 +488,154 @@ class EpisodeRunner:
                     continue
                 still_active.append(i)
             active = still_active
+
+    # ------------------------------------------------------------------ in-flight checkpoints
+    def snapshot(self, keeper: Path, timeout_s: float = 600.0) -> tuple[list[InFlightEpisode], Any] | None:
+        """Record the run in progress at its next turn boundary, for a checkpoint kept in ``keeper``
+        (see ``rl.inflight``): ``(one InFlightEpisode per episode of the run, the run's tag)``, or None
+        when no run is in progress or the sandboxes are remote (no pool to keep them in). Called from
+        another thread than the run's."""
+        with self._snapshot_lock:
+            if self._run_episodes is None or self.sandbox_pool is None:
+                return None
+            request = _SnapshotRequest(Path(keeper))
+            self._snapshot_request = request
+        if not request.done.wait(timeout_s):
+            with self._snapshot_lock:
+                if self._snapshot_request is request:
+                    self._snapshot_request = None
+            if not request.done.is_set():
+                raise TimeoutError(f"the rollout reached no turn boundary within {timeout_s} s")
+        if request.error is not None:
+            raise request.error
+        return request.result, request.tag
+
+    def _serve_snapshot(self, playing: dict[int, gymnasium.Env]) -> None:
+        """At a turn boundary: take a pending `snapshot` request (``playing``: episode id -> its env)."""
+        with self._snapshot_lock:
+            request, self._snapshot_request = self._snapshot_request, None
+            episodes = self._run_episodes
+        if request is None:
+            return
+        try:
+            request.result = self._record_in_flight(episodes or [], playing, request.keeper)
+            request.tag = self._run_tag
+        except BaseException as exc:  # reported to the caller of `snapshot`; the run goes on
+            request.error = exc
+        finally:
+            request.done.set()
+
+    @contextmanager
+    def _running(self, episodes: list[Episode], tag: Any):
+        """Mark a run in progress (for `snapshot`); at its end a request still pending is answered with
+        the finished episodes."""
+        with self._snapshot_lock:
+            self._run_episodes, self._run_tag = episodes, tag
+        try:
+            yield
+        finally:
+            self._serve_snapshot({})
+            with self._snapshot_lock:
+                self._run_episodes = None
+
+    def _record_in_flight(
+        self, episodes: list[Episode], playing: dict[int, gymnasium.Env], keeper: Path
+    ) -> list[InFlightEpisode]:
+        """Copies of ``episodes``; each playing one's sandbox paused and kept by ``keeper`` while its env
+        goes on in a fork of it (an episode whose sandbox cannot be kept is recorded as failed)."""
+        labels = keeper_labels(keeper)
+        pool = self.sandbox_pool
+
+        def keep(env: gymnasium.Env) -> InFlightEpisode | BaseException:
+            t = task(env)
+            try:
+                t.release_sandbox()
+                pool.pause(t.sandbox)  # no-op when the cost model paused it already
+                live = pool.fork(t.sandbox, 1)[0]
+                kept = pool.keep(t.sandbox, labels)
+            except Exception as exc:
+                return exc
+            t.adopt_sandbox(live)
+            return InFlightEpisode(episode=None, playing=True, sandbox_id=kept.id, env_state=env_state(env))  # type: ignore[arg-type]
+
+        order = [id(e) for e in episodes if id(e) in playing]
+        kept = dict(zip(order, self.threads.map(keep, [playing[i] for i in order]), strict=True))
+        records = []
+        for episode in episodes:
+            copied = copy.deepcopy(episode)
+            record = kept.get(id(episode))
+            if isinstance(record, InFlightEpisode):
+                record.episode = copied
+            else:
+                if isinstance(record, BaseException):
+                    log.warning("in-flight episode (seed %d) not kept: %s", episode.seed, record)
+                    copied.fail(f"its sandbox could not be kept at the checkpoint: {record}")
+                record = InFlightEpisode(episode=copied, playing=False)
+            records.append(record)
+        return records
+
+    def resume(
+        self,
+        recorded: list[InFlightEpisode],
+        group_size: int,
+        generator: torch.Generator,
+        policy_version: Callable[[], int] | None = None,
+        tag: Any = None,
+    ) -> tuple[list[Episode], RolloutStats]:
+        """Finish a rollout recorded by `snapshot` (after a restart): playing episodes continue in
+        restores of their kept sandboxes, groups that had not started start now, finished episodes are
+        returned as they were. Episodes come back group after group, as from `run`."""
+        stats = RolloutStats()
+        started = time.perf_counter()
+        self._generator = generator
+        self._policy_version = policy_version or (lambda: 0)
+        episodes = [r.episode for r in recorded]
+        envs: list[gymnasium.Env | None] = [None] * len(episodes)
+
+        def restore(i: int) -> gymnasium.Env | BaseException:
+            if self.sandbox_pool is None:
+                return RuntimeError("in-flight episodes resume only with a local sandbox pool")
+            env = make_env(self.env_id, self.env_kwargs, self.wrappers, self.sandbox_pool)
+            try:
+                restore_env_state(env, recorded[i].env_state or [])
+                task(env).adopt_sandbox(self.sandbox_pool.restore(recorded[i].sandbox_id))
+            except Exception as exc:
+                self._discard(env)
+                return exc
+            return env
+
+        t0 = time.perf_counter()
+        playing = [i for i, r in enumerate(recorded) if r.playing]
+        for i, env in zip(playing, self.threads.map(restore, playing), strict=True):
+            if isinstance(env, BaseException):
+                episodes[i].fail(f"could not restore its kept sandbox {recorded[i].sandbox_id}: {env}")
+            else:
+                envs[i] = env
+        unstarted = [
+            g for g in range(len(episodes) // group_size)
+            if all(not e.tokens and e.error is None for e in episodes[g * group_size : (g + 1) * group_size])
+        ]
+        owned: set[int] = {id(env) for env in envs if env is not None}  # restored: closed at the end
+        for g in unstarted:
+            members = slice(g * group_size, (g + 1) * group_size)
+            seed = episodes[members][0].seed
+            fresh, forks = self._start_groups([seed], group_size, episodes[members], stats)
+            envs[members] = fresh
+            owned |= forks
+        stats.reset_s += time.perf_counter() - t0
+        active = [i for i, env in enumerate(envs) if env is not None and episodes[i].error is None]
+        with self._running(episodes, tag):
+            self._play(episodes, envs, stats, active)
+        self._return_envs(envs, episodes, owned)
+        return self._finish(episodes, stats, started)
+
+
+@dataclass
+class _SnapshotRequest:
+    """A pending `EpisodeRunner.snapshot`, answered by the run's thread at a turn boundary."""
+
+    keeper: Path
+    done: threading.Event = field(default_factory=threading.Event)
+    result: list[InFlightEpisode] | None = None
+    tag: Any = None
+    error: BaseException | None = None

@@ -44,6 +44,14 @@ from rl.actors import LearnerActor, StaleWeights, rollout_worker_actor
 from rl.async_rollout import AsyncBatch, AsyncRollouts, RolloutWorkerLost
 from rl.config import RunConfig
 from rl.episode import Outcome
+from rl.inflight import (
+    IN_FLIGHT_FILE,
+    IN_FLIGHT_SUMMARY,
+    InFlightRecord,
+    kept_sandboxes,
+    load_record,
+    save_record,
+)
 from rl.metrics import MetricsLogger
 from rl.rollout import RolloutStats
 from rl.sandbox_hosts import split_hosts, worker_environment
@@ -158,6 +166,8 @@ class Trainer:
         self.placement: dict[str, Any] = {}  # where the actors run (placement.json)
         self.stream: AsyncRollouts | None = None  # trainer.mode=async
         self._step_end = 0.0  # async: when the last learner step ended
+        self._resumed: InFlightRecord | None = None  # async: the in-flight record of the resumed checkpoint
+        self._kept_by: Path | None = None  # async: the checkpoint whose sandboxes are kept now
 
     # ------------------------------------------------------------------ set-up
     def _start_ray(self) -> None:
@@ -314,7 +324,31 @@ class Trainer:
         ray.get(self.learner.save.remote(str(path)))
         state = {"iteration": iteration, "history": self.metrics.history}  # the version: in learner.pt
         (path / "trainer_state.json").write_text(json.dumps(state, default=float))
+        if self.stream is not None and self.tcfg.checkpoint_in_flight:
+            self._save_in_flight(path)
         return path
+
+    def _save_in_flight(self, path: Path) -> None:
+        """Async: record the episodes in flight into checkpoint ``path`` (``rl.inflight``), then close
+        the sandboxes the previous checkpoint kept: only the latest checkpoint keeps any."""
+        record = self.stream.snapshot(path, self.version)
+        save_record(record, path)
+        playing = sum(r.playing for r in record.rollouts)
+        log.info("checkpoint %s: %d episodes in flight (%d playing, their sandboxes kept), %d finished "
+                 "groups not trained yet", path.name, sum(len(r.episodes) for r in record.rollouts),
+                 playing, len(record.ready))
+        previous, self._kept_by = self._kept_by, path
+        if previous is None:
+            return
+        stale = sorted(set(kept_sandboxes(previous)) - set(record.sandbox_ids))
+        if stale:
+            try:
+                ray.get([w.release_kept.remote(stale) for w in self.workers], timeout=300)
+            except Exception as exc:  # gc closes them once the old checkpoint is deleted
+                log.warning("could not close the sandboxes %s kept: %s", previous.name, exc)
+        if previous != path:
+            for name in (IN_FLIGHT_FILE, IN_FLIGHT_SUMMARY):
+                (previous / name).unlink(missing_ok=True)
 
     def _resume(self) -> int:
         path = latest_checkpoint(self.tcfg.resume)
@@ -322,6 +356,12 @@ class Trainer:
         state = json.loads((path / "trainer_state.json").read_text())
         self.metrics.history = list(state.get("history", []))
         log.warning("resumed from %s (iteration %d)", path, state["iteration"])
+        record = load_record(path)
+        if record is not None and self.tcfg.mode == "async":
+            self._resumed, self._kept_by = record, path
+        elif record is not None:
+            log.warning("%s recorded episodes in flight of an async run; trainer.mode=sync starts afresh",
+                        path.name)
         return int(state["iteration"]) + 1
 
     # ------------------------------------------------------------------ main loop
@@ -343,29 +383,33 @@ class Trainer:
             progress = _progress(self.tcfg.iterations, first, self.tcfg.progress_bar)
             iteration = first - 1
             self._step_end = time.perf_counter()
-            for iteration in range(first, self.tcfg.iterations):
-                if self.stream is not None:
-                    record = self._async_iteration(iteration, started)
-                else:
-                    record = self._iteration(iteration, started)
-                self.metrics.log(iteration, record)
-                progress.update(1)
-                progress.set_postfix(
-                    success=f"{record['success']:.2f}",
-                    reward=f"{record['reward']:.2f}",
-                    tok_s=f"{record['generated_tokens_per_s']:.0f}",
-                )
-                every = self.tcfg.checkpoint_every
-                if every and (iteration + 1) % every == 0:
-                    checkpoint = self._save(iteration)
-                recent = [r["success"] for r in self.metrics.history[-window:]]
-                if target is not None and len(recent) == window and np.mean(recent) >= target:
-                    reached = True
-                    break
-                limit = self.tcfg.time_limit_s
-                if limit is not None and time.perf_counter() - started > limit:
-                    log.warning("trainer.time_limit_s=%s reached; stopping", limit)
-                    break
+            try:
+                for iteration in range(first, self.tcfg.iterations):
+                    if self.stream is not None:
+                        record = self._async_iteration(iteration, started)
+                    else:
+                        record = self._iteration(iteration, started)
+                    self.metrics.log(iteration, record)
+                    progress.update(1)
+                    progress.set_postfix(
+                        success=f"{record['success']:.2f}",
+                        reward=f"{record['reward']:.2f}",
+                        tok_s=f"{record['generated_tokens_per_s']:.0f}",
+                    )
+                    every = self.tcfg.checkpoint_every
+                    if every and (iteration + 1) % every == 0:
+                        checkpoint = self._save(iteration)
+                    recent = [r["success"] for r in self.metrics.history[-window:]]
+                    if target is not None and len(recent) == window and np.mean(recent) >= target:
+                        reached = True
+                        break
+                    limit = self.tcfg.time_limit_s
+                    if limit is not None and time.perf_counter() - started > limit:
+                        log.warning("trainer.time_limit_s=%s reached; stopping", limit)
+                        break
+            except KeyboardInterrupt:
+                self._save_interrupted(len(self.metrics.history) - 1)
+                raise
             progress.close()
             if iteration >= first and (
                 checkpoint is None or not checkpoint.name.endswith(f"{iteration:05d}")
@@ -388,6 +432,15 @@ class Trainer:
             plot=plot,
             history=history,
         )
+
+    def _save_interrupted(self, iteration: int) -> None:
+        """Ctrl-C in async mode: a checkpoint of the last finished iteration with the episodes in flight,
+        so that nothing the workers were playing is lost (sync mode loses nothing: it holds none)."""
+        if self.stream is None or not self.tcfg.checkpoint_in_flight or iteration < 0:
+            return
+        log.warning("interrupted: writing a checkpoint with the episodes in flight (Ctrl-C again aborts)")
+        path = self._save(iteration)
+        log.warning("checkpoint %s written; continue with trainer.resume=%s", path, self.run_dir)
 
     def _iteration(self, iteration: int, started: float) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -429,6 +482,12 @@ class Trainer:
             max_restarts=self.rollout_cfg.max_worker_restarts,
             reload=self._reload_worker,
         )
+        if self._resumed is not None:
+            record, self._resumed = self._resumed, None
+            self.stream.restore(record, [w["ip"] for w in self.placement["workers"]])
+            log.warning("continuing %d episodes in flight (%d playing) and %d finished groups from the "
+                        "checkpoint", sum(len(r.episodes) for r in record.rollouts),
+                        sum(r.playing for r in record.rollouts), len(record.ready))
         self.stream.start()
 
     def _async_iteration(self, iteration: int, started: float) -> dict[str, Any]:

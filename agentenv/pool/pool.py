@@ -42,6 +42,7 @@ from typing import Any
 from agentenv.config import SandboxConfig
 from agentenv.errors import AgentEnvError, CheckpointError, SandboxBusy, SandboxNotFound, SandboxStateError
 from agentenv.locks import sandbox_lock
+from agentenv.owner import KEEPER_LABEL
 from agentenv.paths import agentenv_home
 from agentenv.pool.settings import PoolSettings
 from agentenv.pool.state import PoolState
@@ -343,6 +344,33 @@ class SandboxPool:
         for f in forks:
             self.state.add(f.id, template=tmpl.template if tmpl else None)
         return [PooledSandbox(self, f) for f in forks]
+
+    def keep(self, sb: PooledSandbox | Sandbox | str, labels: Mapping[str, str]) -> Sandbox:
+        """Take a paused member out of the pool without closing it: it loses the pool's labels (its
+        owner's among them) and gets `labels` (e.g. `agentenv.owner.keeper_labels`), so neither `close()`
+        nor gc's orphan rule removes it. Returns it (a plain `Sandbox`)."""
+        sid = self._id(sb)
+        sandbox = Sandbox.get(sid)
+        if sandbox.status != "paused":
+            raise SandboxStateError(f"sandbox {sid} is {sandbox.status}; only a paused member can be kept")
+        self.state.drop(sid)
+        sandbox.relabel(labels, remove=[LABEL_POOL, *self.labels])
+        return sandbox
+
+    def restore(self, source: Sandbox | str) -> PooledSandbox:
+        """A new running member restored from a paused sandbox outside the pool (e.g. one `keep` took
+        out), with the pool's labels; the source stays paused as it is, so it can be restored again."""
+        sandbox = Sandbox.get(source) if isinstance(source, str) else source
+        if sandbox.status != "paused":
+            raise SandboxStateError(
+                f"sandbox {sandbox.id} is {sandbox.status}; only a paused one can be restored"
+            )
+        self.ensure_budget(sandbox.stats().checkpoint_bytes)
+        labels = {k: v for k, v in sandbox.labels.items() if k != KEEPER_LABEL}
+        labels.update({**self.labels, LABEL_POOL: self.name})
+        fork = self._timed("fork", lambda: sandbox.fork(1, labels=labels)[0])
+        self.state.add(fork.id)
+        return PooledSandbox(self, fork)
 
     def remove(self, sb: PooledSandbox | Sandbox | str) -> None:
         """Close a member (container, volume and checkpoint images go) and forget it."""

@@ -310,13 +310,18 @@ class SandboxTask(gym.Env[str, str]):
         forks = []
         for sandbox in sandboxes:
             clone = copy.copy(self)
-            clone.sandbox = sandbox
-            clone._live = clone._lease = None
-            clone._session = None  # each fork opens its own shell in its own sandbox
+            clone.adopt_sandbox(sandbox)
             clone._np_random = copy.deepcopy(self._np_random)
             clone.command_count, clone.command_seconds = 0, 0.0
             forks.append(clone)
         return forks
+
+    def adopt_sandbox(self, sandbox: Any) -> None:
+        """Go on in ``sandbox``, a copy of this env's world (a fork, or a restore of a kept checkpoint),
+        with this env's episode state: no lease on it yet, and a shell of its own on the next command."""
+        self.sandbox = sandbox
+        self._live = self._lease = None
+        self._session = None
 
     def clean(self, text: str) -> str:
         """Make sandbox output a valid element of the observation space (printable, bounded length)."""

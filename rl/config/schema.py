@@ -128,6 +128,9 @@ class TrainerConfig:
     mode: str = required(choices=("sync", "async"))
     max_staleness: int = required(ge=0)
     rollouts_in_flight: int = required(ge=1)  # async: outstanding rollout calls per worker
+    # async: every checkpoint (and Ctrl-C) records the episodes in flight, their sandboxes paused and kept
+    # by the checkpoint, so a resumed run continues them (rl.inflight)
+    checkpoint_in_flight: bool = required()
     # custom Ray resources (``ray start --resources``) each actor needs, so a cluster places it: the learner
     # on the node(s) that offer learner_resources, every rollout worker (and its sandboxes) on those that
     # offer worker_resources; {} = none (local Ray offers none)

@@ -52,6 +52,7 @@ def test_a_batch_takes_the_first_fresh_groups_counts_the_dropped_and_keeps_the_r
         "staleness_max": 1.0,
         "partial_rollout_episodes": 2.0,
         "dropped_episodes": 4.0,
+        "continued_episodes": 0.0,
     }
 
 
