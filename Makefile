@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: bootstrap lock test test-fast train bench bench-sandbox bench-model bench-kernels bench-train bench-learning image lint
+.PHONY: bootstrap lock test test-fast train bench bench-sandbox bench-model bench-kernels bench-train bench-learning bench-teacher image lint
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -24,7 +24,7 @@ train: bootstrap
 image: bootstrap
 	$(VENV)/bin/agentenv images build
 
-bench: bench-model bench-kernels bench-sandbox bench-train bench-learning
+bench: bench-model bench-kernels bench-sandbox bench-train bench-learning bench-teacher
 
 bench-model: bootstrap
 	$(PY) bench/model.py $(ARGS)
@@ -40,6 +40,9 @@ bench-train: bootstrap
 
 bench-learning: bootstrap
 	$(PY) bench/learning.py --seeds 5 $(ARGS)
+
+bench-teacher: bootstrap
+	$(PY) bench/teacher.py $(ARGS)
 
 lint: bootstrap
 	$(VENV)/bin/ruff check .

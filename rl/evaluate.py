@@ -1,0 +1,68 @@
+"""Evaluate a policy: its success rate on fresh episodes of the configured task, in real sandboxes.
+
+`success_rate` builds the policy of ``cfg.model`` with the weights ``model.init_from`` names (a
+``save_pretrained`` folder, a checkpoint or a run folder; a fresh init when unset), and plays
+``episodes`` episodes of ``cfg.env`` through the same `EpisodeRunner` the trainer's rollout workers use
+(same tokenizer, engine, sampling temperature and sandbox pool), in this process, without Ray and
+without training. Task seeds come from a stream of their own (``seed`` and `EVAL_STREAM`), apart from
+the trainer's ``(seed, iteration)`` seeds and the demonstrations', so the same call plays the same
+games: two policies evaluated with the same seed are compared on the same games.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from rl.config import RunConfig
+from rl.generation import build_engine
+from rl.init_weights import load_init_weights
+from rl.learner import build_policy
+from rl.rollout import EpisodeRunner
+from rl.tokenizer import build_tokenizer
+
+EVAL_STREAM = 0x6576616C  # "eval": keeps evaluation games apart from training and demonstration seeds
+
+
+@dataclass
+class Evaluation:
+    episodes: int
+    success: float
+    reward: float
+    turns: float
+    failed: int
+
+
+def eval_seeds(seed: int, episodes: int) -> list[int]:
+    return [int(s) % 2**31 for s in np.random.SeedSequence([seed, EVAL_STREAM]).generate_state(episodes)]
+
+
+def success_rate(cfg: RunConfig, episodes: int, seed: int = 0, batch: int = 64) -> Evaluation:
+    """Play ``episodes`` games (``batch`` at a time, one episode per seed) and measure the policy."""
+    torch.set_num_threads(cfg.rollout.torch_threads)
+    tokenizer = build_tokenizer(cfg.tokenizer)
+    policy = build_policy(cfg.model, cfg.seed)
+    load_init_weights(policy, cfg.model)
+    policy.eval()
+    engine = build_engine(cfg.rollout, policy, tokenizer, cfg.env.action_vocabulary)
+    env_cfg = replace(cfg.env, group_start="seed")  # one episode per seed: no groups to fork
+    runner = EpisodeRunner(env_cfg, cfg.rollout, engine, tokenizer, cfg.sandbox)
+    generator = torch.Generator().manual_seed(seed)
+    played = []
+    try:
+        seeds = eval_seeds(seed, episodes)
+        for start in range(0, episodes, batch):
+            done, _ = runner.run(seeds[start : start + batch], 1, generator)
+            played.extend(done)
+    finally:
+        runner.close()
+    usable = [e for e in played if not e.error]
+    return Evaluation(
+        episodes=len(played),
+        success=float(np.mean([e.success for e in usable])) if usable else float("nan"),
+        reward=float(np.mean([e.reward for e in usable])) if usable else float("nan"),
+        turns=float(np.mean([e.turns for e in usable])) if usable else float("nan"),
+        failed=len(played) - len(usable),
+    )
