@@ -304,7 +304,7 @@ class SandboxMemorySampler:
 
     def _sample(self) -> int:
         from agentenv.backend import docker_client
-        from agentenv.backend.cgroups import read_usage
+        from agentenv.backend.cgroups import cgroup_dirs, read_usage
         from agentenv.pool.pool import LABEL_POOL
 
         api, total = docker_client.api(), 0
@@ -315,7 +315,10 @@ class SandboxMemorySampler:
                 pid = int(api.inspect_container(c["Id"])["State"].get("Pid") or 0)
             except Exception:  # removed meanwhile
                 continue
-            total += read_usage(pid).rss_bytes if pid else 0
+            dirs = cgroup_dirs(pid) if pid else {}
+            # only the container's own cgroup: a pid that is gone (or reused) would read another one's
+            if c["Id"] in str(dirs.get("memory") or dirs.get("unified") or ""):
+                total += read_usage(pid).rss_bytes
         return total
 
     def _loop(self) -> None:
