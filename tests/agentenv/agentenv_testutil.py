@@ -12,6 +12,13 @@ ROOT = Path(__file__).resolve().parents[2]
 # Small sandboxes keep the suite fast and light on a 2-core machine.
 SMALL = {"memory": "128m", "cpus": 1.0, "pids_limit": 64, "tmpfs": {"/tmp": "size=32m,mode=1777"},
          "exec_timeout_s": 30.0, "lock_timeout_s": 60.0}
+# A process whose random token lives only in memory (a tmpfs file): after a resume, a thaw or in a fork it
+# must be the same one.
+TOKEN_PROCESS = (
+    'nohup python3 -c "import os,time; t=os.urandom(8).hex(); '
+    "open('/tmp/token','w').write(t); time.sleep(10**6)\" >/dev/null 2>&1 & "
+    "while [ ! -s /tmp/token ]; do sleep 0.05; done"
+)
 
 
 def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 120,

@@ -11,19 +11,13 @@ import threading
 import uuid
 
 import pytest
+from agentenv_testutil import TOKEN_PROCESS
 
 from agentenv import SandboxConfig
 from agentenv.errors import ConfigError
 from agentenv.pool import PoolBudgetExceeded, PoolSettings, SandboxPool
 
 pytestmark = pytest.mark.docker
-
-# A process whose random token lives only in memory: after a resume or in a fork it must be the same.
-TOKEN_PROCESS = (
-    'nohup python3 -c "import os,time; t=os.urandom(8).hex(); '
-    "open('/tmp/token','w').write(t); time.sleep(10**6)\" >/dev/null 2>&1 & "
-    "while [ ! -s /tmp/token ]; do sleep 0.05; done"
-)
 
 
 @pytest.fixture

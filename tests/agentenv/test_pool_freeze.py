@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from agentenv_testutil import TOKEN_PROCESS
 
 from agentenv import Sandbox, SandboxConfig
 from agentenv.backend import docker_client
@@ -13,13 +14,6 @@ from agentenv.errors import ConfigError
 from agentenv.pool import PoolSettings, SandboxPool
 
 pytestmark = pytest.mark.docker
-
-# A process whose random token lives only in memory (a tmpfs file): a thaw must find the same one.
-TOKEN_PROCESS = (
-    'nohup python3 -c "import os,time; t=os.urandom(8).hex(); '
-    "open('/tmp/token','w').write(t); time.sleep(10**6)\" >/dev/null 2>&1 & "
-    "while [ ! -s /tmp/token ]; do sleep 0.05; done"
-)
 
 
 @pytest.fixture
