@@ -281,7 +281,7 @@ def part_train(args: argparse.Namespace, user: list[str], command: str) -> str:
     return "\n".join(lines)
 
 
-# The fixed-memory table (issue 12 item 6): heavy-state sandboxes under one budget for running ones.
+# The fixed-memory table: heavy-state sandboxes under one budget for running ones.
 MEMORY_ENV = "kv_lookup"  # agentenv/KVLookup-v0: a service holding data_mib = 200 MiB in memory
 MEMORY_BUDGET_MIB = 2048
 SANDBOX_MIB = 208  # RSS of one KVLookup sandbox at data_mib=200 (docs/tasks.md, cgroup total_rss)
@@ -467,14 +467,14 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
             )
     a2, c2 = results[("a", 2.0)], results[("c", 2.0)]
     if "error" in a2 or "error" in c2:
-        return "\n".join([*lines, "", "Target (issue 12): not measured, a 2 s run failed (see the table)."])
+        return "\n".join([*lines, "", "Target: not measured, a 2 s run failed (see the table)."])
     ratio = c2["episodes_per_s"] / a2["episodes_per_s"]
     verdict = "met" if ratio >= 3 and c2["peak_mib"] <= MEMORY_BUDGET_MIB else "missed"
     best = max((r for r in results.values() if "error" not in r), key=lambda r: r["best_success"])
     best_at = max(best["history"], key=lambda h: h["success"])["elapsed_s"]
     lines += [
         "",
-        "Target (issue 12): row (c) at least 3x the episodes/s of row (a) at 2 s latency within the same "
+        "Target: row (c) at least 3x the episodes/s of row (a) at 2 s latency within the same "
         f"{MEMORY_BUDGET_MIB} MiB: **{verdict}** here, {ratio:.2f}x, (c) peaking at {c2['peak_mib']:.0f} "
         f"MiB of sandbox memory against {a2['peak_mib']:.0f} MiB for (a).",
         "",
@@ -502,7 +502,7 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
             if c2["peak_mib"] > MEMORY_BUDGET_MIB
             else []
         ),
-        "Learning the heavy task (issue 12 item 3): the best of these runs reached success "
+        "Learning the heavy task: the best of these runs reached success "
         f"{best['best_success']:.2f} (start {best['start_success']:.2f}, end {best['end_success']:.2f}) "
         f"after {best_at / 60:.1f} min of training; a policy that ignores the answers wins at most 0.50, "
         "binary search 1.0.",
