@@ -83,7 +83,7 @@ class GuessNumber(SandboxTask):
 
     def act(self, action: str) -> Outcome:
         match = _NUMBER.search(action)
-        guess = match.group(0)[:6] if match else "x"
+        guess = str(int(match.group(0)[:6])) if match else "x"  # "08" is 8 (sh arithmetic reads it as octal)
         reply = self.run(f"/workspace/guess.sh {guess}").output.strip()
         word = reply.split(" ")[0]
         if word not in ("higher", "lower", "correct", "invalid"):

@@ -138,7 +138,15 @@ ASYNC = (
 def train(run_dir: Path, *overrides: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "rl.train", *ASYNC, *overrides, f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=interruptible
+    )
+
+
+def interruptible() -> None:
+    """SIGINT as at a terminal: a shell without job control (CI) starts background jobs with it ignored,
+    and Python raises KeyboardInterrupt only when SIGINT was not ignored at its start."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for_playing_checkpoint(driver: subprocess.Popen, run_dir: Path) -> Path | None:

@@ -67,6 +67,15 @@ def test_guess_number_penalises_actions_that_are_not_numbers(make_task):
     assert (obs, reward, terminated, info["valid"]) == ("invalid", -0.1, False, False)
 
 
+def test_guess_number_reads_a_guess_with_leading_zeros_as_decimal(make_task):
+    """A free-form policy writes "08": the game's shell arithmetic would read it as (bad) octal."""
+    env = make_task("agentenv/GuessNumber-v0", num_values=32, max_turns=6)
+    env.reset(seed=0)
+    plain = env.step("8")[0]
+    env.reset(seed=0)
+    assert env.step("08")[0] == plain and plain.split(" ")[0] in ("higher", "lower", "correct")
+
+
 def test_guess_number_with_execs_answers_like_the_session(make_task):
     fast, slow = make_task("agentenv/GuessNumber-v0"), make_task("agentenv/GuessNumber-v0", session=False)
     assert fast.reset(seed=11)[0] == slow.reset(seed=11)[0]
