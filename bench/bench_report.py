@@ -1,4 +1,5 @@
-"""Writes one benchmark's section of docs/benchmarks.md, leaving every other section as it is.
+"""What the bench scripts share: writing one benchmark's section of docs/benchmarks.md (leaving every
+other section as it is), the typed training config for Hydra overrides, and the line naming the machine.
 
 Each script under bench/ owns the text between its `<!-- bench:NAME:start -->` and
 `<!-- bench:NAME:end -->` markers and replaces it whole on every run.
@@ -6,9 +7,36 @@ Each script under bench/ owns the text between its `<!-- bench:NAME:start -->` a
 
 from __future__ import annotations
 
+import os
+import platform
+import sys
 from pathlib import Path
 
-BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS_MD = ROOT / "docs" / "benchmarks.md"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def compose(overrides: list[str]):
+    """The checked, typed `RunConfig` that `python -m rl.train` builds for ``overrides``."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from rl.train import resolve_config
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return resolve_config(hydra_compose("config", overrides=overrides))
+
+
+def training_machine() -> str:
+    """Python, torch and Ray versions, the cores, and the load average now (call it at the start)."""
+    import ray
+    import torch
+
+    return (f"Python {platform.python_version()}, torch {torch.__version__}, ray {ray.__version__}; "
+            f"{os.cpu_count()} CPU cores ({platform.machine()}), no GPU; "
+            f"load average {os.getloadavg()[0]:.1f} at the start")
 
 
 def write_section(name: str, body: str, path: Path = BENCHMARKS_MD) -> None:

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -28,10 +26,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_report import write_section
+from bench_report import ROOT, training_machine, write_section
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 IMAGE = ROOT / "docs" / "img" / "learning_seeds.png"
 MAXVIO_FROM = 20  # iterations before this are the balancing's warm-up and not judged
 
@@ -99,23 +95,13 @@ def plot(runs: list[dict], target: float, path: Path) -> None:
     plt.close(fig)
 
 
-def versions() -> str:
-    import ray
-    import torch
-
-    load = os.getloadavg()[0]
-    return (f"Python {platform.python_version()}, torch {torch.__version__}, ray {ray.__version__}; "
-            f"{os.cpu_count()} CPU cores ({platform.machine()}), no GPU; "
-            f"load average {load:.1f} at the start")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=5, help="run seeds 0..N-1 (default 5)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every seed")
     args = parser.parse_args()
-    machine = versions()
+    machine = training_machine()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     runs = []
     with tempfile.TemporaryDirectory(prefix="k3rl-bench-learning-") as tmp:

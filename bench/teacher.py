@@ -31,18 +31,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench_report import write_section
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench_report import ROOT, compose, training_machine, write_section
 
 TASKS = {
     "guess_number_32": {
@@ -66,14 +61,9 @@ def run(command: list[str]) -> float:
 
 
 def evaluate(overrides: list[str], episodes: int):
-    from hydra import compose, initialize_config_dir
-
     from rl.evaluate import success_rate
-    from rl.train import resolve_config
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        cfg = resolve_config(compose("config", overrides=overrides))
-    return success_rate(cfg, episodes)
+    return success_rate(compose(overrides), episodes)
 
 
 def plot(history: list[dict], expert: float, sft: float, rl: float, path: Path, title: str) -> None:
@@ -173,17 +163,6 @@ def pipeline(task: str, demos: int, rl_minutes: float, eval_episodes: int, tmp: 
     }
 
 
-def machine() -> str:
-    import ray
-    import torch
-
-    return (
-        f"Python {platform.python_version()}, torch {torch.__version__}, ray {ray.__version__}; "
-        f"{os.cpu_count()} CPU cores ({platform.machine()}), no GPU; "
-        f"load average {os.getloadavg()[0]:.1f} at the start"
-    )
-
-
 def report(results: list[dict], command: str, started: str, host: str) -> str:
     lines = [
         "## RL that beats its teacher (`bench/teacher.py`)",
@@ -231,7 +210,7 @@ def main() -> None:
     parser.add_argument("--eval-episodes", type=int, default=256, help="games per evaluation (default 256)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
     args = parser.parse_args()
-    host = machine()
+    host = training_machine()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results = []
     for task in args.task or sorted(TASKS):

@@ -34,26 +34,12 @@ import argparse
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from bench_report import write_section
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from rl.train import resolve_config
-
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        return resolve_config(hydra_compose("config", overrides=overrides))
+from bench_report import ROOT, compose, write_section
 
 
 def rollout_throughput(overrides: list[str], groups: int, repeats: int) -> dict:

@@ -84,6 +84,12 @@ class InFlightRecord:
     def sandbox_ids(self) -> list[str]:
         return [e.sandbox_id for r in self.rollouts for e in r.episodes if e.sandbox_id]
 
+    def describe(self) -> str:
+        """One line for the trainer's log: what the record holds."""
+        episodes = sum(len(r.episodes) for r in self.rollouts)
+        playing = sum(r.playing for r in self.rollouts)
+        return f"{episodes} episodes in flight ({playing} playing) and {len(self.ready)} finished groups"
+
     def summary(self) -> dict[str, Any]:
         return {
             "format": FORMAT_VERSION,
@@ -122,6 +128,12 @@ def load_record(folder: Path) -> InFlightRecord | None:
     if not isinstance(data, dict) or data.get("format") != FORMAT_VERSION:
         raise ValueError(f"{path}: not an in-flight record of format {FORMAT_VERSION}")
     return data["record"]
+
+
+def remove_record(folder: Path) -> None:
+    """Delete a checkpoint folder's record (its kept sandboxes are closed: it can no longer be resumed)."""
+    for name in (IN_FLIGHT_FILE, IN_FLIGHT_SUMMARY):
+        (folder / name).unlink(missing_ok=True)
 
 
 def kept_sandboxes(folder: Path) -> list[str]:

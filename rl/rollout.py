@@ -198,10 +198,10 @@ class EpisodeRunner:
         self._generator = torch.Generator()
         self._policy_version: Callable[[], int] = lambda: 0
         self._stats_lock = threading.Lock()
-        self._snapshot_lock = threading.Lock()  # guards the two fields below (see `snapshot`)
+        self._snapshot_lock = threading.Lock()  # guards the three fields below (see `snapshot`)
         self._run_episodes: list[Episode] | None = None  # every episode of the run in progress
+        self._run_tag: Any = None  # ... and its `run(tag=)`
         self._snapshot_request: _SnapshotRequest | None = None
-        self._run_tag: Any = None
         self.threads = ThreadPoolExecutor(max_workers=rollout_cfg.env_threads)
 
     # ------------------------------------------------------------------ envs and their sandboxes
@@ -514,12 +514,12 @@ class EpisodeRunner:
         """At a turn boundary: take a pending `snapshot` request (``playing``: episode id -> its env)."""
         with self._snapshot_lock:
             request, self._snapshot_request = self._snapshot_request, None
-            episodes = self._run_episodes
+            episodes, tag = self._run_episodes, self._run_tag
         if request is None:
             return
         try:
             request.result = self._record_in_flight(episodes or [], playing, request.keeper)
-            request.tag = self._run_tag
+            request.tag = tag
         except BaseException as exc:  # reported to the caller of `snapshot`; the run goes on
             request.error = exc
         finally:
@@ -546,7 +546,8 @@ class EpisodeRunner:
         labels = keeper_labels(keeper)
         pool = self.sandbox_pool
 
-        def keep(env: gymnasium.Env) -> InFlightEpisode | BaseException:
+        def keep(env: gymnasium.Env) -> str | BaseException:
+            """The id of the kept sandbox (the env goes on in a fork of it), or why it could not be kept."""
             t = task(env)
             try:
                 t.release_sandbox()
@@ -556,22 +557,22 @@ class EpisodeRunner:
             except Exception as exc:
                 return exc
             t.adopt_sandbox(live)
-            return InFlightEpisode(episode=None, playing=True, sandbox_id=kept.id, env_state=env_state(env))  # type: ignore[arg-type]
+            return kept.id
 
         order = [id(e) for e in episodes if id(e) in playing]
         kept = dict(zip(order, self.threads.map(keep, [playing[i] for i in order]), strict=True))
         records = []
         for episode in episodes:
             copied = copy.deepcopy(episode)
-            record = kept.get(id(episode))
-            if isinstance(record, InFlightEpisode):
-                record.episode = copied
-            else:
-                if isinstance(record, BaseException):
-                    log.warning("in-flight episode (seed %d) not kept: %s", episode.seed, record)
-                    copied.fail(f"its sandbox could not be kept at the checkpoint: {record}")
-                record = InFlightEpisode(episode=copied, playing=False)
-            records.append(record)
+            sandbox_id = kept.get(id(episode))
+            if isinstance(sandbox_id, str):
+                state = env_state(playing[id(episode)])
+                records.append(InFlightEpisode(copied, playing=True, sandbox_id=sandbox_id, env_state=state))
+                continue
+            if isinstance(sandbox_id, BaseException):
+                log.warning("in-flight episode (seed %d) not kept: %s", episode.seed, sandbox_id)
+                copied.fail(f"its sandbox could not be kept at the checkpoint: {sandbox_id}")
+            records.append(InFlightEpisode(copied, playing=False))
         return records
 
     def resume(

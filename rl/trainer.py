@@ -44,14 +44,7 @@ from rl.actors import LearnerActor, StaleWeights, rollout_worker_actor
 from rl.async_rollout import AsyncBatch, AsyncRollouts, RolloutWorkerLost
 from rl.config import RunConfig
 from rl.episode import Outcome
-from rl.inflight import (
-    IN_FLIGHT_FILE,
-    IN_FLIGHT_SUMMARY,
-    InFlightRecord,
-    kept_sandboxes,
-    load_record,
-    save_record,
-)
+from rl.inflight import InFlightRecord, kept_sandboxes, load_record, remove_record, save_record
 from rl.metrics import MetricsLogger
 from rl.rollout import RolloutStats
 from rl.sandbox_hosts import split_hosts, worker_environment
@@ -333,10 +326,8 @@ class Trainer:
         the sandboxes the previous checkpoint kept: only the latest checkpoint keeps any."""
         record = self.stream.snapshot(path, self.version)
         save_record(record, path)
-        playing = sum(r.playing for r in record.rollouts)
-        log.info("checkpoint %s: %d episodes in flight (%d playing, their sandboxes kept), %d finished "
-                 "groups not trained yet", path.name, sum(len(r.episodes) for r in record.rollouts),
-                 playing, len(record.ready))
+        log.info("checkpoint %s: %s not trained yet (the playing ones' sandboxes kept)", path.name,
+                 record.describe())
         previous, self._kept_by = self._kept_by, path
         if previous is None:
             return
@@ -347,8 +338,7 @@ class Trainer:
             except Exception as exc:  # gc closes them once the old checkpoint is deleted
                 log.warning("could not close the sandboxes %s kept: %s", previous.name, exc)
         if previous != path:
-            for name in (IN_FLIGHT_FILE, IN_FLIGHT_SUMMARY):
-                (previous / name).unlink(missing_ok=True)
+            remove_record(previous)
 
     def _resume(self) -> int:
         path = latest_checkpoint(self.tcfg.resume)
@@ -485,9 +475,7 @@ class Trainer:
         if self._resumed is not None:
             record, self._resumed = self._resumed, None
             self.stream.restore(record, [w["ip"] for w in self.placement["workers"]])
-            log.warning("continuing %d episodes in flight (%d playing) and %d finished groups from the "
-                        "checkpoint", sum(len(r.episodes) for r in record.rollouts),
-                        sum(r.playing for r in record.rollouts), len(record.ready))
+            log.warning("continuing %s from the checkpoint", record.describe())
         self.stream.start()
 
     def _async_iteration(self, iteration: int, started: float) -> dict[str, Any]:
