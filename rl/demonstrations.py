@@ -46,6 +46,7 @@ import numpy as np
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from agentenv.errors import BackendUnavailable
 from agentenv.paths import conf_dir
 from agentenv.tasks.experts import Expert, ExpertError, expert_for
 from rl.config import ConfigError, EnvConfig, RunConfig, load
@@ -137,6 +138,8 @@ class Recorder:
         demo = Demonstration(episode, actions, expert.quality, self.tokenizer_name)
         try:
             observation, _ = env.reset(seed=seed)
+        except BackendUnavailable as exc:  # no sandbox can start: a file of failed episodes is no use
+            raise DemonstrationError(f"no sandbox could be started: {exc}") from None
         except Exception as exc:  # a broken sandbox fails the episode, not the run (as in rl.rollout)
             episode.fail(exc)
             return demo

@@ -1,6 +1,9 @@
 """Scripted experts and `rl.demonstrations`: episodes played in real sandboxes, written to JSONL in the
 RL loop's token layout, read back, and the experts' skill (bisection always wins GuessNumber)."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,6 +99,24 @@ def test_an_existing_file_is_kept_unless_overwrite(task_home, tmp_path):
     assert out.read_text() == "precious\n"
     demonstrations(tmp_path, "kept", "num_episodes=2", "overwrite=true")
     assert len(read_demonstrations(out)) == 2
+
+
+def test_no_sandbox_backend_stops_the_command_without_a_file(tmp_path):
+    """With no Docker daemon at $DOCKER_HOST the command fails naming it, instead of writing a file of
+    episodes that all failed."""
+    out = tmp_path / "none.jsonl"
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/none.sock"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rl.demonstrations", *SMALL_SANDBOX, "num_episodes=3", f"out={out}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "k3rl-demonstrations: no sandbox could be started: no Docker daemon answers" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
 
 
 def test_unknown_quality_is_a_config_error_naming_the_choices(tmp_path):
