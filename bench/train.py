@@ -97,13 +97,13 @@ def training_run(overrides: list[str], run_dir: Path, target: float = 0.9) -> di
     reached = first_reaching(history, int(cfg.trainer.success_window), target)
     reached_at = None if reached is None else history[reached]["elapsed_s"]
     total = lambda key: sum(r[key] for r in history)  # noqa: E731
+
     # steady state: the episodes after the first iteration (Ray, sandbox and template start-up) per second
-    if len(history) >= 3:
-        steady = (total("episodes") - history[0]["episodes"]) / (
-            history[-1]["elapsed_s"] - history[0]["elapsed_s"]
-        )
-    else:
-        steady = total("episodes") / history[-1]["elapsed_s"]
+    def steady(key: str) -> float:
+        if len(history) >= 3:
+            return (total(key) - history[0][key]) / (history[-1]["elapsed_s"] - history[0]["elapsed_s"])
+        return total(key) / history[-1]["elapsed_s"]
+
     return {
         "result": result,
         "history": history,
@@ -113,8 +113,8 @@ def training_run(overrides: list[str], run_dir: Path, target: float = 0.9) -> di
         "best_success": max(r["success"] for r in history),
         "time_to_target_s": reached_at,
         "episodes": total("episodes"),
-        "episodes_per_s": steady,
-        "env_steps_per_s": total("env_steps") / total("rollout_s"),
+        "episodes_per_s": steady("episodes"),
+        "env_steps_per_s": steady("env_steps"),  # per second of training, as episodes/s (both modes)
         "generated_tokens_per_s": total("generated_tokens") / total("generate_s"),
         "learner_wait_fraction": total("rollout_s") / total("iteration_s"),
         "learner_idle_fraction": 1.0 - total("learner_s") / total("iteration_s"),
@@ -235,7 +235,7 @@ def part_train(args: argparse.Namespace, user: list[str], command: str) -> str:
         ("wall time to 0.9 success", lambda r: _minutes(r["time_to_target_s"])),
         ("total wall time (incl. Ray and sandbox start-up)", lambda r: f"{r['wall_s'] / 60:.1f} min"),
         ("episodes/s (after the first iteration)", lambda r: f"{r['episodes_per_s']:.1f}"),
-        ("env steps/s during rollout", lambda r: f"{r['env_steps_per_s']:.0f}"),
+        ("env steps/s (after the first iteration)", lambda r: f"{r['env_steps_per_s']:.0f}"),
         ("generated tokens/s", lambda r: f"{r['generated_tokens_per_s']:.0f}"),
         (
             "rollout (sync) or batch wait (async) / learner seconds per iteration",
