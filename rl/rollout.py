@@ -13,7 +13,15 @@ For each iteration it
    a recorded error and a zero-weight sample, and replaces the env it broke.
 
 The pool keeps the running sandboxes under ``sandbox_pool.memory_budget``: before every create, fork or
-resume it pauses the least recently used members idle for ``idle_after_s`` while over budget.
+resume it pauses the least recently used members idle for ``idle_after_s`` while over budget. Members
+that episodes hold are not idle, so with ``sandbox_pool.admission`` the runner also gates its own
+sandboxes (`rl.admission.SandboxGate`, shared by every run of the runner): a reset, fork, restore or
+step (whose first command resumes the sandbox) runs only in one of ``memory_budget // measured sandbox
+RSS`` slots, waiting, or pausing sandboxes parked between their turns, when none is free; when the
+budget binds (more episodes in progress than slots), an env pauses its sandbox inside its slot right
+after its step if the cost model would pause it for the next generation or another env waits for a
+slot. Group starts fork in as many calls as free slots allow. When the slots outnumber the episodes
+nothing waits or pauses beyond what the cost model does anyway. Remote sandboxes are not gated.
 
 Waiting sandboxes (``sandbox_pool.pause_policy``, decided by `agentenv.pool.PauseCostModel`): while the
 policy generates a turn, the sandboxes of the episodes waiting for it are released and paused when the
@@ -78,6 +86,7 @@ import torch
 import agentenv.tasks  # noqa: F401  (registers the built-in tasks)
 from agentenv.owner import keeper_labels, owner_labels
 from agentenv.pool import PauseCostModel, PauseDecision, PoolMetrics, SandboxPool
+from rl.admission import SandboxGate
 from rl.config import EnvConfig, RolloutConfig, SandboxPoolConfig
 from rl.episode import Episode, Outcome
 from rl.generation import TorchEngine
@@ -110,6 +119,7 @@ class RolloutStats:
     sandbox_running_s: float = 0.0  # sandbox-seconds of the pool's members running since the last run
     sandbox_paused_s: float = 0.0  # ... and paused
     pause_waits: list[float] = field(default_factory=list)  # the expected wait that triggered each pause
+    slot_wait_s: float = 0.0  # seconds envs waited for a sandbox slot (rl.admission), summed over envs
     errors: list[str] = field(default_factory=list)
     pool: list[dict] = field(default_factory=list)  # `PoolMetrics.to_dict()` of each worker's pool
     outcomes: list[Outcome] = field(default_factory=list)  # one per episode, in the episodes' order
@@ -130,6 +140,8 @@ class RolloutStats:
             values = [p[key] for p in self.pool if not math.isnan(p[key])]
             out[f"sandbox_{key}"] = max(values, default=0.0)
         out["sandbox_running_bytes"] = float(sum(p.get("running_bytes", 0.0) for p in self.pool))
+        out["sandbox_slots"] = float(sum(p.get("slots", 0) for p in self.pool))
+        out["sandbox_slot_wait_s"] = self.slot_wait_s
         out["sandbox_running_s"] = self.sandbox_running_s
         out["sandbox_paused_s"] = self.sandbox_paused_s
         out["pauses_per_episode"] = self.pauses / self.episodes if self.episodes else 0.0
@@ -186,6 +198,14 @@ class EpisodeRunner:
             if self.sandbox_pool is not None
             else None
         )
+        # admission control (rl.admission): only where pausing frees memory (a frozen sandbox keeps it)
+        self.gate = (
+            SandboxGate(self.sandbox_pool, self._pause_waiting, self._sandbox_running)
+            if self.sandbox_pool is not None
+            and rollout_cfg.sandbox_pool.admission
+            and self.sandbox_pool.settings.pause_method == "criu"
+            else None
+        )
         self.policy_latency_s = rollout_cfg.policy_latency_s
         self.max_concurrent_episodes = rollout_cfg.max_concurrent_episodes
         self._generate_s: dict[int, deque[float]] = {}  # batch size -> recent generation call durations
@@ -207,27 +227,67 @@ class EpisodeRunner:
     # ------------------------------------------------------------------ envs and their sandboxes
     def _take_envs(self, n: int, stats: RolloutStats) -> list[gymnasium.Env]:
         while len(self.free_envs) < n:
-            self.free_envs.append(make_env(self.env_id, self.env_kwargs, self.wrappers, self.sandbox_pool))
+            env = make_env(self.env_id, self.env_kwargs, self.wrappers, self.sandbox_pool)
+            if self.gate is not None and not self.gate.fallback_bytes:
+                # the size a sandbox is counted at before the pool has measured one: its memory limit
+                self.gate.fallback_bytes = task(env)._sandbox_config().memory_bytes
+            self.free_envs.append(env)
             stats.sandboxes_created += 1
         taken, self.free_envs = self.free_envs[:n], self.free_envs[n:]
         return taken
 
     def _give_back(self, env: gymnasium.Env, broken: bool) -> None:
+        if not broken:
+            with self._admitted(env, need_slot=False):
+                try:
+                    task(env).release_sandbox()  # an episode the runner cut short (token limit) holds it
+                except Exception:  # its sandbox is gone: replace the env
+                    broken = True
         if broken:
-            self._discard(env)
-            return
-        try:
-            task(env).release_sandbox()  # an episode the runner cut short (token limit) still holds it
-        except Exception:  # its sandbox is gone: replace the env
             self._discard(env)
             return
         self.free_envs.append(env)
 
     def _discard(self, env: gymnasium.Env) -> None:
+        with self._admitted(env, need_slot=False) as slot:
+            try:
+                env.close()
+            except Exception:  # the sandbox may already be gone; nothing else to free
+                pass
+            if slot is not None:
+                slot.freed = True
+
+    @contextmanager
+    def _admitted(self, env: gymnasium.Env, stats: RolloutStats | None = None, need_slot: bool = True):
+        """Use ``env``'s sandbox in the block within the gate (`rl.admission.SandboxGate.use`; yields its
+        `Slot`, None without a gate): ``need_slot`` when the block runs the sandbox (reset, step, fork);
+        the wait for a slot is added to ``stats.slot_wait_s``."""
+        if self.gate is None:
+            yield None
+            return
+        with self.gate.use(env, need_slot) as slot:
+            if stats is not None and slot.waited_s:
+                with self._stats_lock:
+                    stats.slot_wait_s += slot.waited_s
+            yield slot
+
+    def _acquire(self, k: int, stats: RolloutStats) -> int:
+        """Slots (1 to ``k``) for sandboxes about to start (`SandboxGate.acquire`); ``k`` without a gate."""
+        if self.gate is None:
+            return k
+        taken, waited = self.gate.acquire(k)
+        with self._stats_lock:
+            stats.slot_wait_s += waited
+        return taken
+
+    @staticmethod
+    def _sandbox_running(env: gymnasium.Env) -> bool:
+        """Whether ``env``'s sandbox runs (holds memory) now; False when it has none or it is gone."""
         try:
-            env.close()
-        except Exception:  # the sandbox may already be gone; nothing else to free
-            pass
+            sandbox = task(env).sandbox
+            return sandbox is not None and sandbox.status == "running"
+        except Exception:
+            return False
 
     def close(self) -> None:
         """Close every env, then the pool: its members (forks included) and templates are removed."""
@@ -271,7 +331,8 @@ class EpisodeRunner:
             return
         used = self.sandbox_pool.running_bytes()
         decision: PauseDecision = self.pause_cost.decide(expected_wait_s, used)
-        jobs = [self.threads.submit(self._pause_waiting, env) for env in envs] if decision.pause else []
+        pause = self._pause_waiting if self.gate is None else self.gate.pause  # the gate frees their slots
+        jobs = [self.threads.submit(pause, env) for env in envs] if decision.pause else []
         try:
             yield
         finally:
@@ -305,7 +366,8 @@ class EpisodeRunner:
         self._clock = clock
         samples, self._running_bytes = self._running_bytes, []
         running = float(statistics.mean(samples)) if samples else float(metrics.memory_used_bytes)
-        stats.pool = [{**metrics.to_dict(), "running_bytes": running}]
+        slots = self.gate.slots() if self.gate is not None else 0
+        stats.pool = [{**metrics.to_dict(), "running_bytes": running, "slots": slots}]
 
     # ------------------------------------------------------------------ episodes
     def run(
@@ -336,12 +398,22 @@ class EpisodeRunner:
         with self._running(episodes, tag):
             for w in range(0, len(seeds), per_wave):
                 wave = episodes[w * group_size : (w + per_wave) * group_size]
-                t0 = time.perf_counter()
-                envs, owned_forks = self._start_groups(seeds[w : w + per_wave], group_size, wave, stats)
-                stats.reset_s += time.perf_counter() - t0
-                self._play(wave, envs, stats)
-                self._return_envs(envs, wave, owned_forks)
+                with self._demand(len(wave)):
+                    t0 = time.perf_counter()
+                    envs, owned_forks = self._start_groups(seeds[w : w + per_wave], group_size, wave, stats)
+                    stats.reset_s += time.perf_counter() - t0
+                    self._play(wave, envs, stats)
+                    self._return_envs(envs, wave, owned_forks)
         return self._finish(episodes, stats, started)
+
+    @contextmanager
+    def _demand(self, episodes: int):
+        """Count a run's ``episodes`` as playing for the gate (whether the budget binds)."""
+        if self.gate is None:
+            yield
+            return
+        with self.gate.demand(episodes):
+            yield
 
     def _return_envs(self, envs: list, episodes: list[Episode], owned: set[int]) -> None:
         """After play: close the envs in ``owned`` (forks, restores), give the others back for reuse."""
@@ -384,11 +456,12 @@ class EpisodeRunner:
 
         def reset(job):
             env, seed = job
-            try:
-                observation, _ = env.reset(seed=seed)
-                return observation, None
-            except Exception as exc:  # the episode fails, not the run
-                return None, exc
+            with self._admitted(env, stats):  # the reset creates or resumes its sandbox: a slot
+                try:
+                    observation, _ = env.reset(seed=seed)
+                    return observation, None
+                except Exception as exc:  # the episode fails, not the run
+                    return None, exc
 
         results = list(self.threads.map(reset, jobs))
         if self.group_start == "seed":
@@ -402,7 +475,7 @@ class EpisodeRunner:
                 return obs, err, []
             t = time.perf_counter()
             try:
-                forks = fork_env(env, group_size - 1)
+                forks = self._fork(env, group_size - 1, stats)
             except Exception as exc:
                 return obs, exc, []
             with self._stats_lock:
@@ -416,6 +489,31 @@ class EpisodeRunner:
             for j, env in enumerate(members):
                 self._begin(episodes[g * group_size + j], env, obs, err, envs, g * group_size + j)
         return envs, owned_forks
+
+    def _fork(self, env: gymnasium.Env, n: int, stats: RolloutStats) -> list[gymnasium.Env]:
+        """``n`` forks of a reset env. With a gate, in as many calls as slots allow (each fork a slot,
+        taken first; the parent keeps its own slot while it runs, and a paused parent, e.g. one whose
+        slot another start took, is forked from its checkpoint); all or none."""
+        if self.gate is None:
+            return fork_env(env, n)
+        forks: list[gymnasium.Env] = []
+        try:
+            while len(forks) < n:
+                taken = self._acquire(n - len(forks), stats)
+                try:
+                    with self._admitted(env, need_slot=False):
+                        made = fork_env(env, taken)
+                except BaseException:
+                    self.gate.release(taken)
+                    raise
+                for f in made:
+                    self.gate.bind(f)
+                forks += made
+        except BaseException:
+            for f in forks:
+                self._discard(f)
+            raise
+        return forks
 
     def _begin(self, episode: Episode, env, observation, error, envs, index) -> None:
         envs[index] = env
@@ -453,12 +551,25 @@ class EpisodeRunner:
                     episodes[i].append([tok.end_id], trained=False, version=version)
                 actions.append(tok.decode(gen.token_ids))
 
-            def step(job):
+            # a binding budget: a stepped env pauses inside its slot when the cost model would pause it
+            # for the next generation (else it keeps the slot, parked, until someone needs it)
+            gated = self.gate is not None and self.gate.binds
+            next_wait = self.expected_generation_s(len(active)) if gated else 0.0
+            pause_after = gated and self.pause_cost.decide(next_wait, 0).pause
+
+            def step(job, pause_after=pause_after, next_wait=next_wait):
                 i, action = job
-                try:
-                    return envs[i].step(action), None
-                except Exception as exc:
-                    return None, exc
+                with self._admitted(envs[i], stats) as slot:  # the step resumes its sandbox: a slot
+                    try:
+                        result = envs[i].step(action)
+                    except Exception as exc:
+                        return None, exc
+                    ended = result[2] or result[3]
+                    if slot is not None and not ended and (pause_after or self.gate.waiting):
+                        if slot.pause() and pause_after:  # its slot is free for a waiter right away
+                            with self._stats_lock:
+                                stats.pause_waits.append(next_wait)
+                    return result, None
 
             t = time.perf_counter()
             results = list(self.threads.map(step, zip(active, actions, strict=True)))
@@ -549,15 +660,16 @@ class EpisodeRunner:
         def keep(env: gymnasium.Env) -> str | BaseException:
             """The id of the kept sandbox (the env goes on in a fork of it), or why it could not be kept."""
             t = task(env)
-            try:
-                t.release_sandbox()
-                pool.pause(t.sandbox)  # no-op when the cost model paused it already
-                live = pool.fork(t.sandbox, 1)[0]
-                kept = pool.keep(t.sandbox, labels)
-            except Exception as exc:
-                return exc
-            t.adopt_sandbox(live)
-            return kept.id
+            with self._admitted(env):  # the fork it goes on in runs: a slot
+                try:
+                    t.release_sandbox()
+                    pool.pause(t.sandbox)  # no-op when the cost model paused it already
+                    live = pool.fork(t.sandbox, 1)[0]
+                    kept = pool.keep(t.sandbox, labels)
+                except Exception as exc:
+                    return exc
+                t.adopt_sandbox(live)
+                return kept.id
 
         order = [id(e) for e in episodes if id(e) in playing]
         kept = dict(zip(order, self.threads.map(keep, [playing[i] for i in order]), strict=True))
@@ -591,18 +703,36 @@ class EpisodeRunner:
         self._generator = generator
         self._policy_version = policy_version or (lambda: 0)
         episodes = [r.episode for r in recorded]
+        with self._demand(len(episodes)):
+            return self._resume(recorded, episodes, group_size, tag, stats, started)
+
+    def _resume(
+        self,
+        recorded: list[InFlightEpisode],
+        episodes: list[Episode],
+        group_size: int,
+        tag: Any,
+        stats: RolloutStats,
+        started: float,
+    ) -> tuple[list[Episode], RolloutStats]:
+        """`resume` inside its demand on the gate."""
         envs: list[gymnasium.Env | None] = [None] * len(episodes)
 
         def restore(i: int) -> gymnasium.Env | BaseException:
             if self.sandbox_pool is None:
                 return RuntimeError("in-flight episodes resume only with a local sandbox pool")
             env = make_env(self.env_id, self.env_kwargs, self.wrappers, self.sandbox_pool)
+            taken = self._acquire(1, stats) if self.gate is not None else 0  # the restore runs: a slot
             try:
                 restore_env_state(env, recorded[i].env_state or [])
                 task(env).adopt_sandbox(self.sandbox_pool.restore(recorded[i].sandbox_id))
             except Exception as exc:
+                if taken:
+                    self.gate.release(taken)
                 self._discard(env)
                 return exc
+            if taken:
+                self.gate.bind(env)
             return env
 
         t0 = time.perf_counter()

@@ -305,8 +305,12 @@ class SandboxTask(gym.Env[str, str]):
         """
         if self.sandbox is None:
             raise RuntimeError("reset() the env before forking it")
-        self.hold_sandbox()
-        sandboxes = self.pool.fork(self._live, n) if self.pool is not None else self.sandbox.fork(n)
+        if self.pool is None:
+            sandboxes = self.sandbox.fork(n)
+        else:
+            if not self.paused:  # a paused member (e.g. paused for the pool's budget) is forked from
+                self.hold_sandbox()  # its checkpoint as it is, not resumed first
+            sandboxes = self.pool.fork(self._live or self.sandbox, n)
         forks = []
         for sandbox in sandboxes:
             clone = copy.copy(self)

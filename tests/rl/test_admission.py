@@ -1,0 +1,111 @@
+"""Admission control (`rl.admission.SandboxGate`) with real sandboxes: a runner whose pool budget fits
+two KVLookup sandboxes plays six forked episodes, and never runs more sandboxes than the budget holds."""
+
+import threading
+from dataclasses import replace
+
+import pytest
+import torch
+from rl_testutil import compose
+
+from agentenv import Sandbox
+from agentenv.errors import SandboxNotFound
+from rl.generation import TorchEngine
+from rl.learner import build_policy
+from rl.rollout import EpisodeRunner
+from rl.tokenizer import ByteTokenizer
+
+pytestmark = pytest.mark.docker
+TOK = ByteTokenizer()
+DATA_MIB = 8  # a KVLookup sandbox then holds ~16 MiB (its service's table, Python, the shell)
+BUDGET_MIB = 40  # two of them, not three
+
+
+class RunningSampler:
+    """Samples, every 50 ms from a thread, how many members of ``pool`` run (the registry's state; a
+    CRIU-paused member has no process)."""
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+        self.counts: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.05):
+            count = 0
+            for member in self.pool.state.members():
+                try:
+                    count += Sandbox.get(member.sandbox_id).status == "running"
+                except SandboxNotFound:  # closed meanwhile
+                    continue
+            self.counts.append(count)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _play(cfg, sandbox_config, admission: bool):
+    """One run of three forked groups of 2 with the gate on or off: (episodes, stats, sampler, slots,
+    measured sandbox size)."""
+    rollout = replace(cfg.rollout, sandbox_pool=replace(cfg.rollout.sandbox_pool, admission=admission))
+    policy = build_policy(cfg.model, seed=0)
+    runner = EpisodeRunner(cfg.env, rollout, TorchEngine(policy, TOK), TOK, sandbox=sandbox_config)
+    try:
+        with RunningSampler(runner.sandbox_pool) as sampler:
+            episodes, stats = runner.run([1, 2, 3], group_size=2, generator=torch.Generator().manual_seed(0))
+        slots = runner.gate.slots() if admission else 0
+        size = runner.gate.sandbox_bytes() if admission else 0
+    finally:
+        runner.close()
+    return episodes, stats, sampler, slots, size
+
+
+def test_running_sandboxes_stay_within_the_budget_when_episodes_outnumber_its_slots(sandbox_config):
+    cfg = compose(
+        "env=kv_lookup",
+        f"env.kwargs.data_mib={DATA_MIB}",
+        "rollout.env_threads=6",
+        "rollout.sandbox_pool.pause_policy=cost",
+        "rollout.sandbox_pool.overrides.warm_starts=true",
+        f"+rollout.sandbox_pool.overrides.memory_budget={BUDGET_MIB}m",
+        "+rollout.sandbox_pool.overrides.idle_after_s=0",
+    )
+    assert cfg.rollout.sandbox_pool.admission
+    episodes, stats, sampler, slots, size = _play(cfg, sandbox_config, admission=True)
+    # the pool measured its sandboxes: two fit the budget; all six episodes played to their end
+    assert slots == 2 and 8 * 2**20 < size <= BUDGET_MIB * 2**20 // 2
+    assert stats.failed == 0 and len(episodes) == 6 and all(e.turns >= 1 for e in episodes)
+    assert stats.forks == 3 and stats.slot_wait_s > 0 and stats.pool_summary()["sandbox_slots"] == 2
+    # never more running than slots, so never more memory than the budget
+    assert sampler.counts and max(sampler.counts) <= slots
+    assert max(sampler.counts) * size <= BUDGET_MIB * 2**20
+
+    # The same run without the gate: the pool alone goes over (the resets, forks and steps of the groups
+    # run at once), and the episodes are the same to the token (the gate changes when envs step only).
+    ungated, ungated_stats, ungated_sampler, _, _ = _play(cfg, sandbox_config, admission=False)
+    assert ungated_stats.failed == 0 and max(ungated_sampler.counts) > slots
+    assert [(e.tokens, e.logprobs, e.step_rewards) for e in ungated] == [
+        (e.tokens, e.logprobs, e.step_rewards) for e in episodes
+    ]
+
+
+def test_without_a_binding_budget_the_gate_never_waits_or_pauses(sandbox_config):
+    """The default task under the default budget: its slots outnumber the episodes, so no env waits for
+    one, and no sandbox is paused (pause_policy never): the same run as without a gate."""
+    cfg = compose(
+        "rollout.env_threads=4", "env.kwargs.max_turns=2", "rollout.sandbox_pool.pause_policy=never"
+    )
+    policy = build_policy(cfg.model, seed=0)
+    runner = EpisodeRunner(cfg.env, cfg.rollout, TorchEngine(policy, TOK), TOK, sandbox=sandbox_config)
+    try:
+        episodes, stats = runner.run([1, 2], group_size=2, generator=torch.Generator().manual_seed(0))
+        assert runner.gate is not None and not runner.gate.binds and runner.gate.slots() > 4
+    finally:
+        runner.close()
+    assert stats.failed == 0 and stats.slot_wait_s == 0 and stats.pauses == 0
