@@ -7,14 +7,15 @@ wait instead: a sandbox of one of its envs may run only while the env holds one 
 
     slots = max(1, memory_budget // size of one running sandbox)
 
-where the size is the largest RSS the pool has measured of its members (before the first measurement:
-the sandbox's memory limit, an upper bound). An env takes a slot before its sandbox runs (reset, step:
-the resume happens inside, fork: one slot per new sandbox, restore) and gives it back once its sandbox
-is paused; between its turns an env whose sandbox still runs keeps its slot *parked*. A thread that
-needs slots while none is free pauses parked sandboxes (least recently parked first) to free them, and
-otherwise waits (first come, first served) for a slot that a running step or start will give back. So
-no slot is held across a generation that a waiter could not take back, a waiter never holds a slot
-while it waits (no hold-and-wait), and every slot held by a running step comes back when the step ends.
+where the size is the median of the RSS the pool last measured of each member (robust to a misread
+cgroup; before the first measurement: the sandbox's memory limit, an upper bound). An env takes a slot
+before its sandbox runs (reset, step: the resume happens inside, fork: one slot per new sandbox,
+restore) and gives it back once its sandbox is paused; between its turns an env whose sandbox still
+runs keeps its slot *parked*. A thread that needs slots while none is free pauses parked sandboxes
+(least recently parked first) to free them, and otherwise waits (first come, first served) for a slot
+that a running step or start will give back. So no slot is held across a generation that a waiter
+could not take back, a waiter never holds a slot while it waits (no hold-and-wait), and every slot held
+by a running step comes back when the step ends.
 
 Envs are keyed by ``id``; every call that touches an env's sandbox from the runner goes through `use`
 or `pause`, so that a parked env is paused by one thread at a time and never while its owner uses it.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import threading
 import time
 from collections import OrderedDict, deque
@@ -40,7 +42,7 @@ log = logging.getLogger(__name__)
 
 PARKED, BUSY, EVICTING = "parked", "busy", "evicting"
 POLL_S = 0.25  # a waiter re-measures the slots this often (a sandbox's size is measured after its start)
-SIZE_REFRESH_S = 1.0  # the largest member RSS is re-read from the pool's state at most this often
+SIZE_REFRESH_S = 1.0  # the members' RSS are re-read from the pool's state at most this often
 
 
 @dataclass
@@ -76,6 +78,7 @@ class SandboxGate:
         self._cond = threading.Condition()
         self._held: dict[int, str] = {}  # id(env) -> PARKED | BUSY | EVICTING, one slot each
         self._parked: OrderedDict[int, Any] = OrderedDict()  # parked envs, least recently parked first
+        self._busy_by: dict[int, int] = {}  # id(env) -> the thread using it (BUSY)
         self._anon = 0  # slots taken for sandboxes not bound to an env yet (forks, restores being made)
         self._queue: deque[object] = deque()  # waiters, first come first served
         self._demand = 0
@@ -84,8 +87,9 @@ class SandboxGate:
 
     # ------------------------------------------------------------------ measurements
     def sandbox_bytes(self) -> int:
-        """The size one running sandbox is counted at: the largest RSS the pool measured of a member
-        (re-read at most every SIZE_REFRESH_S), else `fallback_bytes` (at least 1 byte)."""
+        """The size one running sandbox is counted at: the median of the RSS the pool last measured of
+        each member (robust to a misread cgroup; re-read at most every SIZE_REFRESH_S), else
+        `fallback_bytes` (at least 1 byte)."""
         now = time.monotonic()
         if self._size and now - self._size_at < SIZE_REFRESH_S:
             return self._size
@@ -95,7 +99,7 @@ class SandboxGate:
             self.pool.running_bytes()
             sizes = [m.rss_bytes for m in self.pool.state.members() if m.rss_bytes > 0]
         if sizes:
-            self._size, self._size_at = max(self._size, *sizes), now
+            self._size, self._size_at = int(statistics.median(sizes)), now
             return self._size
         return max(1, self.fallback_bytes)
 
@@ -184,15 +188,16 @@ class SandboxGate:
             self._cond.notify_all()
 
     def _claim_locked(self, key: int) -> bool:
-        """Take ``key``'s parked slot for its owner (True), after any pause of it in progress ends."""
-        while self._held.get(key) == EVICTING:
+        """Take ``key``'s parked slot for this thread (True), after any pause or other use of it in
+        progress ends (False: it holds no slot)."""
+        while self._held.get(key) in (EVICTING, BUSY):
+            if self._busy_by.get(key) == threading.get_ident():
+                raise RuntimeError("an env's use of the gate nested in another use of it (same thread)")
             self._cond.wait(POLL_S)
-        state = self._held.get(key)
-        if state == BUSY:
-            raise RuntimeError("an env is used by two threads at once")
-        if state == PARKED:
+        if self._held.get(key) == PARKED:
             del self._parked[key]
             self._held[key] = BUSY
+            self._busy_by[key] = threading.get_ident()
             return True
         return False
 
@@ -210,6 +215,7 @@ class SandboxGate:
             with self._cond:
                 self._anon -= 1
                 self._held[key] = BUSY
+                self._busy_by[key] = threading.get_ident()
             slot.held = True
         try:
             yield slot
@@ -222,6 +228,7 @@ class SandboxGate:
             return
         key = id(slot.env)
         with self._cond:
+            self._busy_by.pop(key, None)
             if slot.freed:
                 del self._held[key]
             else:

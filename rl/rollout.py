@@ -86,7 +86,7 @@ import torch
 import agentenv.tasks  # noqa: F401  (registers the built-in tasks)
 from agentenv.owner import keeper_labels, owner_labels
 from agentenv.pool import PauseCostModel, PauseDecision, PoolMetrics, SandboxPool
-from rl.admission import SandboxGate
+from rl.admission import SandboxGate, Slot
 from rl.config import EnvConfig, RolloutConfig, SandboxPoolConfig
 from rl.episode import Episode, Outcome
 from rl.generation import TorchEngine
@@ -248,14 +248,24 @@ class EpisodeRunner:
             return
         self.free_envs.append(env)
 
-    def _discard(self, env: gymnasium.Env) -> None:
-        with self._admitted(env, need_slot=False) as slot:
-            try:
-                env.close()
-            except Exception:  # the sandbox may already be gone; nothing else to free
-                pass
-            if slot is not None:
-                slot.freed = True
+    def _discard(self, env: gymnasium.Env, slot: Slot | None = None) -> None:
+        """Close ``env`` and its sandbox (again: a no-op); ``slot``: its use of the gate in progress, if
+        any (freed at its end)."""
+        if slot is not None:
+            self._close(env)
+            slot.freed = True
+            return
+        with self._admitted(env, need_slot=False) as used:
+            self._close(env)
+            if used is not None:
+                used.freed = True
+
+    @staticmethod
+    def _close(env: gymnasium.Env) -> None:
+        try:
+            env.close()
+        except Exception:  # the sandbox may already be gone; nothing else to free
+            pass
 
     @contextmanager
     def _admitted(self, env: gymnasium.Env, stats: RolloutStats | None = None, need_slot: bool = True):
@@ -402,7 +412,7 @@ class EpisodeRunner:
                     t0 = time.perf_counter()
                     envs, owned_forks = self._start_groups(seeds[w : w + per_wave], group_size, wave, stats)
                     stats.reset_s += time.perf_counter() - t0
-                    self._play(wave, envs, stats)
+                    self._play(wave, envs, stats, owned=owned_forks)
                     self._return_envs(envs, wave, owned_forks)
         return self._finish(episodes, stats, started)
 
@@ -529,9 +539,16 @@ class EpisodeRunner:
         )
 
     def _play(
-        self, episodes: list[Episode], envs: list, stats: RolloutStats, active: list[int] | None = None
+        self,
+        episodes: list[Episode],
+        envs: list,
+        stats: RolloutStats,
+        active: list[int] | None = None,
+        owned: set[int] | frozenset[int] = frozenset(),
     ) -> None:
-        """Play ``episodes`` (those at ``active``, default: every one without an error) to their end."""
+        """Play ``episodes`` (those at ``active``, default: every one without an error) to their end.
+        ``owned``: ids of the envs closed after the run (forks, restores); under a binding budget one
+        is closed as soon as its episode ends, which frees its slot without a pause."""
         tok = self.tokenizer
         if active is None:
             active = [i for i, e in enumerate(episodes) if e.error is None]
@@ -557,7 +574,7 @@ class EpisodeRunner:
             next_wait = self.expected_generation_s(len(active)) if gated else 0.0
             pause_after = gated and self.pause_cost.decide(next_wait, 0).pause
 
-            def step(job, pause_after=pause_after, next_wait=next_wait):
+            def step(job, gated=gated, pause_after=pause_after, next_wait=next_wait):
                 i, action = job
                 with self._admitted(envs[i], stats) as slot:  # the step resumes its sandbox: a slot
                     try:
@@ -565,7 +582,9 @@ class EpisodeRunner:
                     except Exception as exc:
                         return None, exc
                     ended = result[2] or result[3]
-                    if slot is not None and not ended and (pause_after or self.gate.waiting):
+                    if slot is not None and ended and gated and id(envs[i]) in owned:
+                        self._discard(envs[i], slot)  # `_return_envs` finds it closed
+                    elif slot is not None and not ended and (pause_after or self.gate.waiting):
                         if slot.pause() and pause_after:  # its slot is free for a waiter right away
                             with self._stats_lock:
                                 stats.pause_waits.append(next_wait)
@@ -756,7 +775,7 @@ class EpisodeRunner:
         stats.reset_s += time.perf_counter() - t0
         active = [i for i, env in enumerate(envs) if env is not None and episodes[i].error is None]
         with self._running(episodes, tag):
-            self._play(episodes, envs, stats, active)
+            self._play(episodes, envs, stats, active, owned)
         self._return_envs(envs, episodes, owned)
         return self._finish(episodes, stats, started)
 
