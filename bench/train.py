@@ -455,6 +455,8 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
     if "error" in a2 or "error" in c2:
         return "\n".join([*lines, "", "Target: not measured, a 2 s run failed (see the table)."])
     ratio = c2["episodes_per_s"] / a2["episodes_per_s"]
+    c_slots = max(h.get("sandbox_slots", 0.0) for h in c2["history"])  # admission control's slots
+    c_wait = sum(h.get("sandbox_slot_wait_s", 0.0) for h in c2["history"]) / len(c2["history"])
     verdict = "met" if ratio >= 3 and c2["peak_mib"] <= MEMORY_BUDGET_MIB else "missed"
     best = max((r for r in results.values() if "error" not in r), key=lambda r: r["best_success"])
     best_at = max(best["history"], key=lambda h: h["success"])["elapsed_s"]
@@ -476,17 +478,37 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
         "",
         *(
             [
-                f"(c) does not stay within the budget ({c2['peak_mib']:.0f} MiB at its peak): a rollout call "
-                "starts all its groups at once (resets and forks run, and stay running until the first "
-                "generation), and after each turn's steps every active episode holds its sandbox "
+                f"(c) does not stay within the budget ({c2['peak_mib']:.0f} MiB at its peak) without "
+                "the runner's admission control (`rollout.sandbox_pool.admission=false` here): a rollout "
+                "call starts all its groups at once (resets and forks run, and stay running until the "
+                "first generation), and after each turn's steps every active episode holds its sandbox "
                 "(leased, running) until the next generation call pauses it; the pool's budget pauses "
-                "only idle members no episode holds, so it goes over budget instead of waiting. Keeping "
-                "(c) within the budget needs the runner to start groups as room frees and to release "
-                "and pause each sandbox right after its step.",
+                "only idle members no episode holds, so it goes over budget instead of waiting.",
+                "",
+            ]
+            if c2["peak_mib"] > MEMORY_BUDGET_MIB and not c_slots
+            else [
+                f"(c) goes over the budget ({c2['peak_mib']:.0f} MiB at its peak) although the runner "
+                "gates its sandboxes (`rollout.sandbox_pool.admission`, rl/admission.py): a sandbox "
+                f"runs only in one of {c_slots:.0f} slots, `memory_budget` over the median RSS the "
+                "pool measured of its sandboxes; the peak is the host's sample of the containers, which "
+                "counts more than the slots do.",
                 "",
             ]
             if c2["peak_mib"] > MEMORY_BUDGET_MIB
-            else []
+            else [
+                f"(c) stays within the budget ({c2['peak_mib']:.0f} MiB at its peak). Without help the "
+                "pool cannot: a rollout call starts all its groups at once, and after each turn's "
+                "generation every active episode steps at once and holds its sandbox (leased, "
+                "running) until the next generation call pauses it, while the pool's budget pauses "
+                "only idle members no episode holds. The runner's admission control "
+                "(`rollout.sandbox_pool.admission`, rl/admission.py) lets a sandbox run only in one of "
+                f"{c_slots:.0f} slots (`memory_budget` over the median RSS the pool measured of its "
+                "sandboxes): resets, forks and steps wait for a slot or pause a sandbox parked between "
+                "its turns, and a stepped sandbox is paused inside its slot when others wait "
+                f"({c_wait:.0f} s of slot waits per iteration, summed over episodes).",
+                "",
+            ]
         ),
         "Learning the heavy task: the best of these runs reached success "
         f"{best['best_success']:.2f} (start {best['start_success']:.2f}, end {best['end_success']:.2f}) "
