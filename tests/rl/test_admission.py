@@ -1,5 +1,7 @@
-"""Admission control (`rl.admission.SandboxGate`) with real sandboxes: a runner whose pool budget fits
-two KVLookup sandboxes plays six forked episodes, and never runs more sandboxes than the budget holds."""
+"""Admission control (`rl.admission.SandboxGate`) with real sandboxes and the tiny K3 policy: a runner
+whose pool budget fits two KVLookup sandboxes plays six forked episodes and never runs more sandboxes
+than the budget holds (the same run ungated does, with the same tokens); under a budget that does not
+bind nothing waits; an in-flight snapshot and its resume finish under a one-slot budget."""
 
 import threading
 from dataclasses import replace
@@ -109,3 +111,61 @@ def test_without_a_binding_budget_the_gate_never_waits_or_pauses(sandbox_config)
     finally:
         runner.close()
     assert stats.failed == 0 and stats.slot_wait_s == 0 and stats.pauses == 0
+
+
+def test_a_snapshot_and_its_resume_finish_under_a_one_slot_budget(sandbox_config, tmp_path):
+    """In-flight checkpoints under the tightest budget (1 byte: one slot): the snapshot's keep (pause,
+    fork, keep) and the resume's restores take slots like steps do, and neither deadlocks."""
+    from agentenv.owner import KEEPER_LABEL
+
+    cfg = compose(
+        "env.kwargs.max_turns=3",
+        "env.kwargs.num_values=9",
+        "rollout.env_threads=4",
+        "+rollout.sandbox_pool.overrides.memory_budget=1",
+        "+rollout.sandbox_pool.overrides.idle_after_s=0",
+    )
+    keeper = tmp_path / "keeper"
+    keeper.mkdir()
+
+    def runner(seed: int) -> EpisodeRunner:
+        engine = TorchEngine(build_policy(cfg.model, seed=seed), TOK, cfg.rollout.temperature)
+        return EpisodeRunner(replace(cfg.env, group_start="seed"), cfg.rollout, engine, TOK, sandbox_config)
+
+    first, taken, calls = runner(0), {}, []
+
+    def policy_version() -> int:  # called once per episode start (4), then once per turn
+        calls.append(1)
+        if len(calls) == 5:  # turn 1: ask for a snapshot, served at the start of turn 2
+            taken["thread"] = threading.Thread(target=lambda: taken.update(r=first.snapshot(keeper, 120)))
+            taken["thread"].start()
+            while first._snapshot_request is None:
+                threading.Event().wait(0.01)
+        return 0
+
+    kept: list[str] = []
+    try:
+        try:
+            generator = torch.Generator().manual_seed(0)
+            _, stats = first.run([11, 12], 2, generator, policy_version=policy_version)
+            taken["thread"].join(timeout=120)
+            assert first.gate.slots() == 1 and stats.failed == 0 and stats.slot_wait_s > 0
+        finally:
+            first.close()
+        recorded, _tag = taken["r"]
+        kept = [r.sandbox_id for r in recorded if r.playing]
+        assert all(r.episode.turns == 1 for r in recorded if r.playing)
+        assert kept and all(Sandbox.get(s).labels[KEEPER_LABEL] == str(keeper.resolve()) for s in kept)
+        before = [(r.playing, r.episode.turns, list(r.episode.tokens)) for r in recorded]
+        second = runner(1)
+        try:  # (resume plays the recorded episodes in place)
+            done, stats = second.resume(recorded, 2, torch.Generator().manual_seed(1))
+            assert stats.failed == 0 and stats.episodes == 4 and second.gate.held() <= 1
+        finally:
+            second.close()
+        for (playing, turns, tokens), episode in zip(before, done, strict=True):  # went on from there
+            assert episode.tokens[: len(tokens)] == tokens
+            assert episode.turns > turns if playing else episode.turns == turns
+    finally:
+        for sandbox_id in kept:  # the checkpoint's sandboxes: gone with it
+            Sandbox.get(sandbox_id).close()
