@@ -151,8 +151,9 @@ def pipeline(task: str, demos: int | None, rl_minutes: float | None, eval_episod
             ]
         )
         parts.append(part.read_text())
-    data.write_text("".join(parts))  # SFT shuffles its episodes
-    lines = [json.loads(line) for line in data.read_text().splitlines()]
+    text = "".join(parts)
+    data.write_text(text)  # SFT shuffles its episodes
+    lines = [json.loads(line) for line in text.splitlines()]
     expert = sum(bool(e["success"]) for e in lines) / len(lines)
     print(f"{task}: SFT ...", flush=True)
     sft_s = run(
