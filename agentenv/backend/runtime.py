@@ -8,7 +8,8 @@ one checkpoint store, restores through Docker's own `start --checkpoint` fed lin
 * resume: Docker's `start --checkpoint`, fed a folder whose page images are symlinks into the store
   (`checkpoint_dir.py`): Docker creates the task, so `docker exec`, logs, stats and stop behave as after
   any Docker restore. containerd's unpacked copy of that folder is deleted right after
-  (`containerd.remove_restore_copies`).
+  (`containerd.remove_restore_copies`). A sandbox without a network gets its loopback back up
+  (`netns.py`).
 * fork: a new container with the sandbox's configuration gets copies of the source's work dir (and
   writable layer with `read_only: false`) and is restored from the *same* images: N forks share one set of
   page images on disk, and Sandbox.fork runs their restores in parallel.
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import docker
 
-from agentenv.backend import checkpoint_dir, containerd, criu_log
+from agentenv.backend import checkpoint_dir, containerd, criu_log, netns
 from agentenv.backend.base import (
     RUNTIME_DIR,
     Checkpoint,
@@ -195,7 +196,21 @@ class CriuRuntime(DockerContainers):
         finally:
             shutil.rmtree(folder, ignore_errors=True)
             containerd.remove_restore_copies(token=token)
+        self._loopback_up(ref, checkpoint)
         self._verify(ref, checkpoint, record, sandbox_id, started)
+
+    def _loopback_up(self, ref: ContainerRef, checkpoint: Checkpoint) -> None:
+        """A sandbox without a network comes back with `lo` down (see `netns.py`): bring it up."""
+        state = self.api.inspect_container(ref.container)
+        if not state["Config"].get("NetworkDisabled") or not state["State"].get("Running"):
+            return  # Docker's network hook did it, or the restore died (`_verify` says so)
+        try:
+            netns.loopback_up(int(state["State"]["Pid"]))
+        except netns.NetnsError as e:
+            with contextlib.suppress(docker.errors.APIError):
+                self.api.kill(ref.container)
+            raise CheckpointError(f"restored checkpoint {checkpoint.id}, but {e}; the checkpoint is kept at "
+                                  f"{checkpoint.path}") from None
 
     def _verify(self, ref: ContainerRef, checkpoint: Checkpoint, record: ImageRecord | None,
                 sandbox_id: str, started: float) -> None:

@@ -44,6 +44,29 @@ def test_default_profile_inside_the_sandbox(sandbox):
     assert hc["NanoCpus"] == 10**9
 
 
+LOOPBACK_ROUND_TRIP = (
+    "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+    "c = socket.create_connection(s.getsockname(), timeout=2); a, _ = s.accept(); c.sendall(b'ok'); "
+    "print(a.recv(2).decode())"
+)
+
+
+def test_no_network_means_loopback_only_and_no_docker_network_hook(sandbox):
+    """`network: none`: loopback works (before and after a pause), and Docker's network is disabled, so
+    no `libnetwork-setkey` prestart hook runs at start or restore (the restore-time cost it removes)."""
+    import json
+
+    backend = runtime().backend
+    info = docker_client.api().inspect_container(sandbox.container_id)
+    assert info["Config"].get("NetworkDisabled") is True
+    bundle = backend.host.containerd.bundle(backend.settings.containerd_namespace, info["Id"])
+    assert not json.loads((bundle / "config.json").read_text()).get("hooks", {}).get("prestart")
+    assert sandbox.exec(["python3", "-c", LOOPBACK_ROUND_TRIP]).stdout == "ok\n"
+    sandbox.pause()
+    sandbox.resume()
+    assert sandbox.exec(["python3", "-c", LOOPBACK_ROUND_TRIP]).stdout == "ok\n"
+
+
 def test_every_default_can_be_turned_off(make_sandbox):
     sb = make_sandbox(read_only=False, network="bridge", cap_drop=[], cap_add=["NET_RAW"],
                       no_new_privileges=False, pids_limit=100, memory="96m", cpus=0.5)
