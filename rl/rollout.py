@@ -73,7 +73,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -230,7 +230,7 @@ class EpisodeRunner:
             env = make_env(self.env_id, self.env_kwargs, self.wrappers, self.sandbox_pool)
             if self.gate is not None and not self.gate.fallback_bytes:
                 # the size a sandbox is counted at before the pool has measured one: its memory limit
-                self.gate.fallback_bytes = task(env)._sandbox_config().memory_bytes
+                self.gate.fallback_bytes = task(env).sandbox_config().memory_bytes
             self.free_envs.append(env)
             stats.sandboxes_created += 1
         taken, self.free_envs = self.free_envs[:n], self.free_envs[n:]
@@ -280,6 +280,25 @@ class EpisodeRunner:
                 with self._stats_lock:
                     stats.slot_wait_s += slot.waited_s
             yield slot
+
+    @contextmanager
+    def _starting(self, k: int, stats: RolloutStats) -> Iterator[tuple[int, list[gymnasium.Env]]]:
+        """Slots for up to ``k`` sandboxes the block starts (fork, restore): yields (slots taken, ``k``
+        without a gate; a list for the envs the block started). Each env the block appends gets one of
+        the slots (`SandboxGate.bind`); the rest, or all of them if the block raises, are given back."""
+        taken = self._acquire(k, stats)
+        started: list[gymnasium.Env] = []
+        try:
+            yield taken, started
+        except BaseException:
+            if self.gate is not None:
+                self.gate.release(taken)
+            raise
+        if self.gate is not None:
+            for env in started:
+                self.gate.bind(env)
+            if taken > len(started):
+                self.gate.release(taken - len(started))
 
     def _acquire(self, k: int, stats: RolloutStats) -> int:
         """Slots (1 to ``k``) for sandboxes about to start (`SandboxGate.acquire`); ``k`` without a gate."""
@@ -509,16 +528,10 @@ class EpisodeRunner:
         forks: list[gymnasium.Env] = []
         try:
             while len(forks) < n:
-                taken = self._acquire(n - len(forks), stats)
-                try:
+                with self._starting(n - len(forks), stats) as (taken, started):
                     with self._admitted(env, need_slot=False):
-                        made = fork_env(env, taken)
-                except BaseException:
-                    self.gate.release(taken)
-                    raise
-                for f in made:
-                    self.gate.bind(f)
-                forks += made
+                        started += fork_env(env, taken)
+                forks += started
         except BaseException:
             for f in forks:
                 self._discard(f)
@@ -741,17 +754,14 @@ class EpisodeRunner:
             if self.sandbox_pool is None:
                 return RuntimeError("in-flight episodes resume only with a local sandbox pool")
             env = make_env(self.env_id, self.env_kwargs, self.wrappers, self.sandbox_pool)
-            taken = self._acquire(1, stats) if self.gate is not None else 0  # the restore runs: a slot
             try:
-                restore_env_state(env, recorded[i].env_state or [])
-                task(env).adopt_sandbox(self.sandbox_pool.restore(recorded[i].sandbox_id))
+                with self._starting(1, stats) as (_, started):  # the restore runs: a slot
+                    restore_env_state(env, recorded[i].env_state or [])
+                    task(env).adopt_sandbox(self.sandbox_pool.restore(recorded[i].sandbox_id))
+                    started.append(env)
             except Exception as exc:
-                if taken:
-                    self.gate.release(taken)
                 self._discard(env)
                 return exc
-            if taken:
-                self.gate.bind(env)
             return env
 
         t0 = time.perf_counter()

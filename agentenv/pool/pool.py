@@ -157,11 +157,15 @@ class SandboxPool:
         self.state = PoolState(home / "pools" / f"{name}.sqlite3")
         self._lock_dir = home / "locks"
 
-    def _pause_member(self, sandbox: Sandbox) -> None:
+    def _pause_member(self, sandbox: Sandbox) -> bool:
         """Pause a member this caller has claimed (`claim_for_pause`): a CRIU pause ends its session
-        shells; with ``pause_method: freeze`` it is frozen instead (the registry keeps it running)."""
+        shells; with ``pause_method: freeze`` it is frozen instead (the registry keeps it running).
+        False, with nothing done, when another caller paused it since this one saw it running."""
+        if self._frozen(sandbox.id) if self._freezes else sandbox.status != "running":
+            return False
         self._timed("pause", sandbox.freeze if self._freezes else sandbox.pause)
         self.state.mark(sandbox.id, paused=True)
+        return True
 
     @property
     def _freezes(self) -> bool:
@@ -327,10 +331,9 @@ class SandboxPool:
         if sandbox.status != "running" or self._frozen(sid) or not self.state.claim_for_pause(sid):
             return False
         try:
-            self._pause_member(sandbox)
+            return self._pause_member(sandbox)
         finally:
             self.state.end_pause(sid)
-        return True
 
     def fork(self, sb: PooledSandbox | Sandbox | str, n: int) -> list[PooledSandbox]:
         """n new members with the memory and files of `sb` (room is made for n copies of its RSS)."""
@@ -428,8 +431,8 @@ class SandboxPool:
                 if not self.state.claim_for_pause(m.sandbox_id):
                     continue  # in use right now
                 try:
-                    self._pause_member(sb)
-                    used -= rss
+                    if self._pause_member(sb):
+                        used -= rss
                 except (CheckpointError, SandboxStateError) as e:  # e.g. the disk cap: it keeps running
                     log.warning("pool %s: could not pause idle sandbox %s: %s", self.name, sb.id, e)
                 finally:
@@ -457,8 +460,7 @@ class SandboxPool:
                     and self.state.claim_for_pause(m.sandbox_id)
                 ):
                     try:
-                        self._pause_member(sb)
-                        n += 1
+                        n += self._pause_member(sb)
                     except (CheckpointError, SandboxStateError) as e:
                         log.warning("pool %s: could not pause idle sandbox %s: %s", self.name, sb.id, e)
                     finally:

@@ -192,7 +192,7 @@ class SandboxTask(gym.Env[str, str]):
                 self.sandbox = Sandbox.create(**kwargs)
             self.install()
 
-    def _sandbox_config(self) -> SandboxConfig:
+    def sandbox_config(self) -> SandboxConfig:
         """The `SandboxConfig` of this task's sandboxes (``sandbox`` kwargs: config, image, memory, cpus)."""
         from agentenv import SandboxConfig
 
@@ -215,7 +215,7 @@ class SandboxTask(gym.Env[str, str]):
         self._close_session()
         if self.sandbox is not None:
             self.pool.remove(self.sandbox)
-        config = self._sandbox_config()
+        config = self.sandbox_config()
         task = f"{type(self).__module__}.{type(self).__qualname__}"
         digest = hashlib.sha1(json.dumps(config.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
         warm = self.pool.settings.warm_starts
