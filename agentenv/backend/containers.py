@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import docker
 import requests
 
-from agentenv.backend import docker_client
+from agentenv.backend import docker_client, runtime_files
 from agentenv.backend.base import (
     LABEL_HOME,
     LABEL_SANDBOX,
@@ -245,19 +245,20 @@ class DockerContainers(SandboxBackend):
             raise
         return ref
 
-    def _root_exec(self, ref: ContainerRef, script: str, *args: str) -> RawExec:
-        return run_exec(self.api, ref.container, ["sh", "-c", script, "sh", *args], user=UIDS["root"],
-                        timeout_s=30, output_limit=4096)
+    def _runtime_files(self, ref: ContainerRef, writes: dict[str, str], read: str | None = None) -> str:
+        """`runtime_files.exchange` in the container's runtime dir (its init process's view)."""
+        pid = int(self.api.inspect_container(ref.container)["State"].get("Pid") or 0)
+        if not pid:
+            raise ContainerNotRunning("its container has no process")
+        try:
+            return runtime_files.exchange(pid, writes, read)
+        except OSError as e:
+            raise ContainerNotRunning(f"cannot write {RUNTIME_DIR} in the container: {e}") from None
 
     def _write_identity(self, ref: ContainerRef, sandbox_id: str) -> str:
         """Write sandbox-id and a fresh seed into /run/agentenv; return the restore marker found there."""
-        r = self._root_exec(
-            ref, f'cat {RUNTIME_DIR}/marker 2>/dev/null; printf %s "$1" > {RUNTIME_DIR}/sandbox-id; '
-            f'printf %s "$2" > {RUNTIME_DIR}/seed', sandbox_id, str(secrets.randbits(63)))
-        if r.exit_code != 0:
-            raise ContainerNotRunning(f"cannot write {RUNTIME_DIR} in the container: "
-                                      f"{r.stderr.decode(errors='replace').strip()[:200]}")
-        return r.stdout.decode(errors="replace").strip()
+        return self._runtime_files(ref, {"sandbox-id": sandbox_id, "seed": str(secrets.randbits(63))},
+                                   read="marker")
 
     @_docker_errors
     def exec(self, ref: ContainerRef, argv: Sequence[str], *, user: str, timeout_s: float,

@@ -36,7 +36,6 @@ import docker
 
 from agentenv.backend import checkpoint_dir, containerd, criu_log, netns
 from agentenv.backend.base import (
-    RUNTIME_DIR,
     Checkpoint,
     ContainerNotRunning,
     ContainerRef,
@@ -139,9 +138,10 @@ class CriuRuntime(DockerContainers):
         """A fresh random marker in the container's runtime dir, dumped with its memory: a restore that
         really restored finds it there again (see `_verify`)."""
         marker = secrets.token_hex(16)
-        r = self._root_exec(ref, f'printf %s "$1" > {RUNTIME_DIR}/marker', marker)
-        if r.exit_code != 0:
-            raise CheckpointError(f"could not write the restore marker: {r.stderr.decode(errors='replace')}")
+        try:
+            self._runtime_files(ref, {"marker": marker})
+        except ContainerNotRunning as e:
+            raise CheckpointError(f"could not write the restore marker: {e}") from None
         return marker
 
     def _uid_hint(self, ref: ContainerRef, user: str) -> str:

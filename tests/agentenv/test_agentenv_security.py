@@ -67,6 +67,21 @@ def test_no_network_means_loopback_only_and_no_docker_network_hook(sandbox):
     assert sandbox.exec(["python3", "-c", LOOPBACK_ROUND_TRIP]).stdout == "ok\n"
 
 
+def test_links_planted_in_the_runtime_dir_do_not_redirect_host_writes(sandbox, tmp_path):
+    """The host writes the sandbox's identity into /run/agentenv at every restore (not through `docker
+    exec`): a link the sandbox's root put there in place of `seed` is replaced, and its target on the
+    host stays as it was. (Sandboxes of uid 1000, where the host allows them, cannot write there.)"""
+    canary = tmp_path / "canary"
+    canary.write_text("untouched")
+    planted = sandbox.exec(["ln", "-sf", str(canary), "/run/agentenv/seed"])
+    assert (planted.exit_code == 0) == (sandbox.user == "root")
+    sandbox.pause()
+    sandbox.resume()
+    assert canary.read_text() == "untouched"
+    assert sandbox.exec("test -f /run/agentenv/seed && ! test -L /run/agentenv/seed").exit_code == 0
+    assert sandbox.exec("cat /run/agentenv/sandbox-id").stdout == sandbox.id
+
+
 def test_every_default_can_be_turned_off(make_sandbox):
     sb = make_sandbox(read_only=False, network="bridge", cap_drop=[], cap_add=["NET_RAW"],
                       no_new_privileges=False, pids_limit=100, memory="96m", cpus=0.5)
