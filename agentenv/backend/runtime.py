@@ -282,7 +282,8 @@ class CriuRuntime(DockerContainers):
             "backend_reason": self.reason,
             "dump": "containerd checkpoint RPC" if self.name == "fastpath" else "Docker checkpoint API",
             "restore": "docker start --checkpoint, page images " + (
-                "symlinked" if self.settings.link_pages else "hard-linked"),
+                "symlinked" if self.settings.link_pages else "hard-linked")
+            + "; no Docker network hook for network-less sandboxes; marker and identity from the host",
             "containerd_address": ctrd.address if ctrd else None,
             "containerd_found_by": ctrd.source if ctrd else None,
             "checkpoint_store": str(self.store.root),
