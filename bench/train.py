@@ -1,6 +1,6 @@
 """Training benchmark: how fast the tiny K3 policy learns, what a rollout costs, and training at fixed memory.
 
-Three parts, all in this run on this machine (``--part train`` or ``--part memory`` runs one section):
+Four parts, all in this run on this machine (``--part train``, ``memory`` or ``heavy`` runs one section):
 
 1. **Rollout micro-benchmark** (no Ray, the untrained policy): env steps/s of the default task with
    (a) the persistent shell session and seed-reset groups (the default), (b) one ``docker exec`` per
@@ -18,13 +18,18 @@ Three parts, all in this run on this machine (``--part train`` or ``--part memor
    ``--memory-minutes``. Columns: episodes/s, peak sandbox memory sampled from the host (cgroup RSS of
    the run's containers), learner idle fraction, time to success 0.3, ratios against (a).
 
+4. **Learning the heavy task** (``--part heavy``): k3_tiny trains on ``env=kv_lookup`` with row (a)'s
+   setup and no emulated latency until success 0.9 or ``--heavy-minutes``: start, end and best success,
+   the time to 0.9, the curve.
+
 Parts 1-2 replace the ``bench:train`` section of docs/benchmarks.md (curves: docs/img/
 train_learning_curve.png, sync vs async: docs/img/train_sync_vs_async.png), part 3 the
-``bench:train-memory`` section.
+``bench:train-memory`` section, part 4 ``bench:train-heavy`` (curve: docs/img/train_heavy_curve.png).
 
     python bench/train.py                  # everything (about an hour on 2 cores)
     python bench/train.py --part train     # parts 1-2 (about 15-25 minutes)
     python bench/train.py --part memory    # part 3 (6 runs of 3 min, plus start-up and shutdown: ~35 min)
+    python bench/train.py --part heavy     # part 4 (at most 15 min of training)
     python bench/train.py --quick          # smoke version: short training, 2 s latency only
 """
 
@@ -518,19 +523,90 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
     return "\n".join(lines)
 
 
+HEAVY_TARGET = 0.9  # the success the heavy-task learning run aims at (mean of trainer.success_window)
+
+
+def part_heavy(args: argparse.Namespace, user: list[str], command: str) -> str:
+    """k3_tiny learning the heavy task alone: row (a)'s setup (sync, seed-reset groups on live sandboxes,
+    concurrency within the 2 GiB budget), no emulated latency, ``--heavy-minutes`` at most; the text of
+    the ``bench:train-heavy`` section and its curve."""
+    group = compose([f"env={MEMORY_ENV}", *user]).algo.group_size
+    cap = max(group, MEMORY_BUDGET_MIB // SANDBOX_MIB // group * group)
+    _name, row_a = memory_rows(cap)["a"]
+    overrides = [
+        f"env={MEMORY_ENV}",
+        "rollout.sandbox_pool.overrides.warm_starts=true",
+        f"+rollout.sandbox_pool.overrides.memory_budget={MEMORY_BUDGET_MIB}m",
+        "rollout.sandbox_pool.name=bench-heavy",
+        f"trainer.time_limit_s={args.heavy_minutes * 60:g}",
+        f"trainer.stop_at_success={HEAVY_TARGET}",
+        "trainer.checkpoint_every=0",
+        "trainer.checkpoint_in_flight=false",
+        "trainer.tensorboard=false",
+        "trainer.progress_bar=false",
+        *row_a,
+        *user,
+    ]
+    print(f"heavy task: learning run (at most {args.heavy_minutes:g} min) ...", flush=True)
+    run_dir = Path(tempfile.mkdtemp(prefix="k3rl-bench-heavy-"))
+    try:
+        with SandboxMemorySampler("bench-heavy") as sampler:
+            r = training_run(overrides, run_dir, target=HEAVY_TARGET)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    cfg = compose(overrides)
+    r["window"] = int(cfg.trainer.success_window)
+    plot_modes({"KVLookup, k3_tiny": r}, ROOT / "docs" / "img" / "train_heavy_curve.png", HEAVY_TARGET,
+               "k3_tiny on the heavy task (agentenv/KVLookup-v0)")
+    reached = _minutes(r["time_to_target_s"], f"not within {args.heavy_minutes:g} min")
+    load = sum(sampler.loads) / max(len(sampler.loads), 1)
+    lines = [
+        "## Learning the heavy task (`bench/train.py --part heavy`)",
+        "",
+        *header(command),
+        "",
+        f"`python -m rl.train env={MEMORY_ENV}` with row (a)'s setup of the fixed-memory table (sync, "
+        f"seed-reset groups on live sandboxes, at most {cap} episodes at once within a "
+        f"{MEMORY_BUDGET_MIB} MiB `memory_budget`, warm starts), no emulated latency, stopping at success "
+        f"{HEAVY_TARGET} (mean of the last {r['window']} iterations) or after {args.heavy_minutes:g} min. "
+        f"The game: {cfg.env.kwargs.num_values} values, {cfg.env.kwargs.max_turns} turns; a policy that "
+        f"ignores the answers wins at most {cfg.env.kwargs.max_turns / cfg.env.kwargs.num_values:.2f}, "
+        "binary search 1.0.",
+        "",
+        "| figure | value |",
+        "|---|---|",
+        f"| success at the start (first iteration) | {r['start_success']:.2f} |",
+        f"| success at the end (mean of the last {r['window']} iterations) | {r['end_success']:.2f} |",
+        f"| best iteration | {r['best_success']:.2f} |",
+        f"| time to {HEAVY_TARGET} | {reached} |",
+        f"| iterations / episodes | {r['iterations']} / {r['episodes']:.0f} |",
+        f"| total wall time (incl. Ray, template build) | {r['wall_s'] / 60:.1f} min |",
+        f"| episodes/s (after the first iteration) | {r['episodes_per_s']:.1f} |",
+        f"| peak sandbox memory (host, cgroup RSS) | {sampler.peak_mib:.0f} MiB |",
+        f"| mean 1-minute load average | {load:.1f} |",
+        "",
+        "![heavy task learning curve](img/train_heavy_curve.png)",
+    ]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short training and fewer rollout repeats")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
     parser.add_argument(
         "--part",
-        choices=("all", "train", "memory"),
+        choices=("all", "train", "memory", "heavy"),
         default="all",
         help="train: rollout micro-benchmark and sync vs async training (section bench:train); memory: "
-        "the fixed-memory table (section bench:train-memory); all: both",
+        "the fixed-memory table (section bench:train-memory); heavy: k3_tiny learning the heavy task "
+        "(section bench:train-heavy); all: every part",
     )
     parser.add_argument(
         "--memory-minutes", type=float, default=3.0, help="training minutes of each fixed-memory run"
+    )
+    parser.add_argument(
+        "--heavy-minutes", type=float, default=15.0, help="time limit of the heavy-task learning run"
     )
     parser.add_argument(
         "overrides", nargs="*", help="Hydra overrides for every part (e.g. sandbox.image=...)"
@@ -539,14 +615,18 @@ def main() -> None:
     os.environ.setdefault("RAY_worker_niceness", "0")
     user = list(args.overrides)
     options = (" --quick" if args.quick else "") + (f" --part {args.part}" if args.part != "all" else "")
-    if args.part != "train" and args.memory_minutes != 3.0:
+    if args.part in ("all", "memory") and args.memory_minutes != 3.0:
         options += f" --memory-minutes {args.memory_minutes:g}"
+    if args.part in ("all", "heavy") and args.heavy_minutes != 15.0:
+        options += f" --heavy-minutes {args.heavy_minutes:g}"
     command = "python bench/train.py" + options + "".join(f" {o}" for o in user)
     sections = []
     if args.part in ("all", "train"):
         sections.append(("train", part_train(args, user, command)))
     if args.part in ("all", "memory"):
         sections.append(("train-memory", part_memory(args, user, command)))
+    if args.part in ("all", "heavy"):
+        sections.append(("train-heavy", part_heavy(args, user, command)))
     for name, text in sections:
         print(text)
         if not args.no_write:
