@@ -78,7 +78,7 @@ TASKS = {
             "algo.lr=3e-4",
             "algo.kl_coef=0.05",  # to the SFT policy: keeps its copying sharp while the strategy shifts;
             "algo.kl_estimator=k2",  # k2's gradient grows linearly where the policy left the SFT's, k3's
-            # exponentially (k3 spiked the gradient norm to 30-50 on a few tokens: measured)
+            # exponentially (k3 spiked the gradient norm to 27-47 on a few tokens: measured)
             "rollout.sandbox_pool.pause_policy=never",  # 64 small sandboxes: pausing them between
             # iterations frees memory nobody needs and costs 64 dumps and restores on the learner's cores
             "trainer.stop_at_success=0.92",
