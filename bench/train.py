@@ -367,6 +367,23 @@ def memory_rows(cap: int) -> dict[str, tuple[str, list[str]]]:
     }
 
 
+def fixed_memory_run(pool_name: str, limit_s: float) -> list[str]:
+    """The overrides every run on the heavy task shares: its env, warm starts, the sandbox memory
+    budget, its own pool name, a time limit, and no checkpoints, TensorBoard or progress bar (the bench
+    deletes the run folder, so an async checkpoint must keep no sandboxes for a resume)."""
+    return [
+        f"env={MEMORY_ENV}",
+        "rollout.sandbox_pool.overrides.warm_starts=true",
+        f"+rollout.sandbox_pool.overrides.memory_budget={MEMORY_BUDGET_MIB}m",
+        f"rollout.sandbox_pool.name={pool_name}",
+        f"trainer.time_limit_s={limit_s:g}",
+        "trainer.checkpoint_every=0",
+        "trainer.checkpoint_in_flight=false",
+        "trainer.tensorboard=false",
+        "trainer.progress_bar=false",
+    ]
+
+
 def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
     """The fixed-memory table: rows (a), (b), (c) at each policy latency; the text of the
     ``bench:train-memory`` section."""
@@ -381,17 +398,9 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
             prefix = f"bench-mem-{key}-{int(latency)}"
             print(f"memory row {key}, policy latency {latency:g} s ...", flush=True)
             run_overrides = [
-                f"env={MEMORY_ENV}",
-                "rollout.sandbox_pool.overrides.warm_starts=true",
-                f"+rollout.sandbox_pool.overrides.memory_budget={MEMORY_BUDGET_MIB}m",
-                f"rollout.sandbox_pool.name={prefix}",
+                *fixed_memory_run(prefix, limit_s),
                 f"rollout.policy_latency_s={latency:g}",
-                f"trainer.time_limit_s={limit_s:g}",
                 "trainer.success_window=2",
-                "trainer.checkpoint_every=0",
-                "trainer.checkpoint_in_flight=false",  # the run folder is deleted: keep no sandboxes for it
-                "trainer.tensorboard=false",
-                "trainer.progress_bar=false",
                 *overrides,
                 *user,
             ]
@@ -534,16 +543,8 @@ def part_heavy(args: argparse.Namespace, user: list[str], command: str) -> str:
     cap = max(group, MEMORY_BUDGET_MIB // SANDBOX_MIB // group * group)
     _name, row_a = memory_rows(cap)["a"]
     overrides = [
-        f"env={MEMORY_ENV}",
-        "rollout.sandbox_pool.overrides.warm_starts=true",
-        f"+rollout.sandbox_pool.overrides.memory_budget={MEMORY_BUDGET_MIB}m",
-        "rollout.sandbox_pool.name=bench-heavy",
-        f"trainer.time_limit_s={args.heavy_minutes * 60:g}",
+        *fixed_memory_run("bench-heavy", args.heavy_minutes * 60),
         f"trainer.stop_at_success={HEAVY_TARGET}",
-        "trainer.checkpoint_every=0",
-        "trainer.checkpoint_in_flight=false",
-        "trainer.tensorboard=false",
-        "trainer.progress_bar=false",
         *row_a,
         *user,
     ]

@@ -245,9 +245,12 @@ class DockerContainers(SandboxBackend):
             raise
         return ref
 
-    def _runtime_files(self, ref: ContainerRef, writes: dict[str, str], read: str | None = None) -> str:
-        """`runtime_files.exchange` in the container's runtime dir (its init process's view)."""
-        pid = int(self.api.inspect_container(ref.container)["State"].get("Pid") or 0)
+    def _runtime_files(self, ref: ContainerRef, writes: dict[str, str], read: str | None = None, *,
+                       pid: int | None = None) -> str:
+        """`runtime_files.exchange` in the container's runtime dir (its init process's view); `pid`: the
+        init's host PID when the caller has just inspected the container (else it is looked up)."""
+        if pid is None:
+            pid = int(self.api.inspect_container(ref.container)["State"].get("Pid") or 0)
         if not pid:
             raise ContainerNotRunning("its container has no process")
         try:
@@ -255,10 +258,10 @@ class DockerContainers(SandboxBackend):
         except OSError as e:
             raise ContainerNotRunning(f"cannot write {RUNTIME_DIR} in the container: {e}") from None
 
-    def _write_identity(self, ref: ContainerRef, sandbox_id: str) -> str:
+    def _write_identity(self, ref: ContainerRef, sandbox_id: str, *, pid: int | None = None) -> str:
         """Write sandbox-id and a fresh seed into /run/agentenv; return the restore marker found there."""
         return self._runtime_files(ref, {"sandbox-id": sandbox_id, "seed": str(secrets.randbits(63))},
-                                   read="marker")
+                                   read="marker", pid=pid)
 
     @_docker_errors
     def exec(self, ref: ContainerRef, argv: Sequence[str], *, user: str, timeout_s: float,

@@ -196,12 +196,12 @@ class CriuRuntime(DockerContainers):
         finally:
             shutil.rmtree(folder, ignore_errors=True)
             containerd.remove_restore_copies(token=token)
-        self._loopback_up(ref, checkpoint)
-        self._verify(ref, checkpoint, record, sandbox_id, started)
+        info = self.api.inspect_container(ref.container)  # the one inspect of this restore
+        self._loopback_up(ref, checkpoint, info)
+        self._verify(ref, checkpoint, record, sandbox_id, started, info)
 
-    def _loopback_up(self, ref: ContainerRef, checkpoint: Checkpoint) -> None:
+    def _loopback_up(self, ref: ContainerRef, checkpoint: Checkpoint, state: dict) -> None:
         """A sandbox without a network comes back with `lo` down (see `netns.py`): bring it up."""
-        state = self.api.inspect_container(ref.container)
         if not state["Config"].get("NetworkDisabled") or not state["State"].get("Running"):
             return  # Docker's network hook did it, or the restore died (`_verify` says so)
         try:
@@ -213,11 +213,13 @@ class CriuRuntime(DockerContainers):
                                   f"{checkpoint.path}") from None
 
     def _verify(self, ref: ContainerRef, checkpoint: Checkpoint, record: ImageRecord | None,
-                sandbox_id: str, started: float) -> None:
+                sandbox_id: str, started: float, info: dict) -> None:
         """The restore marker written before the dump must be back (else: a fresh start, or it died); with
-        `verify_restore`, CRIU's log of this start must report success and the init must be back."""
+        `verify_restore`, CRIU's log of this start must report success and the init must be back. `info`:
+        the container as Docker inspected it after the start."""
+        pid = int(info["State"].get("Pid") or 0)
         try:
-            found = self._write_identity(ref, sandbox_id)
+            found = self._write_identity(ref, sandbox_id, pid=pid)
         except ContainerNotRunning as e:
             found, detail = "", str(e)
         else:
@@ -227,12 +229,10 @@ class CriuRuntime(DockerContainers):
             problem = ("its restore marker is missing: it started afresh or died"
                        f"{': ' + detail if detail else ''}")
         elif self.settings.verify_restore:
-            info = self.api.inspect_container(ref.container)
             log_file = self._restore_log(info["Id"])
             if log_file is not None and not criu_log.restore_finished(log_file, started):
                 problem = f"CRIU's log {log_file} shows no finished restore of this start"
-            elif record is not None and not tree_matches(record.processes,
-                                                          process_tree(int(info["State"].get("Pid") or 0))):
+            elif record is not None and not tree_matches(record.processes, process_tree(pid)):
                 problem = "its checkpointed init process is not back"
         if problem:
             with contextlib.suppress(docker.errors.APIError):
