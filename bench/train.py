@@ -560,6 +560,7 @@ def part_heavy(args: argparse.Namespace, user: list[str], command: str) -> str:
     plot_modes({"KVLookup, k3_tiny": r}, ROOT / "docs" / "img" / "train_heavy_curve.png", HEAVY_TARGET,
                "k3_tiny on the heavy task (agentenv/KVLookup-v0)")
     reached = _minutes(r["time_to_target_s"], f"not within {args.heavy_minutes:g} min")
+    game = cfg.env.kwargs  # a plain dict after the schema's validation
     load = sum(sampler.loads) / max(len(sampler.loads), 1)
     lines = [
         "## Learning the heavy task (`bench/train.py --part heavy`)",
@@ -570,8 +571,8 @@ def part_heavy(args: argparse.Namespace, user: list[str], command: str) -> str:
         f"seed-reset groups on live sandboxes, at most {cap} episodes at once within a "
         f"{MEMORY_BUDGET_MIB} MiB `memory_budget`, warm starts), no emulated latency, stopping at success "
         f"{HEAVY_TARGET} (mean of the last {r['window']} iterations) or after {args.heavy_minutes:g} min. "
-        f"The game: {cfg.env.kwargs.num_values} values, {cfg.env.kwargs.max_turns} turns; a policy that "
-        f"ignores the answers wins at most {cfg.env.kwargs.max_turns / cfg.env.kwargs.num_values:.2f}, "
+        f"The game: {game['num_values']} values, {game['max_turns']} turns; a policy that "
+        f"ignores the answers wins at most {game['max_turns'] / game['num_values']:.2f}, "
         "binary search 1.0.",
         "",
         "| figure | value |",
