@@ -393,7 +393,9 @@ class Sandbox:
                 raise _state_error(rec, "resume")
             self._resume_locked(rec)
 
-    def _resume_locked(self, rec: SandboxRecord) -> None:
+    def _resume_locked(self, rec: SandboxRecord, *, keep_checkpoint: bool = False) -> None:
+        """Restore from the latest checkpoint and mark running; the checkpoint is then deleted unless
+        ``keep_checkpoint`` (forks still reading it: the caller deletes it)."""
         row = self._rt.registry.latest_checkpoint(self.id)
         if row is None:
             self._rt.registry.update_sandbox(self.id, state="broken", reason="paused without a checkpoint")
@@ -405,8 +407,9 @@ class Sandbox:
             # The checkpoint stays on disk and the sandbox stays paused: retry, fork, or remove it.
             self._rt.registry.update_sandbox(self.id, reason=f"last resume failed: {e}")
             raise CheckpointError(f"sandbox {self.id}: {e}; it stays paused (retry or remove it)") from None
-        self._rt.backend.discard_checkpoint(self._ref(rec), ck)
-        self._rt.registry.delete_checkpoint(ck.id)
+        if not keep_checkpoint:
+            self._rt.backend.discard_checkpoint(self._ref(rec), ck)
+            self._rt.registry.delete_checkpoint(ck.id)
         self._rt.registry.update_sandbox(self.id, state="running", reason=None)
 
     def freeze(self) -> None:
@@ -460,24 +463,21 @@ class Sandbox:
             row = self._pause_locked(rec) if was_running else self._rt.registry.latest_checkpoint(self.id)
             if row is None:
                 raise CheckpointError(f"sandbox {self.id} is paused but has no checkpoint in the registry")
-            ck = row if was_running else self._restorable(rec, row, "forked")
-            try:
-                forks = self._fork_from(self._record(), ck, n, labels)
-            except BaseException:
-                if was_running:
-                    self._resume_locked(self._record())
-                raise
-            if was_running:
-                try:
-                    self._resume_locked(self._record())
-                except CheckpointError as e:
-                    ids = ", ".join(f.id for f in forks)
-                    raise CheckpointError(f"forks {ids} were created, but {e}") from None
+            if not was_running:
+                return self._fork_from(self._record(), self._restorable(rec, row, "forked"), n, labels)[0]
+            forks, source_error = self._fork_from(self._record(), row, n, labels, resume_source=True)
+            if source_error is not None:
+                ids = ", ".join(f.id for f in forks)
+                raise CheckpointError(f"forks {ids} were created, but {source_error}") from None
             return forks
 
-    def _fork_from(self, rec: SandboxRecord, ck: Checkpoint, n: int,
-                   labels: Mapping[str, str] | None = None) -> list[Sandbox]:
-        """Restore `ck` into n new sandboxes, a few at a time; all or nothing."""
+    def _fork_from(self, rec: SandboxRecord, ck: Checkpoint, n: int, labels: Mapping[str, str] | None = None,
+                   *, resume_source: bool = False) -> tuple[list[Sandbox], BaseException | None]:
+        """Restore `ck` into n new sandboxes, all or nothing: first every fork's container and copy of the
+        files, then the restores, a few at a time. With `resume_source` (a running source paused for the
+        fork) the source's own restore runs alongside the forks' (they all read the same page images),
+        and its checkpoint is deleted once all are done; the source is brought back (or tried) also when
+        the forks fail. Returns the forks and the source's resume error (None: resumed, or not asked)."""
         cfg = self.config
         fork_labels = dict(rec.labels) if labels is None else {str(k): str(v) for k, v in labels.items()}
         ids = [secrets.token_hex(6) for _ in range(n)]
@@ -485,25 +485,41 @@ class Sandbox:
             self._rt.registry.insert_sandbox(id=sid, state="creating", image=rec.image, user=rec.user,
                                              config=rec.config, labels=fork_labels, parent_id=rec.id,
                                              parent_checkpoint=ck.id)
+        refs: dict[str, ContainerRef] = {}
 
-        def one(sid: str) -> ContainerRef:
+        def copy_files(sid: str) -> None:
             container_labels = {**fork_labels, LABEL_HOME: str(self._rt.home)}
             spec = ContainerSpec(sid, rec.image, rec.user, cfg, container_labels)
-            ref = self._rt.backend.fork(self._ref(rec), ck, spec)
-            self._rt.registry.update_sandbox(sid, state="running", container=ref.container, volume=ref.volume)
-            return ref
+            refs[sid] = ref = self._rt.backend.fork_files(self._ref(rec), spec)
+            self._rt.registry.update_sandbox(sid, container=ref.container, volume=ref.volume)
 
-        with ThreadPoolExecutor(max_workers=min(n, cfg.fork_parallelism)) as pool:
-            futures = [pool.submit(one, sid) for sid in ids]
-            wait(futures)
+        def restore(sid: str) -> None:
+            self._rt.backend.restore(refs[sid], ck, sandbox_id=sid)
+            self._rt.registry.update_sandbox(sid, state="running")
+
+        source_back = None
+        with ThreadPoolExecutor(max_workers=min(n, cfg.fork_parallelism) + resume_source) as pool:
+            futures = [pool.submit(copy_files, sid) for sid in ids]
+            wait(futures)  # the source stays stopped until its files are copied
+            if all(f.exception() is None for f in futures):
+                if resume_source:
+                    source_back = pool.submit(self._resume_locked, self._record(), keep_checkpoint=True)
+                futures = [pool.submit(restore, sid) for sid in ids]
+            elif resume_source:
+                source_back = pool.submit(self._resume_locked, self._record(), keep_checkpoint=True)
+            wait(futures + ([source_back] if source_back else []))
+        source_error = source_back.exception() if source_back is not None else None
+        if source_back is not None and source_error is None:
+            self._rt.backend.discard_checkpoint(self._ref(self._record()), ck)
+            self._rt.registry.delete_checkpoint(ck.id)
         errors = [f.exception() for f in futures if f.exception() is not None]
         if errors:
-            for sid, fut in zip(ids, futures, strict=True):
-                if fut.exception() is None:
-                    self._rt.backend.remove(fut.result())
+            for sid in ids:
+                if sid in refs:
+                    self._rt.backend.remove(refs[sid])
                 self._rt.registry.delete_sandbox(sid)
             raise errors[0]
-        return [Sandbox.get(sid) for sid in ids]
+        return [Sandbox.get(sid) for sid in ids], source_error
 
     def relabel(self, labels: Mapping[str, str], remove: Iterable[str] = ()) -> None:
         """Set `labels` and drop the `remove` keys in the registry, which is what `agentenv ls`, gc and

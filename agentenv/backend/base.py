@@ -126,8 +126,9 @@ class SandboxBackend(abc.ABC):
         """Restore the container from its checkpoint; verify it really restored (else CheckpointError)."""
 
     @abc.abstractmethod
-    def fork(self, source: ContainerRef, checkpoint: Checkpoint, spec: ContainerSpec) -> ContainerRef:
-        """A new container holding a copy of source's files, restored from `checkpoint` and verified."""
+    def fork_files(self, source: ContainerRef, spec: ContainerSpec) -> ContainerRef:
+        """A new container, not started, holding a copy of the stopped source's files (its work dir, and
+        its writable root unless read-only): a fork once `restore` brings a checkpoint's memory into it."""
 
     @abc.abstractmethod
     def discard_checkpoint(self, ref: ContainerRef, checkpoint: Checkpoint) -> None:

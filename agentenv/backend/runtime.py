@@ -158,11 +158,10 @@ class CriuRuntime(DockerContainers):
         self._restore(ref, checkpoint, sandbox_id)
 
     @_docker_errors
-    def fork(self, source: ContainerRef, checkpoint: Checkpoint, spec: ContainerSpec) -> ContainerRef:
+    def fork_files(self, source: ContainerRef, spec: ContainerSpec) -> ContainerRef:
         ref = self._new_container(spec)
         try:
             self._copy_files(source, ref, copy_rootfs=not spec.config.read_only)
-            self._restore(ref, checkpoint, spec.sandbox_id)
         except BaseException:
             self.remove(ref)
             raise

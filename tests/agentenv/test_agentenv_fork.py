@@ -47,6 +47,38 @@ def test_forking_a_running_sandbox_pauses_and_resumes_it(sandbox):
     assert sandbox.stats().checkpoint_bytes == 0
 
 
+def test_a_failed_fork_leaves_no_fork_and_the_running_source_running(sandbox, monkeypatch):
+    """The source's own restore runs alongside its forks'; when one fork cannot be restored, all forks
+    go (all or nothing) and the source still comes back, counting on from its checkpoint."""
+    from agentenv.errors import CheckpointError
+
+    start_counter(sandbox)
+    sandbox.write_file("kept.txt", "source file")
+    backend = sandbox._rt.backend
+    real_restore = type(backend).restore
+    source_container = sandbox._record().container
+    restored: list[str] = []
+
+    def restore(self, ref, checkpoint, *, sandbox_id):
+        restored.append(sandbox_id)
+        if ref.container != source_container and len(restored) == 2:  # one fork fails
+            raise CheckpointError("injected: this fork's restore failed")
+        return real_restore(self, ref, checkpoint, sandbox_id=sandbox_id)
+
+    monkeypatch.setattr(type(backend), "restore", restore)
+    before = {s.id for s in Sandbox.list()}
+    with pytest.raises(CheckpointError, match="injected"):
+        sandbox.fork(3)
+    monkeypatch.undo()
+    assert sandbox.id in restored and len(restored) == 4  # the source and three forks were restored
+    assert {s.id for s in Sandbox.list()} == before  # no fork left behind
+    assert sandbox.status == "running" and sandbox.stats().checkpoint_bytes == 0
+    assert sandbox.read_file("kept.txt") == b"source file"
+    c = count(sandbox)
+    time.sleep(0.3)
+    assert count(sandbox) > c
+
+
 def test_fork_carries_the_writable_layer_when_the_root_is_writable(make_sandbox):
     sb = make_sandbox(read_only=False)
     sb.exec("echo layer > /var/tmp/in-layer")
