@@ -65,7 +65,7 @@ def rollout_throughput(overrides: list[str], groups: int, repeats: int) -> dict:
     group = cfg.algo.group_size
     try:
         runner.run(list(range(groups)), group, torch.Generator().manual_seed(0))  # warm-up
-        steps = step_s = reset_s = total = forks = fork_s = 0.0
+        steps = step_s = reset_s = total = forks = fork_s = fork_phase_s = 0.0
         for r in range(repeats):
             _, stats = runner.run(
                 list(range(100 + r * groups, 100 + (r + 1) * groups)), group, torch.Generator().manual_seed(r)
@@ -76,6 +76,7 @@ def rollout_throughput(overrides: list[str], groups: int, repeats: int) -> dict:
             total += stats.total_s
             forks += stats.forks
             fork_s += stats.fork_s
+            fork_phase_s += stats.fork_phase_s
     finally:
         runner.close()
     return {
@@ -83,6 +84,7 @@ def rollout_throughput(overrides: list[str], groups: int, repeats: int) -> dict:
         "step_ms": 1000 * step_s / max(steps, 1),
         "episodes_per_s": groups * group * repeats / total,
         "fork_ms": 1000 * fork_s / forks if forks else None,
+        "fork_phase_ms": 1000 * fork_phase_s / forks if forks else None,
     }
 
 
@@ -222,15 +224,27 @@ def part_train(args: argparse.Namespace, user: list[str], command: str) -> str:
         f"{groups} groups x {rollout_group_size} episodes, {repeats} repeats; env steps/s = steps / "
         "wall time of the parallel reset (and fork) and step phases; episodes/s includes generation):",
         "",
-        "| sandbox access / group start | env steps/s | episodes/s | fork ms per sandbox | vs baseline |",
-        "|---|---|---|---|---|",
+        "| sandbox access / group start | env steps/s | episodes/s | fork latency ms per forked sandbox | "
+        "fork phase wall ms per forked sandbox | vs baseline (env steps/s) |",
+        "|---|---|---|---|---|---|",
     ]
     for name, r in rollout.items():
         fork = f"{r['fork_ms']:.0f}" if r["fork_ms"] else "-"
+        phase = f"{r['fork_phase_ms']:.0f}" if r["fork_phase_ms"] else "-"
         lines.append(
-            f"| {name} | {r['env_steps_per_s']:.0f} | {r['episodes_per_s']:.1f} | {fork} | "
+            f"| {name} | {r['env_steps_per_s']:.0f} | {r['episodes_per_s']:.1f} | {fork} | {phase} | "
             f"{r['env_steps_per_s'] / base:.1f}x |"
         )
+    seeded, forked = rollout["shell session, seed groups (default)"], rollout["shell session, forked groups"]
+    forked_vs_seeded = forked["episodes_per_s"] / seeded["episodes_per_s"]
+    lines += [
+        "",
+        "Fork latency: each group's fork of its G-1 members (all groups fork at once), over its members; "
+        "fork phase: the wall time of the whole fork phase over all forked members, i.e. what a forked "
+        f"member costs the rollout. Forked groups run at {forked_vs_seeded:.2f}x "
+        "the episodes/s of seed groups (target >= 0.9x), at "
+        f"{forked['fork_phase_ms']:.0f} ms of fork phase per forked member (target <= 500 ms).",
+    ]
     s, a = runs["sync"], runs["async"]
     rows = [
         ("iterations (optimizer steps of a batch)", lambda r: f"{r['iterations']}"),

@@ -114,7 +114,8 @@ class RolloutStats:
     pauses: int = 0  # by the sandbox pool during this run
     resumes: int = 0
     forks: int = 0
-    fork_s: float = 0.0
+    fork_s: float = 0.0  # each group's fork latency, summed over groups (they fork at once)
+    fork_phase_s: float = 0.0  # wall time of the fork phases: with `forks`, the cost per forked member
     sandboxes_created: int = 0
     sandbox_running_s: float = 0.0  # sandbox-seconds of the pool's members running since the last run
     sandbox_paused_s: float = 0.0  # ... and paused
@@ -512,7 +513,10 @@ class EpisodeRunner:
                 stats.forks += group_size - 1
             return obs, None, forks
 
-        for g, (obs, err, forks) in enumerate(self.threads.map(fork, zip(jobs, results, strict=True))):
+        t = time.perf_counter()
+        forked = list(self.threads.map(fork, zip(jobs, results, strict=True)))
+        stats.fork_phase_s += time.perf_counter() - t
+        for g, (obs, err, forks) in enumerate(forked):
             members = [jobs[g][0], *forks] if err is None else [jobs[g][0]] + [None] * (group_size - 1)
             owned_forks.update(id(f) for f in forks)
             for j, env in enumerate(members):

@@ -107,6 +107,8 @@ def test_fork_group_start_gives_byte_identical_starts_even_for_random_state(poli
     finally:
         runner.close()
     assert stats.failed == 0 and stats.forks == 4
+    # the two groups fork at once: the phase's wall time is at most their summed latencies
+    assert 0 < stats.fork_phase_s <= stats.fork_s
     firsts = [e.first_observation for e in episodes]
     assert firsts[0] == firsts[1] == firsts[2] and firsts[3] == firsts[4] == firsts[5]
     assert firsts[0] != firsts[3] and len(firsts[0]) == 12  # 6 random bytes drawn inside the sandbox
