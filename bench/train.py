@@ -168,17 +168,23 @@ def _minutes(seconds: float | None, missed: str = "not reached") -> str:
     return f"{seconds / 60:.1f} min" if seconds is not None else missed
 
 
-def header(command: str) -> list[str]:
+def header(command: str, start_load: float) -> list[str]:
+    """The machine, the time, the command, and the 1-minute load average at the part's start (taken
+    before it ran anything: other jobs) and now."""
+    shared = ""
+    if start_load > 1.0:
+        shared = " — other jobs were running when it started, so wall times are upper bounds"
     return [
         f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), no GPU; "
         f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Command: `{command}`.",
-        "Other jobs shared the cores during the run, so wall times are upper bounds.",
+        f"Load average (1 min): {start_load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end{shared}.",
     ]
 
 
 def part_train(args: argparse.Namespace, user: list[str], command: str) -> str:
     """The rollout micro-benchmark and the sync vs async training runs of `make train`'s config; the
     text of the ``bench:train`` section."""
+    start_load = os.getloadavg()[0]
     groups, repeats = (2, 2) if args.quick else (8, 3)
     rollout_group_size = compose(user).algo.group_size
 
@@ -218,7 +224,7 @@ def part_train(args: argparse.Namespace, user: list[str], command: str) -> str:
     lines = [
         "## Training (`bench/train.py`)",
         "",
-        *header(command),
+        *header(command, start_load),
         "",
         "Rollout of the default task (GuessNumber, untrained tiny K3 policy, "
         f"{groups} groups x {rollout_group_size} episodes, {repeats} repeats; env steps/s = steps / "
@@ -401,6 +407,7 @@ def fixed_memory_run(pool_name: str, limit_s: float) -> list[str]:
 def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
     """The fixed-memory table: rows (a), (b), (c) at each policy latency; the text of the
     ``bench:train-memory`` section."""
+    start_load = os.getloadavg()[0]
     group = compose([f"env={MEMORY_ENV}", *user]).algo.group_size
     cap = max(group, MEMORY_BUDGET_MIB // SANDBOX_MIB // group * group)  # whole groups within the budget
     limit_s = args.memory_minutes * 60
@@ -444,7 +451,7 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
     lines = [
         "## Training at fixed memory (`bench/train.py --part memory`)",
         "",
-        *header(command),
+        *header(command, start_load),
         "",
         f"Task `agentenv/KVLookup-v0` (`env={MEMORY_ENV}`: a service holding 200 MiB in memory, about "
         f"{SANDBOX_MIB} MiB per sandbox), k3_tiny, GRPO groups of {group}, warm starts; every pool's "
@@ -553,6 +560,7 @@ def part_heavy(args: argparse.Namespace, user: list[str], command: str) -> str:
     """k3_tiny learning the heavy task alone: row (a)'s setup (sync, seed-reset groups on live sandboxes,
     concurrency within the 2 GiB budget), no emulated latency, ``--heavy-minutes`` at most; the text of
     the ``bench:train-heavy`` section and its curve."""
+    start_load = os.getloadavg()[0]
     group = compose([f"env={MEMORY_ENV}", *user]).algo.group_size
     cap = max(group, MEMORY_BUDGET_MIB // SANDBOX_MIB // group * group)
     _name, row_a = memory_rows(cap)["a"]
@@ -579,7 +587,7 @@ def part_heavy(args: argparse.Namespace, user: list[str], command: str) -> str:
     lines = [
         "## Learning the heavy task (`bench/train.py --part heavy`)",
         "",
-        *header(command),
+        *header(command, start_load),
         "",
         f"`python -m rl.train env={MEMORY_ENV}` with row (a)'s setup of the fixed-memory table (sync, "
         f"seed-reset groups on live sandboxes, at most {cap} episodes at once within a "
