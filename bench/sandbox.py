@@ -106,12 +106,18 @@ def ratio(a: Samples, b: Samples) -> str:
     return f"{a.p50 / b.p50:.2f}×" if a.values and b.values else "–"
 
 
-def mem_available() -> int:
-    """The host's MemAvailable in bytes (/proc/meminfo)."""
+def meminfo(field_name: str) -> int:
+    """One /proc/meminfo field in bytes (MemAvailable, AnonPages, Cached)."""
     for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
+        if line.startswith(f"{field_name}:"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError("/proc/meminfo has no MemAvailable")
+    raise RuntimeError(f"/proc/meminfo has no {field_name}")
+
+
+def host_memory() -> dict[str, int]:
+    """MemAvailable (what the kernel could hand out, page cache mostly counted in), AnonPages (memory of
+    processes, which only they can free) and Cached (page cache: checkpoint images read or written)."""
+    return {k: meminfo(k) for k in ("MemAvailable", "AnonPages", "Cached")}
 
 
 def _first_line(argv: list[str]) -> str:
@@ -306,15 +312,18 @@ class Bench:
         sb, _ = self.sandbox(mb)
         sb.pause()
         settle()
-        base = mem_available()
+        base = host_memory()
         disk0 = self.backend.store.usage()
         forks = sb.fork(n)
         settle()
-        running_drop = base - mem_available()
+        running = host_memory()
         for f in forks:
             f.pause()
         settle()
-        paused_drop = base - mem_available()
+        paused = host_memory()
+        running_drop, paused_drop = (base["MemAvailable"] - m["MemAvailable"] for m in (running, paused))
+        anon_running, anon_paused = (m["AnonPages"] - base["AnonPages"] for m in (running, paused))
+        cached_paused = paused["Cached"] - base["Cached"]
         disk = self.backend.store.usage() - disk0
         empty = all(self.no_process_left(f) for f in forks)
         reach = Samples()
@@ -324,6 +333,7 @@ class Bench:
         for f in [*forks, sb]:
             f.close()
         return {"n": n, "running_drop": running_drop, "paused_drop": paused_drop, "disk": disk,
+                "anon_running": anon_running, "anon_paused": anon_paused, "cached_paused": cached_paused,
                 "reach": reach, "empty": empty}
 
     def cleanup(self) -> None:
@@ -439,10 +449,15 @@ def render(results: dict[int, dict], dens: dict | None, pool: dict | None, facts
         n = dens["n"]
         lines += [
             "",
-            f"Footprint of {n} forks of one paused 128 MiB sandbox, from the host: `MemAvailable` dropped by "
+            f"Footprint of {n} forks of one paused 128 MiB sandbox, from the host (measured before the "
+            "Docker baselines above ran): `MemAvailable` dropped by "
             f"{dens['running_drop'] / MiB:.0f} MiB with all {n} running "
             f"({dens['running_drop'] / n / MiB:.0f} MiB "
-            f"each) and by {dens['paused_drop'] / MiB:.0f} MiB with all {n} paused; process left in their "
+            f"each) and by {dens['paused_drop'] / MiB:.0f} MiB with all {n} paused; processes' memory "
+            f"(`AnonPages`) rose by {dens['anon_running'] / MiB:.0f} MiB running and "
+            f"{dens['anon_paused'] / MiB:.0f} MiB paused, while the page cache grew by "
+            f"{dens['cached_paused'] / MiB:.0f} MiB (the checkpoint images just written, which the kernel "
+            "can drop, partly counted as unavailable in `MemAvailable`); process left in their "
             f"cgroups while paused: {'none' if dens['empty'] else 'YES'}; checkpoint images on disk "
             f"{dens['disk'] / MiB:.0f} MiB ({dens['disk'] / n / MiB:.0f} MiB each); each was reachable again "
             "in "
@@ -527,13 +542,14 @@ def sandbox_part(args: argparse.Namespace, cmd: str) -> None:
     results: dict[int, dict] = {}
     dens = pool = None
     try:
+        if n_density:  # first: Docker's own checkpoint path, measured below, leaves its daemons freeing
+            # hundreds of MiB for minutes afterwards, which would show in the host's MemAvailable
+            print(f"== footprint: {n_density} x 128 MiB", flush=True)
+            dens = bench.density(128, n_density)
         for mb in sizes:
             print(f"== {mb} MiB", flush=True)
             results[mb] = bench.run_size(mb)
             print({k: (v.fmt() if isinstance(v, Samples) else v) for k, v in results[mb].items()}, flush=True)
-        if n_density:
-            print(f"== footprint: {n_density} x 128 MiB", flush=True)
-            dens = bench.density(128, n_density)
         if args.pool:
             print("== SandboxPool", flush=True)
             pool = pool_run(128, n=4 if args.quick else 8, active=2 if args.quick else 3,
