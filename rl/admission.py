@@ -149,7 +149,8 @@ class SandboxGate:
                             return taken, time.perf_counter() - started if waited else 0.0
                         if self._parked:
                             waited = True
-                            self._evict_locked()
+                            if not self._evict_locked():
+                                self._cond.wait(POLL_S)  # its pause failed: let it be, try again later
                             continue
                     waited = True
                     self._cond.wait(POLL_S)
@@ -157,21 +158,35 @@ class SandboxGate:
                 self._queue.remove(ticket)
                 self._cond.notify_all()
 
-    def _evict_locked(self) -> None:
-        """Pause the least recently parked env's sandbox (the lock released meanwhile); free its slot."""
+    def _evict_locked(self) -> bool:
+        """Pause the least recently parked env's sandbox (the lock released meanwhile) to free its slot;
+        True when freed. A sandbox that still runs after its pause failed (CRIU refused the dump, the
+        disk cap refused the checkpoint) keeps its slot, parked again as the most recent: the budget
+        holds, and the caller tries again later."""
         key, env = self._parked.popitem(last=False)
         self._held[key] = EVICTING
         self._cond.release()
+        still_running = False
         try:
             self.pause_fn(env)
-            if self.running_fn(env):  # e.g. the disk cap refused its checkpoint: it runs outside the gate
-                log.warning("could not pause a parked sandbox to free a slot; it keeps running")
+            still_running = self.running_fn(env)
+            if still_running:
+                log.warning("could not pause a parked sandbox to free a slot; it keeps its slot")
         except Exception as exc:  # a dead sandbox holds no memory; its env's next step finds out
             log.warning("could not pause a parked sandbox to free a slot: %s", exc)
+            try:
+                still_running = self.running_fn(env)
+            except Exception:  # gone: it holds no memory
+                still_running = False
         finally:
             self._cond.acquire()
-            del self._held[key]
+            if still_running:
+                self._held[key] = PARKED
+                self._parked[key] = env
+            else:
+                del self._held[key]
             self._cond.notify_all()
+        return not still_running
 
     def release(self, n: int) -> None:
         """Give back ``n`` slots taken by `acquire` and not bound (e.g. a fork that failed)."""

@@ -169,3 +169,36 @@ def test_a_snapshot_and_its_resume_finish_under_a_one_slot_budget(sandbox_config
     finally:
         for sandbox_id in kept:  # the checkpoint's sandboxes: gone with it
             Sandbox.get(sandbox_id).close()
+
+
+def test_a_parked_sandbox_whose_pause_fails_keeps_its_slot_until_a_pause_succeeds(sandbox_config):
+    """One slot, held by a parked sandbox whose first pause fails (it keeps running): a waiter must not
+    get the slot then, only once a later pause of it succeeds."""
+    import uuid
+
+    from agentenv import SandboxConfig, SandboxPool
+    from rl.admission import SandboxGate
+
+    pool = SandboxPool(f"gate-{uuid.uuid4().hex[:6]}", memory_budget="100m", idle_after_s=0.0)
+    holder = Sandbox.create(config=SandboxConfig.load(**{**sandbox_config, "labels": {}}))
+    pauses: list[str] = []
+
+    def pause(sb: Sandbox) -> bool:
+        pauses.append(sb.status)
+        if len(pauses) == 1:
+            return False  # as when CRIU refuses the dump: the sandbox runs on
+        sb.pause()
+        return True
+
+    gate = SandboxGate(pool, pause_fn=pause, running_fn=lambda sb: sb.status == "running")
+    gate.fallback_bytes = 60 * 1024**2  # no member measured: one slot of the 100 MiB budget
+    try:
+        assert gate.slots() == 1
+        assert gate.acquire(1)[0] == 1
+        gate.bind(holder)  # running, parked between its turns
+        taken, waited_s = gate.acquire(1)  # the other start: evicts the holder, which fails once
+        assert taken == 1 and waited_s > 0
+        assert pauses == ["running", "running"]  # the failed pause kept the slot; the retry freed it
+        assert holder.status == "paused"
+    finally:
+        holder.close()
