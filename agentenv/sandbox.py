@@ -408,9 +408,13 @@ class Sandbox:
             self._rt.registry.update_sandbox(self.id, reason=f"last resume failed: {e}")
             raise CheckpointError(f"sandbox {self.id}: {e}; it stays paused (retry or remove it)") from None
         if not keep_checkpoint:
-            self._rt.backend.discard_checkpoint(self._ref(rec), ck)
-            self._rt.registry.delete_checkpoint(ck.id)
+            self._drop_checkpoint(rec, ck)
         self._rt.registry.update_sandbox(self.id, state="running", reason=None)
+
+    def _drop_checkpoint(self, rec: SandboxRecord, ck: Checkpoint) -> None:
+        """Delete a checkpoint the sandbox no longer needs: its images and its registry row."""
+        self._rt.backend.discard_checkpoint(self._ref(rec), ck)
+        self._rt.registry.delete_checkpoint(ck.id)
 
     def freeze(self) -> None:
         """Freeze every process (cgroup freezer, `docker pause`): no CPU, but the memory stays and the
@@ -501,17 +505,15 @@ class Sandbox:
         with ThreadPoolExecutor(max_workers=min(n, cfg.fork_parallelism) + resume_source) as pool:
             futures = [pool.submit(copy_files, sid) for sid in ids]
             wait(futures)  # the source stays stopped until its files are copied
-            if all(f.exception() is None for f in futures):
-                if resume_source:
-                    source_back = pool.submit(self._resume_locked, self._record(), keep_checkpoint=True)
-                futures = [pool.submit(restore, sid) for sid in ids]
-            elif resume_source:
+            copied = all(f.exception() is None for f in futures)
+            if resume_source:
                 source_back = pool.submit(self._resume_locked, self._record(), keep_checkpoint=True)
+            if copied:
+                futures = [pool.submit(restore, sid) for sid in ids]
             wait(futures + ([source_back] if source_back else []))
         source_error = source_back.exception() if source_back is not None else None
         if source_back is not None and source_error is None:
-            self._rt.backend.discard_checkpoint(self._ref(self._record()), ck)
-            self._rt.registry.delete_checkpoint(ck.id)
+            self._drop_checkpoint(self._record(), ck)
         errors = [f.exception() for f in futures if f.exception() is not None]
         if errors:
             for sid in ids:

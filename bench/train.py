@@ -387,6 +387,13 @@ def memory_rows(cap: int) -> dict[str, tuple[str, list[str]]]:
     }
 
 
+def memory_concurrency(user: list[str]) -> tuple[int, int]:
+    """The heavy task's GRPO group size and the episodes rows (a) and (b) play at once: whole groups of
+    sandboxes within the memory budget (at least one group)."""
+    group = compose([f"env={MEMORY_ENV}", *user]).algo.group_size
+    return group, max(group, MEMORY_BUDGET_MIB // SANDBOX_MIB // group * group)
+
+
 def fixed_memory_run(pool_name: str, limit_s: float) -> list[str]:
     """The overrides every run on the heavy task shares: its env, warm starts, the sandbox memory
     budget, its own pool name, a time limit, and no checkpoints, TensorBoard or progress bar (the bench
@@ -408,8 +415,7 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
     """The fixed-memory table: rows (a), (b), (c) at each policy latency; the text of the
     ``bench:train-memory`` section."""
     start_load = os.getloadavg()[0]
-    group = compose([f"env={MEMORY_ENV}", *user]).algo.group_size
-    cap = max(group, MEMORY_BUDGET_MIB // SANDBOX_MIB // group * group)  # whole groups within the budget
+    group, cap = memory_concurrency(user)
     limit_s = args.memory_minutes * 60
     latencies = (2.0,) if args.quick else (0.0, 2.0)
     rows = memory_rows(cap)
@@ -561,8 +567,7 @@ def part_heavy(args: argparse.Namespace, user: list[str], command: str) -> str:
     concurrency within the 2 GiB budget), no emulated latency, ``--heavy-minutes`` at most; the text of
     the ``bench:train-heavy`` section and its curve."""
     start_load = os.getloadavg()[0]
-    group = compose([f"env={MEMORY_ENV}", *user]).algo.group_size
-    cap = max(group, MEMORY_BUDGET_MIB // SANDBOX_MIB // group * group)
+    _group, cap = memory_concurrency(user)
     _name, row_a = memory_rows(cap)["a"]
     overrides = [
         *fixed_memory_run("bench-heavy", args.heavy_minutes * 60),
