@@ -542,8 +542,8 @@ def sandbox_part(args: argparse.Namespace, cmd: str) -> None:
     results: dict[int, dict] = {}
     dens = pool = None
     try:
-        if n_density:  # first: Docker's own checkpoint path, measured below, leaves its daemons freeing
-            # hundreds of MiB for minutes afterwards, which would show in the host's MemAvailable
+        if n_density:  # first: measured after Docker's own checkpoint path (below), the host's
+            # MemAvailable moved by hundreds of MiB that were not the forks' (a drop below zero)
             print(f"== footprint: {n_density} x 128 MiB", flush=True)
             dens = bench.density(128, n_density)
         for mb in sizes:
