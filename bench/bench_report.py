@@ -1,5 +1,6 @@
 """What the bench scripts share: writing one benchmark's section of docs/benchmarks.md (leaving every
-other section as it is), the typed training config for Hydra overrides, and the line naming the machine.
+other section as it is), the typed training config for Hydra overrides, the line naming the machine,
+and the host's busy CPU time.
 
 Each script under bench/ owns the text between its `<!-- bench:NAME:start -->` and
 `<!-- bench:NAME:end -->` markers and replaces it whole on every run.
@@ -37,6 +38,15 @@ def training_machine() -> str:
     return (f"Python {platform.python_version()}, torch {torch.__version__}, ray {ray.__version__}; "
             f"{os.cpu_count()} CPU cores ({platform.machine()}), no GPU; "
             f"load average {os.getloadavg()[0]:.1f} at the start")
+
+
+def host_cpu_seconds() -> float:
+    """CPU time the whole host has spent busy (all cores, every process, the kernel included) since boot,
+    from /proc/stat: the difference over an operation on an otherwise idle machine is what it cost,
+    including the work it caused in dockerd, containerd, runc and CRIU."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def write_section(name: str, body: str, path: Path = BENCHMARKS_MD) -> None:

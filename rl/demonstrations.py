@@ -171,7 +171,7 @@ class Recorder:
                 return demo
 
 
-def _task_env(run: RunConfig) -> gymnasium.Env:
+def task_env(run: RunConfig) -> gymnasium.Env:
     """The task as the rollout makes it: kwargs with the sandbox profile, gymnasium checks, wrappers."""
     from rl.rollout import task_kwargs
     from rl.wrappers import make_env, wrapper_specs
@@ -184,14 +184,14 @@ def record(
 ) -> Generator[Demonstration]:
     """Play ``num_episodes`` expert episodes in one live sandbox (replaced if an episode breaks it)."""
     recorder = Recorder(run.env, tokenizer, tokenizer_name)
-    env = _task_env(run)
+    env = task_env(run)
     try:
         for index, seed in enumerate(episode_seeds(run.seed, num_episodes)):
             demo = recorder.play(env, expert_for(run.env.id, quality, seed), seed, index)
             yield demo
             if demo.episode.error is not None:
                 env.close()
-                env = _task_env(run)
+                env = task_env(run)
     finally:
         env.close()
 
