@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_report import write_section  # noqa: E402
+from bench_report import host_cpu_seconds, write_section  # noqa: E402
 
 MiB = 2**20
 # The sandbox's state: what an agent's earlier steps built. Rebuilding it is what a cold start costs.
@@ -251,14 +251,20 @@ class Bench:
         time.sleep(0.3)
         out["running_rss"] = sb.stats().rss_bytes
         pause, resume, image, empty = Samples(), Samples(), [], []
+        resume_cpu, criu_restore = Samples(), Samples()
         for _ in range(a.reps):
             before = self.count(sb)
             pause.add(timed(sb.pause))
             empty.append(self.no_process_left(sb) and sb.stats().rss_bytes == 0)
             image.append(sb.stats().checkpoint_bytes)
+            cpu = host_cpu_seconds()
             resume.add(timed(sb.resume))
+            resume_cpu.add(host_cpu_seconds() - cpu)
+            if (criu_s := self.criu_restore_seconds(sb)) is not None:
+                criu_restore.add(criu_s)
             assert self.count(sb) >= before, "state lost across pause/resume"
-        out.update(pause=pause, resume=resume, image=max(image), paused_empty=all(empty))
+        out.update(pause=pause, resume=resume, image=max(image), paused_empty=all(empty),
+                   resume_cpu=resume_cpu, criu_restore=criu_restore)
 
         cid = self.plain_container(mb)
         dk_pause, dk_resume = Samples(), Samples()
@@ -279,17 +285,26 @@ class Bench:
         self.plain.remove(cid)
 
         sb.pause()  # a paused template: warm starts and fork(8) restore its checkpoint
-        warm, fork8 = Samples(), Samples()
+        warm, fork8, fork8_cpu = Samples(), Samples(), Samples()
         for _ in range(a.fork_reps):
             for n, samples in ((1, warm), (8, fork8)):
-                t = time.perf_counter()
+                cpu, t = host_cpu_seconds(), time.perf_counter()
                 forks = sb.fork(n)
                 samples.add(time.perf_counter() - t)
+                if n == 8:
+                    fork8_cpu.add(host_cpu_seconds() - cpu)
                 for f in forks:
                     f.close()
-        out.update(warm=warm, fork8=fork8)
+        out.update(warm=warm, fork8=fork8, fork8_cpu=fork8_cpu)
         sb.close()
         return out
+
+    def criu_restore_seconds(self, sb) -> float | None:
+        """How long CRIU itself took for the sandbox's last restore, from its log (None: no log here)."""
+        from agentenv.backend import criu_log
+
+        path = self.backend.restore_log(sb.container_id)
+        return criu_log.restore_seconds(path) if path is not None else None
 
     def cpu_window(self, sb, plain: str) -> dict[str, float | None]:
         """CPU seconds over `--cpu-window` s: sandbox running, plain container frozen, sandbox paused."""
@@ -428,14 +443,23 @@ def render(results: dict[int, dict], dens: dict | None, pool: dict | None, facts
         )
     lines += ["", "Targets, from this run: resume p50 ≤ 0.25 s and ≤ 0.1× Docker's restore; pause ≤ 0.3× "
               "Docker's checkpoint; fork(8) ≤ 2× one resume.", ""]
+    cores = os.cpu_count() or 1
     for mb, r in results.items():
         one = r["resume"].p50
+        criu = (f"CRIU's own restore, from its log, {r['criu_restore'].p50:.3f} s of it"
+                if r["criu_restore"].values else "CRIU's restore log not found")
         lines.append(
-            f"- {mb} MiB: resume {one:.3f} s = {ratio(r['resume'], r['dk_resume'])} of Docker's; pause "
+            f"- {mb} MiB: resume {one:.3f} s = {ratio(r['resume'], r['dk_resume'])} of Docker's ({criu}; "
+            f"the host's CPU busy for {r['resume_cpu'].p50:.3f} CPU-s); pause "
             f"{ratio(r['pause'], r['dk_pause'])} of Docker's; fork(8) = {r['fork8'].p50 / one:.1f}× one "
-            "resume; "
+            f"resume, using {r['fork8_cpu'].p50:.2f} CPU-s of the host: on {cores} cores its restores "
+            f"cannot take less than {r['fork8_cpu'].p50 / cores:.2f} s = "
+            f"{r['fork8_cpu'].p50 / cores / one:.1f}× one resume; "
             f"warm start {ratio(r['warm'], r['cold'])} of a cold start."
         )
+    lines += ["", "CPU-s: the host's busy CPU time over the call (/proc/stat, every core and process: "
+              "dockerd, containerd, runc and CRIU included): the call's cost when nothing else runs "
+              "(see the load above)."]
     cpu = next((r["cpu"] for r in results.values() if "cpu" in r), None)
     if cpu:
         lines += [

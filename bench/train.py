@@ -308,17 +308,17 @@ class SandboxMemorySampler:
     def __init__(self, prefix: str, interval_s: float = 1.0) -> None:
         self.prefix = prefix
         self.interval_s = interval_s
-        self.samples: list[int] = []
+        self.samples: list[tuple[int, int]] = []  # (bytes, sandboxes with processes) per sample
         self.loads: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def _sample(self) -> int:
+    def _sample(self) -> tuple[int, int]:
         from agentenv.backend import docker_client
         from agentenv.backend.cgroups import cgroup_dirs, read_usage
         from agentenv.pool.pool import LABEL_POOL
 
-        api, total = docker_client.api(), 0
+        api, total, count = docker_client.api(), 0, 0
         for c in api.containers(filters={"label": LABEL_POOL}):
             if not (c.get("Labels") or {}).get(LABEL_POOL, "").startswith(f"{self.prefix}-"):
                 continue
@@ -330,7 +330,8 @@ class SandboxMemorySampler:
             # only the container's own cgroup: a pid that is gone (or reused) would read another one's
             if c["Id"] in str(dirs.get("memory") or dirs.get("unified") or ""):
                 total += read_usage(pid).rss_bytes
-        return total
+                count += 1
+        return total, count
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -350,7 +351,12 @@ class SandboxMemorySampler:
 
     @property
     def peak_mib(self) -> float:
-        return max(self.samples, default=0) / 2**20
+        return max(self.samples, default=(0, 0))[0] / 2**20
+
+    @property
+    def peak_sandboxes(self) -> int:
+        """How many sandboxes had processes at the peak sample."""
+        return max(self.samples, default=(0, 0))[1]
 
 
 def memory_rows(cap: int) -> dict[str, tuple[str, list[str]]]:
@@ -502,7 +508,7 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
                 print(f"  failed: {results[(key, latency)]['error']}", flush=True)
                 shutil.rmtree(run_dir, ignore_errors=True)
                 continue
-            r["peak_mib"] = sampler.peak_mib
+            r["peak_mib"], r["peak_sandboxes"] = sampler.peak_mib, sampler.peak_sandboxes
             r["load"] = sum(sampler.loads) / max(len(sampler.loads), 1)
             r["pause_s"] = max(h.get("sandbox_pause_p50_s", 0.0) for h in r["history"])
             r["resume_s"] = max(h.get("sandbox_resume_p50_s", 0.0) for h in r["history"])
@@ -548,7 +554,8 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
             reached = _minutes(r["time_to_target_s"], f"not within {minutes}")
             vs = "-" if "error" in base else f"{r['episodes_per_s'] / base['episodes_per_s']:.2f}x"
             lines.append(
-                f"| {name} | {latency:g} s | {r['episodes_per_s']:.2f} | {vs} | {r['peak_mib']:.0f} MiB | "
+                f"| {name} | {latency:g} s | {r['episodes_per_s']:.2f} | {vs} | {r['peak_mib']:.0f} MiB "
+                f"({r['peak_sandboxes']} sandboxes) | "
                 f"{r['learner_idle_fraction']:.2f} | {reached} | "
                 f"{r['start_success']:.2f} / {r['end_success']:.2f} / {r['best_success']:.2f} | "
                 f"{r['iterations']} | {r['pauses_per_episode']:.1f} | "

@@ -1,5 +1,6 @@
-"""The one reader of CRIU's logs: the error lines of a failed dump or restore, and whether a restore
-log shows a finished restore (Docker has reported fresh starts as restores: docker/for-linux #1192)."""
+"""The one reader of CRIU's logs: the error lines of a failed dump or restore, whether a restore log
+shows a finished restore (Docker has reported fresh starts as restores: docker/for-linux #1192), and
+how long that restore took CRIU itself."""
 
 from __future__ import annotations
 
@@ -36,3 +37,14 @@ def restore_finished(path: Path, since: float) -> bool:
         return path.stat().st_mtime >= since - 1.0 and RESTORE_OK in path.read_text(errors="replace")[-4096:]
     except OSError:
         return False
+
+
+def restore_seconds(path: Path) -> float | None:
+    """Seconds CRIU spent on the last restore logged at `path`: the timestamp (relative to CRIU's start)
+    of its last "Restore finished successfully" line; None when the log has none or cannot be read."""
+    try:
+        tail = Path(path).read_text(errors="replace")[-65536:]
+    except OSError:
+        return None
+    found = re.findall(r"^\((\d+\.\d+)\) " + RESTORE_OK, tail, flags=re.MULTILINE)
+    return float(found[-1]) if found else None

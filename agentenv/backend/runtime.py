@@ -228,7 +228,7 @@ class CriuRuntime(DockerContainers):
             problem = ("its restore marker is missing: it started afresh or died"
                        f"{': ' + detail if detail else ''}")
         elif self.settings.verify_restore:
-            log_file = self._restore_log(info["Id"])
+            log_file = self.restore_log(info["Id"])
             if log_file is not None and not criu_log.restore_finished(log_file, started):
                 problem = f"CRIU's log {log_file} shows no finished restore of this start"
             elif record is not None and not tree_matches(record.processes, process_tree(pid)):
@@ -240,7 +240,7 @@ class CriuRuntime(DockerContainers):
                 f"Docker reported a successful restore of checkpoint {checkpoint.id}, but the container did "
                 f"not come back from it ({problem}); the checkpoint is kept at {checkpoint.path}")
 
-    def _restore_log(self, container_id: str) -> Path | None:
+    def restore_log(self, container_id: str) -> Path | None:
         """CRIU's restore log in the container's task bundle (None when containerd was not found)."""
         if self.host.containerd is None:
             return None

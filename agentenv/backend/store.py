@@ -5,6 +5,11 @@ Layout: `<store_dir>/<container id>/<checkpoint name>/` holds one checkpoint's C
 CRIU's log while the checkpoint is written. A pause first *reserves* its expected size
 (`<name>.reserved`), under a file lock shared by all processes, so that concurrent pauses cannot
 together overshoot the cap; the reservation is replaced by the real images when the dump ends.
+
+Deleting a checkpoint forgets it at once (its record file goes first) and frees its images on a
+background thread: unlinking a few hundred MiB of page images takes tens of milliseconds that a resume
+need not wait for. `usage` (and so the cap check) waits for the deletions in progress; a process that
+dies before one finishes leaves a folder without a record, which goes with its container.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ import fcntl
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -69,6 +76,25 @@ def disk_bytes(path: Path) -> int:
     return total
 
 
+_deleters: dict[int, ThreadPoolExecutor] = {}
+_deleters_lock = threading.Lock()
+
+
+def _deleter() -> ThreadPoolExecutor:
+    """This process's one background deleter (a forked child makes its own: threads do not survive a
+    fork); its thread is joined at interpreter exit, so pending deletions finish."""
+    with _deleters_lock:
+        pid = os.getpid()
+        if pid not in _deleters:
+            _deleters[pid] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentenv-store-delete")
+        return _deleters[pid]
+
+
+def _remove_trees(*paths: Path) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 class CheckpointStore:
     """CRIU images per container under one root, bounded by `cap` bytes in total."""
 
@@ -77,6 +103,8 @@ class CheckpointStore:
         self.cap = int(cap)
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)  # images hold all process memory (secrets included): root only
+        self._deleting: list[Future] = []
+        self._deleting_lock = threading.Lock()  # forks of one sandbox drop checkpoints from threads
 
     # ---- paths -------------------------------------------------------------------------------
     def container_dir(self, container_id: str) -> Path:
@@ -126,8 +154,18 @@ class CheckpointStore:
 
     # ---- deletion ----------------------------------------------------------------------------
     def delete(self, record: ImageRecord) -> None:
-        shutil.rmtree(record.path, ignore_errors=True)
-        shutil.rmtree(self.work_dir(record.path), ignore_errors=True)
+        """Forget the checkpoint now and free its images in the background (see the module docstring)."""
+        (record.path / RECORD_FILE).unlink(missing_ok=True)
+        future = _deleter().submit(_remove_trees, record.path, self.work_dir(record.path))
+        with self._deleting_lock:
+            self._deleting = [f for f in self._deleting if not f.done()] + [future]
+
+    def wait_for_deletions(self) -> None:
+        """Return once every deletion this store started has freed its images."""
+        with self._deleting_lock:
+            pending, self._deleting = self._deleting, []
+        for future in pending:
+            future.result()
 
     def delete_container(self, container_id: str) -> int:
         """Remove every image of a container; returns the bytes freed."""
@@ -142,6 +180,7 @@ class CheckpointStore:
     # ---- disk usage and the cap --------------------------------------------------------------
     def usage(self) -> int:
         """Bytes on disk of all images, plus the reservations of pauses in progress."""
+        self.wait_for_deletions()
         total = disk_bytes(self.root)
         for res in self.root.glob(f"*/*{RESERVED_SUFFIX}"):
             try:
