@@ -11,11 +11,23 @@ asks runc to checkpoint:
 * `DockerApiDump` (the `docker-criu` backend, the fallback): Docker's experimental checkpoint API
   (`POST /containers/{id}/checkpoints` with a checkpoint dir in the store), which works wherever
   `dockerd --experimental` runs, at Docker's cost (moby #40644).
+
+Docker's checkpoint goes through containerd's content store: the dump's tar, the container's spec and an
+index are written as blobs, read back by Docker, and left for containerd's garbage collector (about a
+second later). A second checkpoint of the same container before that collection writes the same spec
+blob, and containerd refuses it ("content sha256:...: already exists") *after* CRIU has dumped and
+stopped the container: Docker never extracts the images and the processes are lost. So dumps through
+Docker run one at a time on the host, and each first has containerd collect what the previous left (a
+lease deleted with ``--sync`` runs the collector) when containerd's CLI reaches Docker's containerd.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import logging
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker
@@ -24,6 +36,8 @@ from agentenv.backend import criu_log
 from agentenv.backend.host import HostSupport
 from agentenv.backend.settings import BackendSettings
 from agentenv.errors import CheckpointError
+
+log = logging.getLogger(__name__)
 
 # CRIU could not freeze every task in time (e.g. one in uninterruptible sleep): it resumed them all, and
 # a new attempt usually succeeds (seen on a heavily loaded host).
@@ -37,26 +51,56 @@ class ContainerdDump:
         assert host.ctr_path is not None and host.containerd is not None
         self.settings, self.host = settings, host
 
-    def ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
-        cmd = [str(self.host.ctr_path), "--address", self.host.containerd.address,  # type: ignore[union-attr]
-               "--namespace", self.settings.containerd_namespace, *args]
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=self.settings.op_timeout_s)
-        except subprocess.TimeoutExpired:
-            raise CheckpointError(f"`{' '.join(cmd)}` ran past {self.settings.op_timeout_s:.0f} s") from None
-
     def dump(self, api: docker.APIClient, container: str, path: Path, work: Path) -> None:
-        r = self.ctr("tasks", "checkpoint", "--exit", "--image-path", str(path), "--work-path", str(work),
-                     container)
+        r = ctr(self.settings, self.host, "tasks", "checkpoint", "--exit", "--image-path", str(path),
+                "--work-path", str(work), container)
         if r.returncode != 0:
             raise CheckpointError(f"CRIU could not checkpoint container {container[:12]}: "
                                   f"{r.stderr.strip()[-300:]}{criu_log.explain(work / 'dump.log')}")
 
 
+def ctr(settings: BackendSettings, host: HostSupport, *args: str) -> subprocess.CompletedProcess[str]:
+    """containerd's CLI on Docker's containerd, in Docker's namespace."""
+    cmd = [str(host.ctr_path), "--address", host.containerd.address,  # type: ignore[union-attr]
+           "--namespace", settings.containerd_namespace, *args]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=settings.op_timeout_s)
+    except subprocess.TimeoutExpired:
+        raise CheckpointError(f"`{' '.join(cmd)}` ran past {settings.op_timeout_s:.0f} s") from None
+
+
 class DockerApiDump:
-    """`POST /containers/{id}/checkpoints {CheckpointID, CheckpointDir, Exit: true}`."""
+    """`POST /containers/{id}/checkpoints {CheckpointID, CheckpointDir, Exit: true}`, one at a time on the
+    host, after containerd collected the previous one's blobs (see the module docstring)."""
+
+    def __init__(self, settings: BackendSettings, host: HostSupport) -> None:
+        self.settings, self.host = settings, host
+
+    @contextlib.contextmanager
+    def _one_at_a_time(self) -> Iterator[None]:
+        with open(self.settings.store_dir / ".docker-checkpoint.lock", "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def _collect_previous_checkpoint(self) -> None:
+        """Run containerd's garbage collector now: create a lease and delete it with ``--sync``."""
+        if self.host.ctr_path is None or self.host.containerd is None:
+            return  # containerd unreachable: its collector runs on its own schedule
+        made = ctr(self.settings, self.host, "leases", "create")
+        lease = made.stdout.split()[0] if made.returncode == 0 and made.stdout.split() else ""
+        if not lease or ctr(self.settings, self.host, "leases", "delete", "--sync", lease).returncode:
+            log.warning("could not run containerd's garbage collector before a checkpoint: %s",
+                        (made.stderr or "no lease id").strip()[-200:])
 
     def dump(self, api: docker.APIClient, container: str, path: Path, work: Path) -> None:
+        with self._one_at_a_time():
+            self._collect_previous_checkpoint()
+            self._post_checkpoint(api, container, path)
+
+    def _post_checkpoint(self, api: docker.APIClient, container: str, path: Path) -> None:
         path.rmdir()  # Docker creates <CheckpointDir>/<CheckpointID> itself and refuses an existing one
         try:
             res = api._post_json(api._url("/containers/{0}/checkpoints", container),

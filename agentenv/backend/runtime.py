@@ -71,7 +71,7 @@ class CriuRuntime(DockerContainers):
         self.name = name
         self.reason = reason  # why this backend runs (for `agentenv info`)
         self.settings, self.host = settings, host
-        self.dumper = ContainerdDump(settings, host) if name == "fastpath" else DockerApiDump()
+        self.dumper = (ContainerdDump if name == "fastpath" else DockerApiDump)(settings, host)
         self.store = CheckpointStore(settings.store_dir, settings.disk_cap)
 
     # ---- pause -------------------------------------------------------------------------------

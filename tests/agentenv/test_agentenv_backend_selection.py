@@ -149,5 +149,16 @@ def test_the_docker_criu_backend_pauses_resumes_and_forks(tmp_path, monkeypatch,
         (fork,) = sb.fork(1)
         assert count(fork) >= before and fork.exec("cat /run/agentenv/sandbox-id").stdout == fork.id
         fork.close()
+        # Checkpoints of one container back to back: containerd still holds the previous one's blobs
+        # unless collected first, and refusing the second one's spec blob would lose the processes.
+        for _ in range(3):
+            sb.pause()
+            sb.resume()
+        assert count(sb) >= before
+        backend.dumper._collect_previous_checkpoint()
+        left = subprocess.run([backend.host.ctr_path, "--address", backend.host.containerd.address,
+                               "--namespace", backend.settings.containerd_namespace, "content", "ls", "-q"],
+                              capture_output=True, text=True, timeout=30)
+        assert left.returncode == 0 and left.stdout.split() == [], left
     finally:
         sb.close()
