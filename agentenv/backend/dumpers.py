@@ -39,9 +39,10 @@ from agentenv.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-# CRIU could not freeze every task in time (e.g. one in uninterruptible sleep): it resumed them all, and
-# a new attempt usually succeeds (seen on a heavily loaded host).
-TRANSIENT_DUMP_ERRORS = ("Timeout reached", "Unseizable non-zombie")
+# CRIU (or runc, freezing the cgroup first) could not freeze every task in time (e.g. one in
+# uninterruptible sleep): the tasks were thawed, and a new attempt usually succeeds (seen on a heavily
+# loaded host).
+TRANSIENT_DUMP_ERRORS = ("Timeout reached", "Unseizable non-zombie", "unable to freeze")
 
 
 class ContainerdDump:

@@ -156,7 +156,11 @@ class CheckpointStore:
     def delete(self, record: ImageRecord) -> None:
         """Forget the checkpoint now and free its images in the background (see the module docstring)."""
         (record.path / RECORD_FILE).unlink(missing_ok=True)
-        future = _deleter().submit(_remove_trees, record.path, self.work_dir(record.path))
+        try:
+            future = _deleter().submit(_remove_trees, record.path, self.work_dir(record.path))
+        except RuntimeError:  # the interpreter is shutting down: no new threads, delete here
+            _remove_trees(record.path, self.work_dir(record.path))
+            return
         with self._deleting_lock:
             self._deleting = [f for f in self._deleting if not f.done()] + [future]
 
@@ -182,11 +186,16 @@ class CheckpointStore:
         """Bytes on disk of all images, plus the reservations of pauses in progress."""
         self.wait_for_deletions()
         total = disk_bytes(self.root)
-        for res in self.root.glob(f"*/*{RESERVED_SUFFIX}"):
-            try:
-                total += int(res.read_text() or 0)
-            except (OSError, ValueError):
+        for container_id in self.container_ids():
+            try:  # a container's folder vanishes when another process removes its sandbox meanwhile
+                reservations = list(self.container_dir(container_id).glob(f"*{RESERVED_SUFFIX}"))
+            except FileNotFoundError:
                 continue
+            for res in reservations:
+                try:
+                    total += int(res.read_text() or 0)
+                except (OSError, ValueError):
+                    continue
         return total
 
     @contextmanager

@@ -88,3 +88,22 @@ def test_a_store_on_tmpfs_is_refused():
     assert os.path.isdir(shm)
     with pytest.raises(ConfigError, match="tmpfs"):
         check_store_dir(shm / "agentenv-images")
+
+
+def test_usage_and_deletion_survive_folders_removed_meanwhile(tmp_path, monkeypatch):
+    """Another process removing a sandbox deletes its folder while this one sums the store (a pause's
+    cap check); a deleted checkpoint is forgotten at once and its images are gone once usage() returns."""
+    from agentenv.backend.store import CheckpointStore, ImageRecord
+
+    store = CheckpointStore(tmp_path / "store", cap=2**30)
+    with store.reserve("live", 4096) as path:
+        (path / "pages-1.img").write_bytes(b"x" * 8192)
+    record = ImageRecord(container_id="live", name=path.name, path=path, created=1.0, image_bytes=8192,
+                         processes=())
+    store.save(record)
+    listed = store.container_ids
+    monkeypatch.setattr(store, "container_ids", lambda: [*listed(), "removed-meanwhile"])
+    assert store.usage() >= 8192
+    store.delete(record)
+    assert store.records("live") == []  # forgotten at once
+    assert store.usage() < 8192 and not path.exists()  # usage() waited for the images to go

@@ -6,7 +6,8 @@ runner and its pool are gone, a new runner finishes the recorded episodes from t
 with their earlier tokens and versions as recorded; gc closes the kept sandboxes once the folder is gone.
 
 End to end: an async `rl.train` whose driver is SIGKILLed after a checkpoint resumes with the episodes
-that checkpoint recorded (their sandboxes survived the kill) and trains on them.
+that checkpoint recorded (their sandboxes survived the kill) and trains on them; stopped with Ctrl-C,
+the resumed run writes a checkpoint with its episodes in flight, from which the next run goes on.
 """
 
 from __future__ import annotations
@@ -160,50 +161,46 @@ def wait_for_playing_checkpoint(driver: subprocess.Popen, run_dir: Path) -> Path
     return None
 
 
-def wait_for_an_iteration(driver: subprocess.Popen, run_dir: Path) -> None:
+def wait_for_iterations(driver: subprocess.Popen, run_dir: Path, after: int, count: int) -> None:
+    """Until the run's metrics hold ``count`` iterations numbered above ``after``."""
     deadline = time.monotonic() + 300
     metrics = run_dir / "metrics.jsonl"
     while time.monotonic() < deadline and driver.poll() is None:
-        if metrics.exists() and metrics.read_text().strip():
+        logged = []
+        for line in metrics.read_text().splitlines() if metrics.exists() else []:
+            try:
+                logged.append(json.loads(line)["iteration"])
+            except ValueError:  # the line being written
+                break
+        if sum(i > after for i in logged) >= count:
             return
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("stop", ["SIGKILL", "SIGINT"])
-def test_an_async_run_stopped_resumes_with_its_episodes_in_flight(task_home, tmp_path, stop):
-    """SIGKILL after a periodic checkpoint, or Ctrl-C (SIGINT) with no periodic checkpoints: the run
-    writes one with its episodes in flight as it stops."""
-    every = 1 if stop == "SIGKILL" else 0
-    driver = train(tmp_path / "run", "trainer.iterations=50", f"trainer.checkpoint_every={every}")
-    try:
-        if stop == "SIGKILL":
-            summary = wait_for_playing_checkpoint(driver, tmp_path / "run")
-            assert summary is not None, f"no checkpoint kept episodes: {driver.stderr.read1()[-3000:]!r}"
-            driver.send_signal(signal.SIGKILL)
-        else:
-            wait_for_an_iteration(driver, tmp_path / "run")
-            driver.send_signal(signal.SIGINT)
-            assert driver.wait(timeout=300) == 130, driver.stderr.read()[-3000:]
-            summaries = sorted((tmp_path / "run" / "checkpoints").glob(f"iter_*/{IN_FLIGHT_SUMMARY}"))
-            assert len(summaries) == 1, "Ctrl-C must write one checkpoint with the episodes in flight"
-            summary = summaries[0]
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-        driver.wait(timeout=60)
-    checkpoint = summary.parent
-    kept = [sid for r in json.loads(summary.read_text())["rollouts"] for sid in r["kept_sandboxes"]]
-    assert kept and all(Sandbox.get(sid).status == "paused" for sid in kept), "the kill took kept sandboxes"
+def kept_sandboxes(summary: Path) -> list[str]:
+    return [sid for r in json.loads(summary.read_text())["rollouts"] for sid in r["kept_sandboxes"]]
 
-    done = int(json.loads((checkpoint / "trainer_state.json").read_text())["iteration"])
-    resumed = train(tmp_path / "resumed", f"trainer.iterations={done + 3}", f"trainer.resume={checkpoint}")
-    _, err = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, err[-5000:].decode()
-    log = (tmp_path / "resumed" / "train.log").read_text()
+
+def checkpoint_iteration(checkpoint: Path) -> int:
+    return int(json.loads((checkpoint / "trainer_state.json").read_text())["iteration"])
+
+
+def stopped(driver: subprocess.Popen) -> None:
+    if driver.poll() is None:
+        driver.kill()
+    driver.wait(timeout=60)
+
+
+def assert_went_on_with(run_dir: Path, checkpoint: Path, kept: list[str], iterations: int) -> None:
+    """The run in ``run_dir``, resumed from ``checkpoint``, continued its episodes in flight (their kept
+    sandboxes restored by forks), trained on them within ``iterations`` new iterations without a failed
+    episode, and closed the kept sandboxes once it wrote a newer checkpoint."""
+    done = checkpoint_iteration(checkpoint)
+    log = (run_dir / "train.log").read_text()
     assert re.search(r"continuing \d+ episodes in flight \([1-9]\d* playing\)", log), log[-3000:]
-    lines = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     new = [r for r in map(json.loads, lines) if r["iteration"] > done]
-    assert len(new) == 2
+    assert len(new) == iterations
     assert sum(r["continued_episodes"] for r in new) > 0, "the recorded episodes were not trained on"
     assert all(r["failed_episodes"] == 0 for r in new)
     registry = Registry(Path(os.environ["AGENTENV_HOME"]))
@@ -213,3 +210,42 @@ def test_an_async_run_stopped_resumes_with_its_episodes_in_flight(task_home, tmp
         "a newer checkpoint must close the sandboxes the older one kept"
     )
     assert not (checkpoint / IN_FLIGHT_SUMMARY).exists()
+
+
+def test_an_async_run_killed_then_interrupted_resumes_each_time_with_its_episodes_in_flight(task_home,
+                                                                                           tmp_path):
+    """SIGKILL after a periodic checkpoint; the resumed run (no periodic checkpoints) is stopped with
+    Ctrl-C (SIGINT) and writes one with its episodes in flight as it stops; the run resumed from that
+    one finishes. Each restart goes on with the episodes its checkpoint recorded."""
+    killed = train(tmp_path / "run", "trainer.iterations=50", "trainer.checkpoint_every=1")
+    try:
+        summary = wait_for_playing_checkpoint(killed, tmp_path / "run")
+        assert summary is not None, f"no checkpoint kept episodes: {killed.stderr.read1()[-3000:]!r}"
+        killed.send_signal(signal.SIGKILL)
+    finally:
+        stopped(killed)
+    first = summary.parent
+    kept = kept_sandboxes(summary)
+    assert kept and all(Sandbox.get(sid).status == "paused" for sid in kept), "the kill took kept sandboxes"
+
+    interrupted = train(tmp_path / "resumed", "trainer.iterations=50", "trainer.checkpoint_every=0",
+                        f"trainer.resume={first}")
+    try:
+        wait_for_iterations(interrupted, tmp_path / "resumed", checkpoint_iteration(first), 2)
+        interrupted.send_signal(signal.SIGINT)
+        assert interrupted.wait(timeout=300) == 130, interrupted.stderr.read()[-3000:]
+    finally:
+        stopped(interrupted)
+    summaries = sorted((tmp_path / "resumed" / "checkpoints").glob(f"iter_*/{IN_FLIGHT_SUMMARY}"))
+    assert len(summaries) == 1, "Ctrl-C must write one checkpoint with the episodes in flight"
+    second = summaries[0].parent
+    new_iterations = checkpoint_iteration(second) - checkpoint_iteration(first)
+    assert_went_on_with(tmp_path / "resumed", first, kept, new_iterations)
+    kept_again = kept_sandboxes(summaries[0])
+    assert kept_again and all(Sandbox.get(sid).status == "paused" for sid in kept_again)
+
+    done = checkpoint_iteration(second)
+    finished = train(tmp_path / "finished", f"trainer.iterations={done + 3}", f"trainer.resume={second}")
+    _, err = finished.communicate(timeout=600)
+    assert finished.returncode == 0, err[-5000:].decode()
+    assert_went_on_with(tmp_path / "finished", second, kept_again, 2)
