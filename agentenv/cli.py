@@ -17,15 +17,21 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import docker
 
 from agentenv import images
 from agentenv.config import SandboxConfig
 from agentenv.errors import AgentEnvError, BackendUnavailable, ConfigError
-from agentenv.remote import SERVER_ENV, SandboxHost
+from agentenv.paths import SERVER_ENV
 from agentenv.sandbox import Sandbox, runtime
+
+if TYPE_CHECKING:
+    from agentenv.remote import SandboxHost
+
+# agentenv.remote (the HTTP client, the e2b protocol) is imported only by the verbs that talk to a server:
+# half a second of start-up every local command would pay.
 
 PROG = "agentenv"
 
@@ -65,7 +71,11 @@ def _kv_pairs(items: Sequence[str] | None, what: str) -> dict[str, str]:
 def _sandboxes(args: argparse.Namespace) -> type[Sandbox] | SandboxHost:
     """Where the sandbox verbs act: this machine's sandboxes, or the `--server` host's (same methods:
     create, get, list)."""
-    return SandboxHost(args.server) if args.server else Sandbox
+    if not args.server:
+        return Sandbox
+    from agentenv.remote import SandboxHost
+
+    return SandboxHost(args.server)
 
 
 def _local_only(fn: Callable[[argparse.Namespace], int], verb: str) -> Callable[[argparse.Namespace], int]:
@@ -83,6 +93,8 @@ def _local_only(fn: Callable[[argparse.Namespace], int], verb: str) -> Callable[
 def cmd_info(args: argparse.Namespace) -> int:
     """The backend in use and why it was chosen (or why none can run), the daemon, the sandbox user."""
     if args.server:
+        from agentenv.remote import SandboxHost
+
         host = SandboxHost(args.server)
         data = {"server": host.url, **host.info()}
         _emit(args, data, lambda: [print(f"{k:26} {v}") for k, v in data.items()])

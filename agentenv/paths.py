@@ -16,6 +16,8 @@ import os
 from functools import cache
 from pathlib import Path
 
+SERVER_ENV = "AGENTENV_SERVER"  # the URL of the `agentenv serve` host the CLI and SandboxHost talk to
+
 # The source checkout this package was imported from; meaningful only there (tests, scripts/). Installed
 # code finds its configs and recipes through `conf_dir()` and `images_dir()`, never through this.
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

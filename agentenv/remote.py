@@ -44,12 +44,11 @@ from agentenv.errors import (
     SandboxNotFound,
     SandboxStateError,
 )
-from agentenv.paths import conf_dir, overridable_path
+from agentenv.paths import SERVER_ENV, conf_dir, overridable_path
 from agentenv.results import ExecResult, SandboxStats
 from agentenv.sandbox import workspace_path
 from agentenv.server.fsops import MissingPath
 
-SERVER_ENV = "AGENTENV_SERVER"
 API_KEY_ENV = "AGENTENV_API_KEY"
 _CODEC = proto_json_codec()
 _STDIN_CHUNK = 1024 * 1024
