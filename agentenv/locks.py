@@ -1,8 +1,8 @@
-"""Per-sandbox locks that hold across threads and processes.
+"""Locks that hold across threads and processes: per sandbox, and host-wide on one file.
 
-A lock is `flock` on `$AGENTENV_HOME/locks/<id>.lock`. flock belongs to the open file description, so two
-threads of one process conflict just like two processes do, and the kernel drops the lock when its
-holder dies (no stale locks after a crash).
+A sandbox's lock is `flock` on `$AGENTENV_HOME/locks/<id>.lock`. flock belongs to the open file
+description, so two threads of one process conflict just like two processes do, and the kernel drops the
+lock when its holder dies (no stale locks after a crash).
 """
 
 from __future__ import annotations
@@ -37,6 +37,18 @@ def sandbox_lock(lock_dir: Path, sandbox_id: str, timeout_s: float, action: str 
                     ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 0.1)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive `flock` on `path` (created if missing) for the `with` body, waiting as long as it
+    takes: for short host-wide critical sections (the checkpoint store's cap check, Docker's dumps)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the flock

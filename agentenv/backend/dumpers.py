@@ -23,11 +23,8 @@ lease deleted with ``--sync`` runs the collector) when containerd's CLI reaches 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import docker
@@ -36,6 +33,7 @@ from agentenv.backend import criu_log
 from agentenv.backend.host import HostSupport
 from agentenv.backend.settings import BackendSettings
 from agentenv.errors import CheckpointError
+from agentenv.locks import file_lock
 
 log = logging.getLogger(__name__)
 
@@ -77,15 +75,6 @@ class DockerApiDump:
     def __init__(self, settings: BackendSettings, host: HostSupport) -> None:
         self.settings, self.host = settings, host
 
-    @contextlib.contextmanager
-    def _one_at_a_time(self) -> Iterator[None]:
-        with open(self.settings.store_dir / ".docker-checkpoint.lock", "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
-
     def _collect_previous_checkpoint(self) -> None:
         """Run containerd's garbage collector now: create a lease and delete it with ``--sync``."""
         if self.host.ctr_path is None or self.host.containerd is None:
@@ -97,7 +86,7 @@ class DockerApiDump:
                         (made.stderr or "no lease id").strip()[-200:])
 
     def dump(self, api: docker.APIClient, container: str, path: Path, work: Path) -> None:
-        with self._one_at_a_time():
+        with file_lock(self.settings.store_dir / ".docker-checkpoint.lock"):  # one at a time
             self._collect_previous_checkpoint()
             self._post_checkpoint(api, container, path)
 

@@ -14,7 +14,6 @@ dies before one finishes leaves a folder without a record, which goes with its c
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from agentenv.backend.errors import DiskCapExceeded
 from agentenv.backend.procs import ProcessInfo
+from agentenv.locks import file_lock
 
 RECORD_FILE = "k3rl-checkpoint.json"
 RESERVED_SUFFIX = ".reserved"
@@ -199,22 +199,13 @@ class CheckpointStore:
         return total
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
-        with open(self.root / ".cap.lock", "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
-
-    @contextmanager
     def reserve(self, container_id: str, need_bytes: int) -> Iterator[Path]:
         """Reserve room for a checkpoint of about `need_bytes` and yield its fresh folder.
 
         Raises DiskCapExceeded (before anything is written) when the store would pass its cap. On an
         exception inside the block the half-written checkpoint is removed.
         """
-        with self._locked():
+        with file_lock(self.root / ".cap.lock"):
             used = self.usage()
             if used + need_bytes > self.cap:
                 raise DiskCapExceeded(
