@@ -81,9 +81,10 @@ class DockerApiDump:
             return  # containerd unreachable: its collector runs on its own schedule
         made = ctr(self.settings, self.host, "leases", "create")
         lease = made.stdout.split()[0] if made.returncode == 0 and made.stdout.split() else ""
-        if not lease or ctr(self.settings, self.host, "leases", "delete", "--sync", lease).returncode:
-            log.warning("could not run containerd's garbage collector before a checkpoint: %s",
-                        (made.stderr or "no lease id").strip()[-200:])
+        failed = made if not lease else ctr(self.settings, self.host, "leases", "delete", "--sync", lease)
+        if failed.returncode or not lease:
+            log.warning("could not run containerd's garbage collector before a checkpoint (`ctr %s`): %s",
+                        " ".join(failed.args[5:]), (failed.stderr or "no lease id").strip()[-200:])
 
     def dump(self, api: docker.APIClient, container: str, path: Path, work: Path) -> None:
         with file_lock(self.settings.store_dir / ".docker-checkpoint.lock"):  # one at a time
