@@ -447,7 +447,7 @@ def heavy_sandbox_cost(user: list[str], forks: int, cycles: int = 3) -> dict[str
     finally:
         env.close()
     return {"cycle_cpu_s": median(cycle_cpu), "cycle_wall_s": median(cycle_wall),
-            "fork_cpu_s": median(fork_cpu), "fork_wall_s": median(fork_wall)}
+            "fork_cpu_s": median(fork_cpu), "fork_wall_s": median(fork_wall), "cycles": cycles}
 
 
 def cpu_floor_lines(cost: dict[str, float], a2: dict, c2: dict, group: int, cap: int) -> list[str]:
@@ -460,7 +460,7 @@ def cpu_floor_lines(cost: dict[str, float], a2: dict, c2: dict, group: int, cap:
     return [
         f"What limits (c) on this machine: moving a {SANDBOX_MIB} MiB sandbox's state. Measured before the "
         "runs on one sandbox of the task, alone on the host (`heavy_sandbox_cost` in bench/train.py, the "
-        "host's busy CPU time from /proc/stat, medians of 3): a CRIU pause + resume costs "
+        f"host's busy CPU time from /proc/stat, medians of {cost['cycles']}): a CRIU pause + resume costs "
         f"{cost['cycle_cpu_s']:.2f} CPU-s ({cost['cycle_wall_s']:.2f} s of wall time), a group start's "
         f"fork {cost['fork_cpu_s']:.2f} CPU-s per forked member ({cost['fork_wall_s']:.2f} s of wall time "
         f"per member, {group - 1} at once). At (c)'s {c2['pauses_per_episode']:.1f} pauses per episode and "
@@ -512,7 +512,6 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
             r["load"] = sum(sampler.loads) / max(len(sampler.loads), 1)
             r["pause_s"] = max(h.get("sandbox_pause_p50_s", 0.0) for h in r["history"])
             r["resume_s"] = max(h.get("sandbox_resume_p50_s", 0.0) for h in r["history"])
-            r["fork_s"] = max(h.get("sandbox_fork_latency_s", 0.0) for h in r["history"])
             results[(key, latency)] = r
             shutil.rmtree(run_dir, ignore_errors=True)
             print(
