@@ -33,7 +33,7 @@ from agentenv.owner import KEEPER_LABEL, OWNER_LABEL
 from agentenv.pool.pool import LABEL_POOL
 from agentenv.registry import Registry
 from rl.generation import TorchEngine
-from rl.inflight import IN_FLIGHT_SUMMARY, load_record, save_record
+from rl.inflight import IN_FLIGHT_SUMMARY, kept_sandboxes, load_record, save_record
 from rl.learner import build_policy
 from rl.rollout import EpisodeRunner
 from rl.tokenizer import ByteTokenizer
@@ -177,10 +177,6 @@ def wait_for_iterations(driver: subprocess.Popen, run_dir: Path, after: int, cou
         time.sleep(0.2)
 
 
-def kept_sandboxes(summary: Path) -> list[str]:
-    return [sid for r in json.loads(summary.read_text())["rollouts"] for sid in r["kept_sandboxes"]]
-
-
 def checkpoint_iteration(checkpoint: Path) -> int:
     return int(json.loads((checkpoint / "trainer_state.json").read_text())["iteration"])
 
@@ -225,7 +221,7 @@ def test_an_async_run_killed_then_interrupted_resumes_each_time_with_its_episode
     finally:
         stopped(killed)
     first = summary.parent
-    kept = kept_sandboxes(summary)
+    kept = kept_sandboxes(first)
     assert kept and all(Sandbox.get(sid).status == "paused" for sid in kept), "the kill took kept sandboxes"
 
     interrupted = train(tmp_path / "resumed", "trainer.iterations=50", "trainer.checkpoint_every=0",
@@ -241,7 +237,7 @@ def test_an_async_run_killed_then_interrupted_resumes_each_time_with_its_episode
     second = summaries[0].parent
     new_iterations = checkpoint_iteration(second) - checkpoint_iteration(first)
     assert_went_on_with(tmp_path / "resumed", first, kept, new_iterations)
-    kept_again = kept_sandboxes(summaries[0])
+    kept_again = kept_sandboxes(second)
     assert kept_again and all(Sandbox.get(sid).status == "paused" for sid in kept_again)
 
     done = checkpoint_iteration(second)
