@@ -93,7 +93,9 @@ def test_kv_lookup_rejects_bad_actions_and_kwargs_and_reports_a_dead_service(mak
     assert env.reset(seed=3)[0] == f"key {env.key}: 0-5"
     obs, reward, terminated, _, info = env.step("no digit")
     assert (obs, reward, terminated, info["valid"]) == ("invalid", -0.1, False, False)
-    env.run("kill $(cut -d' ' -f2 /workspace/kv/status)")  # the service dies: a clear error, no hang
+    # the service dies (and is gone before the next request, even on a loaded host): a clear error, no hang
+    env.run("pid=$(cut -d' ' -f2 /workspace/kv/status); kill $pid; "
+            "for _ in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.05; done")
     with pytest.raises(RuntimeError, match="the KV service is not running"):
         env.step("1")
     with pytest.raises(ValueError, match="data_mib must be an integer in 1..4096"):
