@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: bootstrap lock test test-fast train bench bench-sandbox bench-model bench-kernels bench-train bench-learning bench-teacher image lint
+.PHONY: bootstrap lock test test-fast train bench bench-sandbox bench-restore-paths bench-model bench-kernels bench-train bench-learning bench-teacher image lint
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -24,7 +24,7 @@ train: bootstrap
 image: bootstrap
 	$(VENV)/bin/agentenv images build
 
-bench: bench-model bench-kernels bench-sandbox bench-train bench-learning bench-teacher
+bench: bench-model bench-kernels bench-sandbox bench-restore-paths bench-train bench-learning bench-teacher
 
 bench-model: bootstrap
 	$(PY) bench/model.py $(ARGS)
@@ -34,6 +34,9 @@ bench-kernels: bootstrap
 
 bench-sandbox: bootstrap
 	$(PY) bench/sandbox.py $(ARGS)
+
+bench-restore-paths: bootstrap
+	$(PY) bench/restore_paths.py $(ARGS)
 
 bench-train: bootstrap
 	$(PY) bench/train.py $(ARGS)
