@@ -1,6 +1,6 @@
 """What the bench scripts share: writing one benchmark's section of docs/benchmarks.md (leaving every
 other section as it is), the typed training config for Hydra overrides, the line naming the machine,
-and the host's busy CPU time.
+and the host's busy CPU time (over an operation, or before a benchmark starts: other jobs' load).
 
 Each script under bench/ owns the text between its `<!-- bench:NAME:start -->` and
 `<!-- bench:NAME:end -->` markers and replaces it whole on every run.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,6 +48,15 @@ def host_cpu_seconds() -> float:
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = fields
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_cores_before(window_s: float = 3.0) -> float:
+    """Cores the host keeps busy over the next `window_s` seconds (/proc/stat, every process). Called
+    before a benchmark starts anything, it is the load of other jobs *now*, which the 1-minute load
+    average is not (it still counts a job that ended a minute ago)."""
+    before = host_cpu_seconds()
+    time.sleep(window_s)
+    return (host_cpu_seconds() - before) / window_s
 
 
 def write_section(name: str, body: str, path: Path = BENCHMARKS_MD) -> None:

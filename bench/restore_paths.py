@@ -44,8 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_report import host_cpu_seconds, write_section  # noqa: E402
-from sandbox import Bench, versions  # noqa: E402
+from bench_report import busy_cores_before, host_cpu_seconds, write_section  # noqa: E402
+from sandbox import BUSY_THRESHOLD, BUSY_WINDOW_S, Bench, versions  # noqa: E402
 
 RUNC_TIMEOUT_S = 60.0
 SOCKET_WAIT_S = 10.0
@@ -214,6 +214,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, PathSamples], dict[str,
     scratch = Path(tempfile.mkdtemp(prefix="agentenv-restore-paths-"))
     paths = {name: PathSamples() for name in ("runtime", "runc", "lazy")}
     facts: dict[str, object] = {"versions": versions(bench.api), "load": [os.getloadavg()],
+                                "busy": busy_cores_before(BUSY_WINDOW_S),
                                 "backend": backend.name, "restore": backend.describe()["restore"]}
     direct = None
     try:
@@ -278,7 +279,9 @@ def render(paths: dict[str, PathSamples], facts: dict, args: argparse.Namespace,
         f"touched memory ({facts['image_bytes'] / 2**20:.0f} MiB of page images), backend "
         f"`{facts['backend']}`. "
         + ", ".join(f"{k} {val}" for k, val in v.items())
-        + f"; {cores} CPU cores; load average {load[0][0]:.1f} before, {load[1][0]:.1f} after.",
+        + f"; {cores} CPU cores; load average {load[0][0]:.1f} before, {load[1][0]:.1f} after; other "
+        f"processes kept {facts['busy']:.2f} of the cores busy in the {BUSY_WINDOW_S:.0f} s before it started"
+        + (" — **taken under load**." if facts["busy"] > BUSY_THRESHOLD else "."),
         "",
         "| restore path | resume p50 | vs the runtime | CRIU's own restore p50 | host CPU p50 | "
         "all pages in p50 | fork(8) floor on these cores (restores alone) |",

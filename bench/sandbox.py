@@ -14,7 +14,8 @@ libraries, built an SQLite index and wrote project files, then filled its buffer
 Paused footprint, from the host: the container's cgroup must hold no process; the drop in the host's
 `MemAvailable` for N sandboxes running vs paused; bytes of checkpoint images on disk; CPU time of the
 sandbox's cgroup over a 10 s window (running, frozen by `docker pause`, paused by AgentENV). The versions
-(kernel, Docker, containerd, runc, CRIU) and the load average before and after are detected and printed.
+(kernel, Docker, containerd, runc, CRIU), the load average before and after, and the cores other processes
+kept busy just before the run (the load average lags by a minute) are detected and printed.
 
 Part `server` (bench/sandbox_server.py): `agentenv serve` through the real e2b SDK vs local sandboxes
 in the same run (commands.run("true"), create -> first command), and one server holding >= 200 paused
@@ -44,9 +45,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_report import host_cpu_seconds, write_section  # noqa: E402
+from bench_report import busy_cores_before, host_cpu_seconds, write_section  # noqa: E402
 
 MiB = 2**20
+BUSY_WINDOW_S = 3.0   # how long the host's load is sampled before the run starts
+BUSY_THRESHOLD = 0.25  # cores kept busy by other processes above which the run is marked as under load
 # The sandbox's state: what an agent's earlier steps built. Rebuilding it is what a cold start costs.
 WORKLOAD = r"""
 import time; t0 = time.time()
@@ -419,8 +422,9 @@ def render(results: dict[int, dict], dens: dict | None, pool: dict | None, facts
         f"Machine: {platform.node()}, {os.cpu_count()} cores; {ver}. Backend `{facts['backend']}` "
         f"({facts['reason']}); checkpoint images on {facts['store_fs']} (local disk). Load average "
         f"(1/5/15 min) before: {' / '.join(f'{x:.2f}' for x in load0)}, after: "
-        f"{' / '.join(f'{x:.2f}' for x in load1)}"
-        + (" — **taken under load** (other jobs were running when it started)." if load0[0] > 1.0 else "."),
+        f"{' / '.join(f'{x:.2f}' for x in load1)}; other processes kept {facts['busy']:.2f} of the cores "
+        f"busy in the {BUSY_WINDOW_S:.0f} s before it started"
+        + (" — **taken under load**." if facts["busy"] > BUSY_THRESHOLD else "."),
         "",
         "Seconds, median / p90 of the repetitions; AgentENV = `Sandbox.pause/resume/fork` (what the trainer, "
         "the pool and the CLI call); ratio = AgentENV ÷ Docker's checkpoint path on a plain container of the "
@@ -560,9 +564,11 @@ def sandbox_part(args: argparse.Namespace, cmd: str) -> None:
     info = bench.backend.describe()
     facts = {"versions": versions(bench.api), "backend": bench.backend.name, "reason": bench.backend.reason,
              "store_fs": info["checkpoint_store_fs"], "dump": info["dump"], "restore": info["restore"],
-             "lazy": "uffd-noncoop yes, not used yet" if info["criu_lazy_pages"] else "no",
+             "lazy": ("uffd-noncoop yes, not used: Docker's restore cannot ask for them (section "
+                      "`restore-paths` measures restores through runc with and without them)")
+             if info["criu_lazy_pages"] else "no",
              "dirty": "yes" if info["criu_dirty_tracking"] else "off on this kernel",
-             "load": [os.getloadavg()]}
+             "load": [os.getloadavg()], "busy": busy_cores_before(BUSY_WINDOW_S)}
     results: dict[int, dict] = {}
     dens = pool = None
     try:

@@ -1,17 +1,21 @@
 """Fixtures for the AgentENV tests: a real Docker daemon (started when none answers), the base image
-(built when missing), and a private $AGENTENV_HOME whose containers and volumes are removed at the end
-even when tests fail."""
+(built when missing), and a private $AGENTENV_HOME whose containers, volumes and checkpoint images are
+removed at the end even when tests fail."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from agentenv_testutil import ROOT, SMALL, run_cli
 from dockerd_restart import hold_session_lock
+
+sys.path.insert(0, str(ROOT / "tests" / "server"))
+from netns_hosts import remove_labelled  # noqa: E402
 
 
 def _docker_answers() -> bool:
@@ -39,19 +43,7 @@ def agentenv_home(tmp_path_factory) -> Iterator[Path]:
         os.environ.pop("AGENTENV_HOME", None)
     else:
         os.environ["AGENTENV_HOME"] = old
-    cleanup_home(home)
-
-
-def cleanup_home(home: Path) -> None:
-    label = f"org.k3rl.agentenv.home={home.resolve()}"
-    ids = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={label}"], capture_output=True,
-                         text=True).stdout.split()
-    if ids:
-        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
-    vols = subprocess.run(["docker", "volume", "ls", "-q", "--filter", f"label={label}"], capture_output=True,
-                          text=True).stdout.split()
-    if vols:
-        subprocess.run(["docker", "volume", "rm", "-f", *vols], capture_output=True)
+    remove_labelled(home)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from netns_hosts import remove_labelled
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "e2b_" + "5e" * 20
@@ -32,16 +33,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _remove_labelled(home: Path) -> None:
-    label = f"org.k3rl.agentenv.home={home.resolve()}"
-    for kind, rm in (("ps", ["docker", "rm", "-f"]), ("volume", ["docker", "volume", "rm", "-f"])):
-        ls = ["docker", kind, "ls", "-q", "--filter", f"label={label}"] if kind == "volume" else \
-            ["docker", "ps", "-aq", "--filter", f"label={label}"]
-        ids = subprocess.run(ls, capture_output=True, text=True).stdout.split()
-        if ids:
-            subprocess.run([*rm, *ids], capture_output=True)
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +77,7 @@ def server(tmp_path_factory) -> Iterator[Server]:
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
-        _remove_labelled(home)
+        remove_labelled(home)
 
 
 @pytest.fixture

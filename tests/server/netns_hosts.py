@@ -61,7 +61,8 @@ def namespace(index: int = 0) -> Iterator[tuple[str, str]]:
 
 
 def remove_labelled(home: Path) -> None:
-    """Remove the containers and volumes of the sandboxes made with this $AGENTENV_HOME."""
+    """Remove the containers, volumes and checkpoint images of the sandboxes made with this
+    $AGENTENV_HOME (`agentenv gc` deletes the images of containers Docker no longer has)."""
     label = f"label=org.k3rl.agentenv.home={home.resolve()}"
     for kind in (["ps", "-aq"], ["volume", "ls", "-q"]):
         ids = subprocess.run(["docker", *kind, "--filter", label], capture_output=True, text=True,
@@ -69,6 +70,9 @@ def remove_labelled(home: Path) -> None:
         if ids:
             rm = ["docker", "rm", "-f"] if kind[0] == "ps" else ["docker", "volume", "rm", "-f"]
             subprocess.run([*rm, *ids], capture_output=True, timeout=120)
+    env = {**os.environ, "AGENTENV_HOME": str(home)}
+    subprocess.run([sys.executable, "-m", "agentenv.cli", "gc"], env=env, cwd=ROOT, capture_output=True,
+                   timeout=120)
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 60.0) -> None:

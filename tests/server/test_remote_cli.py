@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT
+from netns_hosts import ROOT
 
 
 def cli(server, *argv: str, stdin: bytes | None = None, env: dict | None = None,

@@ -1,5 +1,6 @@
 """Fixtures shared by the task and trainer tests: a real Docker daemon, the base sandbox image, and a
-private $AGENTENV_HOME whose containers and volumes are removed at the end (even when tests fail).
+private $AGENTENV_HOME whose containers, volumes and checkpoint images are removed at the end (even when
+tests fail).
 
 Imported by tests/tasks/conftest.py and tests/rl/conftest.py.
 """
@@ -8,12 +9,16 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "server"))
+from netns_hosts import remove_labelled  # noqa: E402
+
 # Small sandboxes: the whole suite shares 2 cores.
 SANDBOX = {
     "memory": "128m",
@@ -23,17 +28,6 @@ SANDBOX = {
     "exec_timeout_s": 30.0,
     "lock_timeout_s": 60.0,
 }
-
-
-def _remove_labelled(home: Path) -> None:
-    label = f"label=org.k3rl.agentenv.home={home.resolve()}"
-    for kind in (["ps", "-aq"], ["volume", "ls", "-q"]):
-        ids = subprocess.run(
-            ["docker", *kind, "--filter", label], capture_output=True, text=True
-        ).stdout.split()
-        if ids:
-            rm = ["docker", "rm", "-f"] if kind[0] == "ps" else ["docker", "volume", "rm", "-f"]
-            subprocess.run([*rm, *ids], capture_output=True)
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +42,7 @@ def task_home(tmp_path_factory) -> Iterator[Path]:
 
     images.build("base", quiet=True)
     yield home
-    _remove_labelled(home)
+    remove_labelled(home)
     if old is None:
         os.environ.pop("AGENTENV_HOME", None)
     else:
