@@ -306,10 +306,13 @@ def render(paths: dict[str, PathSamples], facts: dict, args: argparse.Namespace,
     if daemon is not None:
         lines.append(f"Starting the page daemon took {daemon:.3f} s (p50) of the lazy path's resume; a "
                      f"runtime could start it ahead of the resume.")
-    if lazy is not None:
-        verdict = "meets" if lazy <= RESUME_TARGET_S else "misses"
-        lines.append(f"The fastest path {verdict} a {RESUME_TARGET_S} s resume target at p50 ({lazy:.3f} s), "
-                     f"before anything a runtime adds around it (verifying the restore, its registry). "
+    if lazy is not None and daemon is not None:
+        s = paths["lazy"]
+        ahead = statistics.median(r - d for r, d in zip(s.resume, s.daemon, strict=True))
+        verdict = "meets" if ahead <= RESUME_TARGET_S else "misses"
+        lines.append(f"The fastest path, its page daemon started ahead, {verdict} a {RESUME_TARGET_S} s "
+                     f"resume target at p50 ({ahead:.3f} s; {lazy:.3f} s with the daemon's start), before "
+                     f"anything a runtime adds around it (verifying the restore, its registry). "
                      f"fork(8) cannot finish before its {FORK_N} restores' CPU time is spread over the "
                      f"{cores} cores (the floor column: {FORK_N} x host CPU / cores; creating the forks' "
                      f"containers and copying their files come on top).")
