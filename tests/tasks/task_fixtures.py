@@ -32,10 +32,15 @@ SANDBOX = {
 
 @pytest.fixture(scope="session")
 def task_home(tmp_path_factory) -> Iterator[Path]:
-    """A private AgentENV registry, set before any sandbox (or Ray worker) starts."""
+    """A private AgentENV registry, set before any sandbox (or Ray worker) starts. The local Ray clusters
+    the tests start (in this process, or through `python -m rl.train`) go without Ray's token
+    authentication, which adds about 1.2 s to every `ray.init` here (a few dozen in the suite); the
+    multi-node tests (tests/rl/ray_cluster.py) set RAY_AUTH_MODE=token on every node and driver, as
+    docs/training.md tells a user to."""
     home = tmp_path_factory.mktemp("agentenv-home-tasks")
-    old = os.environ.get("AGENTENV_HOME")
+    old, old_auth = os.environ.get("AGENTENV_HOME"), os.environ.get("RAY_AUTH_MODE")
     os.environ["AGENTENV_HOME"] = str(home)
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
         subprocess.run(["bash", str(ROOT / "scripts" / "ensure_dockerd.sh")], check=True)
     from agentenv import images
@@ -43,10 +48,11 @@ def task_home(tmp_path_factory) -> Iterator[Path]:
     images.build("base", quiet=True)
     yield home
     remove_labelled(home)
-    if old is None:
-        os.environ.pop("AGENTENV_HOME", None)
-    else:
-        os.environ["AGENTENV_HOME"] = old
+    for name, value in (("AGENTENV_HOME", old), ("RAY_AUTH_MODE", old_auth)):
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")
