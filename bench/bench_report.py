@@ -50,13 +50,24 @@ def host_cpu_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def busy_cores_before(window_s: float = 3.0) -> float:
+BUSY_WINDOW_S = 3.0    # how long the host's load is sampled before a benchmark starts
+BUSY_THRESHOLD = 0.25  # cores kept busy by other processes above which a run is marked as under load
+
+
+def busy_cores_before(window_s: float = BUSY_WINDOW_S) -> float:
     """Cores the host keeps busy over the next `window_s` seconds (/proc/stat, every process). Called
     before a benchmark starts anything, it is the load of other jobs *now*, which the 1-minute load
     average is not (it still counts a job that ended a minute ago)."""
     before = host_cpu_seconds()
     time.sleep(window_s)
     return (host_cpu_seconds() - before) / window_s
+
+
+def other_load_text(busy: float) -> str:
+    """The header's words for `busy_cores_before()`'s figure, marking a run taken under load."""
+    words = f"other processes kept {busy:.2f} of the cores busy in the {BUSY_WINDOW_S:.0f} s before it " \
+        "started"
+    return words + (" — **taken under load**." if busy > BUSY_THRESHOLD else ".")
 
 
 def write_section(name: str, body: str, path: Path = BENCHMARKS_MD) -> None:

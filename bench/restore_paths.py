@@ -44,8 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_report import busy_cores_before, host_cpu_seconds, write_section  # noqa: E402
-from sandbox import BUSY_THRESHOLD, BUSY_WINDOW_S, Bench, versions  # noqa: E402
+from bench_report import busy_cores_before, host_cpu_seconds, other_load_text, write_section  # noqa: E402
+from sandbox import Bench, versions  # noqa: E402
 
 RUNC_TIMEOUT_S = 60.0
 SOCKET_WAIT_S = 10.0
@@ -133,10 +133,10 @@ class DirectRestore:
             self.mount_rootfs()
             read, write = os.pipe()  # the init's stdio: a pipe, as Docker's shim gives it (dumpable)
             try:
-                r = _run(["runc", "--root", str(self.state_root), "--log", str(work / "runc.log"), "restore",
-                          "--detach", "--image-path", str(images), "--work-path", str(work), "--bundle",
-                          str(bundle), "--pid-file", str(work / "pid"), *(["--lazy-pages"] if lazy else []),
-                          rid], stdin=subprocess.DEVNULL, stdout=write, stderr=write)
+                r = self._runc("--log", str(work / "runc.log"), "restore", "--detach", "--image-path",
+                               str(images), "--work-path", str(work), "--bundle", str(bundle), "--pid-file",
+                               str(work / "pid"), *(["--lazy-pages"] if lazy else []), rid,
+                               stdin=subprocess.DEVNULL, stdout=write, stderr=write)
             finally:
                 os.close(write)
                 os.close(read)
@@ -214,7 +214,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, PathSamples], dict[str,
     scratch = Path(tempfile.mkdtemp(prefix="agentenv-restore-paths-"))
     paths = {name: PathSamples() for name in ("runtime", "runc", "lazy")}
     facts: dict[str, object] = {"versions": versions(bench.api), "load": [os.getloadavg()],
-                                "busy": busy_cores_before(BUSY_WINDOW_S),
+                                "busy": busy_cores_before(),
                                 "backend": backend.name, "restore": backend.describe()["restore"]}
     direct = None
     try:
@@ -279,9 +279,8 @@ def render(paths: dict[str, PathSamples], facts: dict, args: argparse.Namespace,
         f"touched memory ({facts['image_bytes'] / 2**20:.0f} MiB of page images), backend "
         f"`{facts['backend']}`. "
         + ", ".join(f"{k} {val}" for k, val in v.items())
-        + f"; {cores} CPU cores; load average {load[0][0]:.1f} before, {load[1][0]:.1f} after; other "
-        f"processes kept {facts['busy']:.2f} of the cores busy in the {BUSY_WINDOW_S:.0f} s before it started"
-        + (" — **taken under load**." if facts["busy"] > BUSY_THRESHOLD else "."),
+        + f"; {cores} CPU cores; load average {load[0][0]:.1f} before, {load[1][0]:.1f} after; "
+        + other_load_text(facts["busy"]),
         "",
         "| restore path | resume p50 | vs the runtime | CRIU's own restore p50 | host CPU p50 | "
         "all pages in p50 | fork(8) floor on these cores (restores alone) |",
@@ -307,8 +306,8 @@ def render(paths: dict[str, PathSamples], facts: dict, args: argparse.Namespace,
         lines.append(f"Starting the page daemon took {daemon:.3f} s (p50) of the lazy path's resume; a "
                      f"runtime could start it ahead of the resume.")
     if lazy is not None and daemon is not None:
-        s = paths["lazy"]
-        ahead = statistics.median(r - d for r, d in zip(s.resume, s.daemon, strict=True))
+        lazy_runs = paths["lazy"]
+        ahead = statistics.median(r - d for r, d in zip(lazy_runs.resume, lazy_runs.daemon, strict=True))
         verdict = "meets" if ahead <= RESUME_TARGET_S else "misses"
         lines.append(f"The fastest path, its page daemon started ahead, {verdict} a {RESUME_TARGET_S} s "
                      f"resume target at p50 ({ahead:.3f} s; {lazy:.3f} s with the daemon's start), before "

@@ -45,11 +45,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_report import busy_cores_before, host_cpu_seconds, write_section  # noqa: E402
+from bench_report import busy_cores_before, host_cpu_seconds, other_load_text, write_section  # noqa: E402
 
 MiB = 2**20
-BUSY_WINDOW_S = 3.0   # how long the host's load is sampled before the run starts
-BUSY_THRESHOLD = 0.25  # cores kept busy by other processes above which the run is marked as under load
 # The sandbox's state: what an agent's earlier steps built. Rebuilding it is what a cold start costs.
 WORKLOAD = r"""
 import time; t0 = time.time()
@@ -422,9 +420,7 @@ def render(results: dict[int, dict], dens: dict | None, pool: dict | None, facts
         f"Machine: {platform.node()}, {os.cpu_count()} cores; {ver}. Backend `{facts['backend']}` "
         f"({facts['reason']}); checkpoint images on {facts['store_fs']} (local disk). Load average "
         f"(1/5/15 min) before: {' / '.join(f'{x:.2f}' for x in load0)}, after: "
-        f"{' / '.join(f'{x:.2f}' for x in load1)}; other processes kept {facts['busy']:.2f} of the cores "
-        f"busy in the {BUSY_WINDOW_S:.0f} s before it started"
-        + (" — **taken under load**." if facts["busy"] > BUSY_THRESHOLD else "."),
+        f"{' / '.join(f'{x:.2f}' for x in load1)}; {other_load_text(facts['busy'])}",
         "",
         "Seconds, median / p90 of the repetitions; AgentENV = `Sandbox.pause/resume/fork` (what the trainer, "
         "the pool and the CLI call); ratio = AgentENV ÷ Docker's checkpoint path on a plain container of the "
@@ -568,7 +564,7 @@ def sandbox_part(args: argparse.Namespace, cmd: str) -> None:
                       "`restore-paths` measures restores through runc with and without them)")
              if info["criu_lazy_pages"] else "no",
              "dirty": "yes" if info["criu_dirty_tracking"] else "off on this kernel",
-             "load": [os.getloadavg()], "busy": busy_cores_before(BUSY_WINDOW_S)}
+             "load": [os.getloadavg()], "busy": busy_cores_before()}
     results: dict[int, dict] = {}
     dens = pool = None
     try:
