@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -58,10 +59,16 @@ def test_a_failed_fork_leaves_no_fork_and_the_running_source_running(sandbox, mo
     real_restore = type(backend).restore
     source_container = sandbox._record().container
     restored: list[str] = []
+    failed: list[str] = []
+    calls = threading.Lock()  # the source's and the forks' restores run on threads of their own
 
     def restore(self, ref, checkpoint, *, sandbox_id):
-        restored.append(sandbox_id)
-        if ref.container != source_container and len(restored) == 2:  # one fork fails
+        with calls:
+            restored.append(sandbox_id)
+            fails = ref.container != source_container and not failed  # the first fork to get here
+            if fails:
+                failed.append(sandbox_id)
+        if fails:
             raise CheckpointError("injected: this fork's restore failed")
         return real_restore(self, ref, checkpoint, sandbox_id=sandbox_id)
 
