@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -71,6 +72,7 @@ class RayCluster:
     head: RayNode
     workers: list[RayNode]
     lan: str
+    token_path: Path  # the cluster's Ray token, handed to every node and driver (RAY_AUTH_TOKEN_PATH)
     nodes: list[RayNode] = field(default_factory=list)
 
     @property
@@ -80,10 +82,10 @@ class RayCluster:
     def environment(self, node: RayNode) -> dict[str, str]:
         """The environment of a process on ``node``: its AgentENV home, the test helpers importable."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-        # token authentication (Ray's default for a new cluster) on every node and driver alike: the
-        # token is ~/.ray/auth_token, which every "machine" here shares (a real cluster copies it)
+        # token authentication (Ray's default for a new cluster) on every node and driver alike, with
+        # the cluster's own token file: nothing is read from (or written to) the home folder
         env.update(AGENTENV_HOME=str(node.home), RAY_worker_niceness="0", RAY_USAGE_STATS_ENABLED="0",
-                   RAY_AUTH_MODE="token",
+                   RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_path),
                    PYTHONPATH=os.pathsep.join([str(ROOT), str(Path(__file__).parent)]))
         return env
 
@@ -131,6 +133,14 @@ def _lan(pid: int, count: int) -> Iterator[tuple[str, list[tuple[str, str]]]]:
     finally:
         for ns in reversed(made):  # deleting a namespace deletes its veth ends and the bridge
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+def make_token(path: Path) -> Path:
+    """A new Ray token in ``path`` (owner-only), as `ray get-auth-token --generate` writes one to the
+    home folder: 256 random bits in hex."""
+    path.touch(mode=0o600)
+    path.write_text(secrets.token_hex(32))
+    return path
 
 
 def stop_node(node: RayNode, grace_s: float = 10.0) -> None:
@@ -195,7 +205,7 @@ def ray_cluster(base: Path, workers: int = 2, worker_rollout: float = 2,
             home = base / name
             home.mkdir(parents=True, exist_ok=True)
             nodes.append(RayNode(name, ns, ip, resources, 1 if i == 0 else worker_cpus, tmp / name, home))
-        cluster = RayCluster(nodes[0], nodes[1:], lan, nodes)
+        cluster = RayCluster(nodes[0], nodes[1:], lan, make_token(base / "ray_auth_token"), nodes)
         try:
             for node in nodes:  # each machine builds the sandbox image for its own AgentENV home
                 subprocess.run([sys.executable, "-m", "agentenv.cli", "images", "build", "base", "--quiet"],
