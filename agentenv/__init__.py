@@ -5,16 +5,21 @@
     sb.exec("echo hi").stdout      # 'hi\\n'
     sb.pause(); sb.resume(); forks = sb.fork(4)
 
-See docs/agentenv.md for the API, the CLI, the security defaults and the limits of pause/fork.
+Every kind of sandbox (local, pool member, remote) is a `SandboxHandle` (agentenv.api). See docs/agentenv.md
+for the API, the CLI, the security defaults and the limits of pause/fork.
 """
 
+from agentenv.api import SandboxFactory, SandboxHandle, ShellSession
 from agentenv.config import SandboxConfig
 from agentenv.errors import (
     AgentEnvError,
     BackendUnavailable,
     CheckpointError,
     ExecTimeout,
+    FileNotFoundInSandbox,
+    InvalidArgument,
     PathOutsideWorkspace,
+    SandboxBusy,
     SandboxNotFound,
     SandboxStateError,
 )
@@ -28,13 +33,19 @@ __all__ = [
     "CheckpointError",
     "ExecResult",
     "ExecTimeout",
+    "FileNotFoundInSandbox",
+    "InvalidArgument",
     "PathOutsideWorkspace",
     "PoolBudgetExceeded",
     "PoolMetrics",
     "Sandbox",
+    "SandboxBusy",
     "SandboxConfig",
+    "SandboxFactory",
+    "SandboxHandle",
     "SandboxNotFound",
     "SandboxPool",
     "SandboxStateError",
     "SandboxStats",
+    "ShellSession",
 ]

@@ -1,9 +1,9 @@
 """Sandboxes on other machines: the client of `agentenv serve` (E2B's control plane + envd's data plane).
 
-`SandboxHost(url)` is one server; `RemoteSandbox` is a handle on one of its sandboxes with the surface
-tasks and the CLI use on a local `Sandbox` (exec, files, pause/resume/fork, close, status, describe,
-stats, session); `SandboxHosts([url, ...])` places new sandboxes on the host with the most free memory
-(`GET /host`) and remembers which host holds which sandbox.
+`SandboxHost(url)` is one server; `RemoteSandbox` is a `SandboxHandle` (agentenv.api) on one of its
+sandboxes, with the results, argument checks and error types of a local `Sandbox`; `SandboxHosts([url,
+...])` places new sandboxes on the host with the most free memory (`GET /host`) and remembers which host
+holds which sandbox.
 
     from agentenv.remote import SandboxHost
     sb = SandboxHost("http://10.0.0.5:3000").create(image="base")   # key: $AGENTENV_API_KEY
@@ -11,15 +11,17 @@ stats, session); `SandboxHosts([url, ...])` places new sandboxes on the host wit
 
 Every request has a timeout (conf/agentenv/remote.yaml) and a bounded number of attempts: a request
 that cannot reach the host is retried, one that may have reached it is retried only when it changes
-nothing (GET). Errors are AgentENV's typed errors carrying the server's message, prefixed by the host;
-a host that does not answer is `HostUnavailable`. Commands run through envd's `process.Process/Start`
-(Connect protocol, JSON codec, the generated messages shipped in `e2b`), files through `/files`.
+nothing (GET). Errors are the AgentENV types the server names (`agentenv.errors.ERROR_TABLE`), carrying
+its message prefixed by the host; a host that does not answer is `HostUnavailable`. Commands run through
+envd's `process.Process/Start` (Connect protocol, JSON codec, the generated messages shipped in `e2b`),
+files through `/files`.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
-import shlex
 import struct
 import threading
 import time
@@ -32,88 +34,84 @@ import httpx
 from connectrpc.codec import proto_json_codec
 from e2b.envd.process import process_pb as pb
 from protobuf import Oneof
+from protobuf.wkt.google.protobuf.wrappers_pb import StringValue
 
-from agentenv.config import SandboxConfig, read_yaml_mapping, require_exact_keys
+from agentenv import checks
+from agentenv.config import SandboxConfig
 from agentenv.errors import (
+    ERROR_HEADER,
     AgentEnvError,
-    BackendUnavailable,
     CheckpointError,
     ConfigError,
     ExecTimeout,
-    SandboxBusy,
+    HostUnavailable,
     SandboxNotFound,
     SandboxStateError,
+    SessionError,
+    error_from_wire,
 )
-from agentenv.paths import SERVER_ENV, conf_dir, overridable_path
+from agentenv.paths import SERVER_ENV
 from agentenv.results import ExecResult, SandboxStats
-from agentenv.sandbox import workspace_path
-from agentenv.server.fsops import MissingPath
+from agentenv.settings import build, load_settings, setting
+
+__all__ = ["HostUnavailable", "RemoteSandbox", "RemoteSession", "RemoteSettings", "SandboxHost",
+           "SandboxHosts", "shared_host", "shared_hosts"]
 
 API_KEY_ENV = "AGENTENV_API_KEY"
 _CODEC = proto_json_codec()
 _STDIN_CHUNK = 1024 * 1024
 _END_STREAM = 0x02
-_INT_SETTINGS = ("retries", "sandbox_ttl_s", "placement_tolerance_mib")
-
-
-class HostUnavailable(AgentEnvError, ConnectionError):
-    """A sandbox host did not answer (refused, reset or timed out) within the bounded attempts."""
+_ERROR_DETAIL = "google.protobuf.StringValue"  # the Connect error detail that names the error type
 
 
 @dataclass(frozen=True)
 class RemoteSettings:
     """Timeouts and retries of the client; see conf/agentenv/remote.yaml for each field."""
 
-    connect_timeout_s: float
-    request_timeout_s: float
-    lifecycle_timeout_s: float
-    exec_slack_s: float
-    retries: int
-    retry_backoff_s: float
-    sandbox_ttl_s: int
-    placement_tolerance_mib: int
+    connect_timeout_s: float = setting(above=0)
+    request_timeout_s: float = setting(above=0)
+    lifecycle_timeout_s: float = setting(above=0)
+    exec_slack_s: float = setting(min=0)
+    retries: int = setting(min=1)
+    retry_backoff_s: float = setting(min=0)
+    sandbox_ttl_s: int = setting(above=0)
+    placement_tolerance_mib: int = setting(min=0)
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> RemoteSettings:
-        path = Path(path) if path is not None else overridable_path(
-            "AGENTENV_REMOTE_CONFIG", conf_dir() / "agentenv" / "remote.yaml")
-        data = read_yaml_mapping(path, "remote client config", "set AGENTENV_REMOTE_CONFIG")
-        require_exact_keys(data, cls, "remote client config")
-        try:
-            s = cls(**{k: (int if k in _INT_SETTINGS else float)(v) for k, v in data.items()})
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"remote client config {path}: a value has the wrong type: {e}") from None
-        if min(s.connect_timeout_s, s.request_timeout_s, s.lifecycle_timeout_s, s.sandbox_ttl_s) <= 0 \
-                or s.retries < 1 or min(s.retry_backoff_s, s.exec_slack_s, s.placement_tolerance_mib) < 0:
-            raise ConfigError(f"remote client config {path}: timeouts and sandbox_ttl_s must be > 0, "
-                              "retries >= 1, retry_backoff_s, exec_slack_s and placement_tolerance_mib >= 0")
-        return s
+        """Values from `path` (default: `$AGENTENV_REMOTE_CONFIG`, else conf/agentenv/remote.yaml)."""
+        return load_settings(cls, "remote client config", path, env_var="AGENTENV_REMOTE_CONFIG",
+                             file_name="remote.yaml")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RemoteSettings:
+        return build(cls, data, "remote client config")
 
 
-def _error(status: int, message: str, host: str, on_500: type[AgentEnvError]) -> AgentEnvError:
-    """The AgentENV error for an HTTP error of `agentenv serve` (see agentenv/server/errors.py)."""
-    text = f"{host}: {message}"
-    if status == 404:
-        return SandboxNotFound(text)
-    if status == 409:
-        return SandboxStateError(text)
-    if status == 503:
-        return BackendUnavailable(text)
-    if status == 401:
+def _error(resp: httpx.Response, host: str, on_500: type[AgentEnvError]) -> AgentEnvError:
+    """The AgentENV error for an HTTP error answer of `agentenv serve` (`agentenv.errors.ERROR_TABLE`:
+    the type the server named, else the most general one of the status)."""
+    text = f"{host}: {_message(resp)}"
+    if resp.status_code == 401:
         return AgentEnvError(f"{text} (give the host's key: ${API_KEY_ENV} or api_key=)")
-    if status >= 500:
-        return on_500(text)
-    return AgentEnvError(text)
+    return error_from_wire(text, name=resp.headers.get(ERROR_HEADER), status=resp.status_code, default=on_500)
 
 
-_CONNECT_CODES: dict[str, type[AgentEnvError]] = {
-    "not_found": SandboxNotFound, "failed_precondition": SandboxStateError, "unavailable": SandboxBusy,
-}
+def _error_name(err: Mapping[str, Any]) -> str | None:
+    """The error type a Connect error names in its details (see `agentenv.server.errors.to_connect`)."""
+    for detail in err.get("details") or ():
+        if isinstance(detail, Mapping) and detail.get("type") == _ERROR_DETAIL:
+            try:
+                raw = base64.b64decode(str(detail.get("value", "")) + "===")
+                return StringValue.from_binary(raw).value
+            except (binascii.Error, ValueError, TypeError):
+                return None
+    return None
 
 
 def _connect_error(err: Mapping[str, Any], host: str) -> AgentEnvError:
     code = str(err.get("code", "unknown"))
-    return _CONNECT_CODES.get(code, AgentEnvError)(f"{host}: {err.get('message') or code}")
+    return error_from_wire(f"{host}: {err.get('message') or code}", name=_error_name(err), code=code)
 
 
 class SandboxHost:
@@ -162,7 +160,7 @@ class SandboxHost:
                 raise self._unreachable(e, attempt) from None
             if resp.status_code < 400 or resp.status_code in ok:
                 return resp
-            raise _error(resp.status_code, _message(resp), self.url, on_500)
+            raise _error(resp, self.url, on_500)
         raise AssertionError("unreachable")
 
     def _unreachable(self, e: Exception, attempts: int) -> HostUnavailable:
@@ -184,7 +182,7 @@ class SandboxHost:
                                    headers=headers, timeout=timeout) as resp:
                 if resp.status_code != 200:
                     resp.read()
-                    raise _error(resp.status_code, _message(resp), self.url, AgentEnvError)
+                    raise _error(resp, self.url, AgentEnvError)
                 buf = b""
                 for chunk in resp.iter_bytes():
                     buf += chunk
@@ -196,7 +194,7 @@ class SandboxHost:
                         if flags & _END_STREAM:
                             end = httpx.Response(200, content=payload).json() if payload else {}
                             err = end.get("error")
-                            if err and err.get("code") == "deadline_exceeded":
+                            if err and err.get("code") == "deadline_exceeded" and not _error_name(err):
                                 raise TimeoutError(err.get("message", "deadline exceeded"))
                             if err:
                                 raise _connect_error(err, self.url)
@@ -229,6 +227,7 @@ class SandboxHost:
         """A new running sandbox on this host. Its image is `image` (else `config`'s, else this machine's
         default config's); memory, CPUs and every other limit are the host's own sandbox config
         (conf/sandbox/default.yaml there), so `memory`/`cpus` are refused."""
+        given = checks.sandbox_labels(labels) or {}
         if memory is not None or cpus is not None:
             raise ConfigError("memory and cpus of a remote sandbox are set by its host's sandbox config "
                               "(conf/sandbox/default.yaml on the host), not by the client")
@@ -236,7 +235,7 @@ class SandboxHost:
             config = SandboxConfig.from_dict(dict(config))
         template = image or (config or SandboxConfig.load()).image
         body = {"templateID": template, "timeout": self.settings.sandbox_ttl_s,
-                "metadata": {str(k): str(v) for k, v in (labels or {}).items()}}
+                "metadata": given}
         data = self.request("POST", "/sandboxes", json=body, timeout=self.settings.lifecycle_timeout_s).json()
         return RemoteSandbox(self, data["sandboxID"], data["envdAccessToken"])
 
@@ -283,6 +282,7 @@ class RemoteSandbox:
         self._config: SandboxConfig | None = None
         self._refreshed = time.monotonic()
         self._lock = threading.Lock()
+        self._closed = False  # closed through this handle: later calls are refused as on a local one
 
     # ---- finding and creating (on $AGENTENV_SERVER unless `server=` says) ----------------------
     @classmethod
@@ -366,17 +366,17 @@ class RemoteSandbox:
              raise_on_timeout: bool = False) -> ExecResult:
         """`Sandbox.exec` on the host: a string runs under `sh -c`, a list as argv; at `timeout` (default:
         the sandbox's exec_timeout_s) the host kills the command (exit code 124, `timed_out`)."""
-        argv = ["sh", "-c", cmd] if isinstance(cmd, str) else [str(a) for a in cmd]
-        if not argv or not argv[0]:
-            raise AgentEnvError("empty command")
+        argv = checks.command_argv(cmd)
+        data = checks.stdin_bytes(stdin)
+        env = checks.exec_env(env)
+        workdir = checks.exec_workdir(workdir)
+        checks.timeout_seconds(timeout, 1.0)  # refused before the config is fetched
+        self._require_open("exec in")
         cfg = self.config
         limit = cfg.output_limit_bytes
-        timeout_s = cfg.exec_timeout_s if timeout is None else float(timeout)
-        if not timeout_s > 0:
-            raise AgentEnvError(f"timeout must be > 0 seconds, got {timeout!r}")
-        data = stdin.encode() if isinstance(stdin, str) else stdin
+        timeout_s = checks.timeout_seconds(timeout, cfg.exec_timeout_s)
         self._keep_alive()
-        req = pb.StartRequest(process=pb.ProcessConfig(cmd=argv[0], args=argv[1:], envs=dict(env or {}),
+        req = pb.StartRequest(process=pb.ProcessConfig(cmd=argv[0], args=argv[1:], envs=env or {},
                                                        cwd=workdir), stdin=data is not None)
         out, err, code, timed_out = bytearray(), bytearray(), None, False
         started = time.perf_counter()
@@ -387,7 +387,7 @@ class RemoteSandbox:
                 if ev is None:
                     continue
                 if ev.field == "start" and data is not None:
-                    self._send_stdin(ev.value.pid, bytes(data))
+                    self._send_stdin(ev.value.pid, data)
                 elif ev.field == "data" and ev.value.output is not None:
                     buf = out if ev.value.output.field == "stdout" else err
                     buf.extend(ev.value.output.value[:max(0, limit + 1 - len(buf))])  # memory bounded
@@ -428,19 +428,19 @@ class RemoteSandbox:
         self.host.request("POST", f"/sandboxes/{self._id}/refreshes", json={"duration": ttl})
 
     def session(self) -> RemoteSession:
-        """A `Session`-like runner (`run`, `close`, `closed`): one remote exec per command."""
+        """A `ShellSession` whose `run` is one remote exec (no shell state carries between commands, as in a
+        local session)."""
         return RemoteSession(self)
 
     # ---- files -------------------------------------------------------------------------------
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         """Write a file below the work dir (parents created); paths leading out of it are refused."""
-        full = workspace_path(path, self.config.workspace)
-        payload = data.encode() if isinstance(data, str) else data
-        if not isinstance(payload, bytes | bytearray):
-            raise AgentEnvError(f"data must be bytes or str, got {type(data).__name__}")
-        if not isinstance(mode, int) or not 0 <= mode <= 0o7777:
-            raise AgentEnvError(f"mode must be an int permission like 0o644, got {mode!r}")
-        self.host.request("POST", "/files", params={"path": full}, content=bytes(payload),
+        self._require_open("write files in")
+        cfg = self.config
+        full = checks.workspace_path(path, cfg.workspace)
+        payload = checks.file_payload(data, cfg.file_limit_bytes)
+        mode = checks.file_mode(mode)
+        self.host.request("POST", "/files", params={"path": full}, content=payload,
                           headers={**self._envd_headers(), "Content-Type": "application/octet-stream"})
         if mode != 0o644:
             r = self.exec(["chmod", format(mode, "o"), "--", full])
@@ -448,17 +448,16 @@ class RemoteSandbox:
                 raise AgentEnvError(f"chmod {format(mode, 'o')} {path} failed: {r.stderr.strip()}")
 
     def read_file(self, path: str) -> bytes:
-        """A file below the work dir; `MissingPath` (a FileNotFoundError) when there is none."""
-        full = workspace_path(path, self.config.workspace)
-        try:
-            return self.host.request("GET", "/files", params={"path": full},
-                                     headers=self._envd_headers()).content
-        except SandboxNotFound as e:
-            if self.status in ("closed", "broken"):
-                raise
-            raise MissingPath(str(e)) from None
+        """A file below the work dir; `FileNotFoundInSandbox` (a FileNotFoundError) when there is none."""
+        self._require_open("read files from")
+        full = checks.workspace_path(path, self.config.workspace)
+        return self.host.request("GET", "/files", params={"path": full}, headers=self._envd_headers()).content
 
     # ---- lifecycle ---------------------------------------------------------------------------
+    def _require_open(self, action: str) -> None:
+        if self._closed:
+            raise SandboxStateError(f"sandbox {self._id} is closed; create a new one (cannot {action} it)")
+
     def _lifecycle(self, method: str, action: str, **kw: Any) -> httpx.Response:
         """A control-plane call on this sandbox that does Docker/CRIU work (the long timeout)."""
         path = f"/sandboxes/{self._id}" + (f"/{action}" if action else "")
@@ -467,19 +466,25 @@ class RemoteSandbox:
 
     def pause(self) -> None:
         """Checkpoint on the host (no memory, no CPU until `resume`)."""
+        self._require_open("pause")
         self._lifecycle("POST", "pause")
 
     def resume(self) -> None:
-        """Restore a paused sandbox (a running one only has its time to live extended)."""
-        self._lifecycle("POST", "connect", json={"timeout": self.host.settings.sandbox_ttl_s})
+        """Restore a paused sandbox (SandboxStateError when it is running); its time to live starts anew."""
+        self._require_open("resume")
+        self._lifecycle("POST", "resume", json={"timeout": self.host.settings.sandbox_ttl_s})
         self._refreshed = time.monotonic()
 
-    def fork(self, n: int) -> list[RemoteSandbox]:
-        """`n` new running sandboxes on the same host, restored from this one's memory and files."""
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise AgentEnvError(f"fork needs n >= 1, got {n!r}")
-        rows = self._lifecycle("POST", "fork", json={"count": n, "timeout": self.host.settings.sandbox_ttl_s})
-        rows = rows.json()
+    def fork(self, n: int, labels: Mapping[str, str] | None = None) -> list[RemoteSandbox]:
+        """`n` new running sandboxes on the same host, restored from this one's memory and files.
+        `labels`: the forks' labels (default: the source's)."""
+        n = checks.fork_count(n)
+        given = checks.sandbox_labels(labels)
+        self._require_open("fork")
+        body: dict[str, Any] = {"count": n, "timeout": self.host.settings.sandbox_ttl_s}
+        if given is not None:
+            body["metadata"] = given
+        rows = self._lifecycle("POST", "fork", json=body).json()
         forks = [RemoteSandbox(self.host, r["sandbox"]["sandboxID"], r["sandbox"]["envdAccessToken"])
                  for r in rows if r.get("sandbox")]
         errors = [str((r.get("error") or {}).get("message", r.get("error")))
@@ -496,11 +501,12 @@ class RemoteSandbox:
             self._lifecycle("DELETE", "")
         except SandboxNotFound:
             pass
+        self._closed = True
 
 
 class RemoteSession:
-    """The `Session` surface tasks use (`run`, `close`, `closed`, `sandbox`, `reopened`) over a remote
-    sandbox: each `run` is one `RemoteSandbox.exec` (no shell state carries between commands)."""
+    """A `ShellSession` over a remote sandbox: each `run` is one `RemoteSandbox.exec` (as in a local
+    session, no shell state carries between commands; `reopened` stays False)."""
 
     def __init__(self, sandbox: RemoteSandbox) -> None:
         self.sandbox = sandbox
@@ -513,13 +519,22 @@ class RemoteSession:
 
     def run(self, cmd: str | Sequence[str], timeout: float | None = None,
             stdin: bytes | str | None = None) -> ExecResult:
+        checks.command_argv(cmd)
+        checks.timeout_seconds(timeout, 1.0)
+        checks.stdin_bytes(stdin)
         if self._closed:
-            raise SandboxStateError(f"session of sandbox {self.sandbox.id} is closed")
-        line = cmd if isinstance(cmd, str) else shlex.join(cmd)
-        return self.sandbox.exec(line, timeout=timeout, stdin=stdin)
+            raise SessionError(f"this session of sandbox {self.sandbox.id} is closed; open a new one with "
+                               "sandbox.session()")
+        return self.sandbox.exec(cmd, timeout=timeout, stdin=stdin)
 
     def close(self) -> None:
         self._closed = True
+
+    def __enter__(self) -> RemoteSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class SandboxHosts:

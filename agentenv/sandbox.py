@@ -7,17 +7,15 @@ holds the sandbox's lock and re-reads the state under it; exec takes no lock (us
 
 from __future__ import annotations
 
-import posixpath
 import secrets
 import shlex
 import threading
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from agentenv import checks
 from agentenv.backend import select_backend
 from agentenv.backend.base import (
     LABEL_HOME,
@@ -27,12 +25,16 @@ from agentenv.backend.base import (
     ContainerSpec,
     RawExec,
     SandboxBackend,
+    ShellStream,
 )
+from agentenv.checks import MAX_FORKS, workspace_path
 from agentenv.config import SandboxConfig
 from agentenv.errors import (
     AgentEnvError,
     CheckpointError,
     ExecTimeout,
+    FileNotFoundInSandbox,
+    InvalidArgument,
     PathOutsideWorkspace,
     SandboxNotFound,
     SandboxStateError,
@@ -41,14 +43,14 @@ from agentenv.locks import sandbox_lock
 from agentenv.paths import agentenv_home
 from agentenv.registry import Registry, SandboxRecord
 from agentenv.results import ExecResult, SandboxStats
+from agentenv.session import Session
 
-if TYPE_CHECKING:
-    from agentenv.session import Session
+__all__ = ["MAX_FORKS", "Sandbox", "remove_sandbox", "runtime", "workspace_path"]
 
-MAX_FORKS = 64
 CONTAINER_REMOVED = "its container was removed outside AgentENV"
 _EXIT_REFUSED = 3   # in-container file scripts: path resolves outside the work dir
 _EXIT_TOO_BIG = 4   # in-container file scripts: file larger than file_limit_bytes
+_EXIT_MISSING = 5   # in-container file scripts: no such file
 
 
 @dataclass
@@ -70,18 +72,6 @@ def runtime() -> _Runtime:
         if rt is None:
             rt = _runtimes[home] = _Runtime(home, Registry(home), select_backend(home))
         return rt
-
-
-def workspace_path(path: str, workspace: str) -> str:
-    """Normalise a file-transfer path and refuse any that leaves the work dir (`..`, other absolutes)."""
-    if not isinstance(path, str) or not path or "\0" in path:
-        raise PathOutsideWorkspace(f"invalid path {path!r}: give a file path under {workspace}")
-    ws = workspace.rstrip("/")
-    full = posixpath.normpath(path if path.startswith("/") else posixpath.join(ws, path))
-    if not full.startswith(ws + "/"):
-        raise PathOutsideWorkspace(f"path {path!r} is outside the sandbox work dir {ws}; "
-                                   f"give a path relative to it or below {ws}/")
-    return full
 
 
 def _state_error(rec: SandboxRecord, action: str) -> SandboxStateError:
@@ -112,12 +102,13 @@ class Sandbox:
     def create(cls, image: str | None = None, memory: str | None = None, cpus: float | None = None,
                config: SandboxConfig | None = None, labels: Mapping[str, str] | None = None) -> Sandbox:
         """Start a new sandbox; `image`/`memory`/`cpus` override `config` (conf/sandbox/default.yaml)."""
+        given = checks.sandbox_labels(labels) or {}
         rt = runtime()
         cfg = (config or SandboxConfig.load()).replace(image=image, memory=memory, cpus=cpus)
         tag = rt.backend.resolve_image(cfg.image)
         user = rt.backend.probe(tag).auto_user if cfg.user == "auto" else cfg.user
         sid = secrets.token_hex(6)
-        user_labels = {**cfg.labels, **{str(k): str(v) for k, v in (labels or {}).items()}}
+        user_labels = {**cfg.labels, **given}
         rt.registry.insert_sandbox(id=sid, state="creating", image=tag, user=user, config=cfg.to_dict(),
                                    labels=user_labels)
         spec = ContainerSpec(sid, tag, user, cfg, {**user_labels, LABEL_HOME: str(rt.home)})
@@ -227,18 +218,15 @@ class Sandbox:
         `timed_out` is set (or ExecTimeout raised with `raise_on_timeout`). stdout/stderr are capped at
         output_limit_bytes each. A non-zero exit code is a result, not an error.
         """
+        argv = checks.command_argv(cmd)
+        cfg = self.config
+        timeout_s = checks.timeout_seconds(timeout, cfg.exec_timeout_s)
+        data = checks.stdin_bytes(stdin)
+        env = checks.exec_env(env)
+        workdir = checks.exec_workdir(workdir)
         rec = self._record()
         if rec.state != "running":
             raise _state_error(rec, "exec in")
-        argv = _argv(cmd)
-        cfg = self.config
-        timeout_s = _positive(timeout, cfg.exec_timeout_s, "timeout")
-        data = _stdin_bytes(stdin)
-        if env is not None and not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k
-                                       and "\0" not in k + v for k, v in env.items()):
-            raise AgentEnvError("env must map names (non-empty, without '=') to str values")
-        if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
-            raise AgentEnvError(f"workdir must be an absolute path, got {workdir!r}")
         raw = self._backend_exec(rec, argv, timeout_s=timeout_s, output_limit=cfg.output_limit_bytes,
                                  stdin=data, env=env, workdir=workdir)
         result = self._exec_result(raw)
@@ -251,9 +239,17 @@ class Sandbox:
         """A persistent shell in this (running) sandbox: `session.run(cmd, timeout, stdin)` has `exec`'s
         result and guarantees at a fraction of its cost (see `agentenv.session`). `pause`/`fork` end its
         shell; the next `run` starts a new one (`session.reopened`)."""
-        from agentenv.session import Session
+        return Session(self.id, self.config, self._open_shell, self._exec_result, self._container_lost)
 
-        return Session(self)
+    def _open_shell(self) -> ShellStream:
+        """A new session shell in this sandbox, which must be running."""
+        rec = self._record()
+        if rec.state != "running":
+            raise _state_error(rec, "run commands in")
+        try:
+            return self._rt.backend.open_shell(self._ref(rec), user=rec.user)
+        except ContainerNotRunning as e:
+            raise self._container_lost(str(e)) from None
 
     def _exec_result(self, raw: RawExec) -> ExecResult:
         """The decoded result of a command run by `exec` or a session; after a command killed by a
@@ -303,34 +299,30 @@ class Sandbox:
     # ---- files -------------------------------------------------------------------------------
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         """Write a file below the work dir (parents created); paths leading out of it are refused."""
+        cfg = self.config
+        full = workspace_path(path, cfg.workspace)
+        payload = checks.file_payload(data, cfg.file_limit_bytes)
+        mode = checks.file_mode(mode)
         rec = self._record()
         if rec.state != "running":
             raise _state_error(rec, "write files in")
-        cfg = self.config
-        full = workspace_path(path, cfg.workspace)
-        payload = data.encode() if isinstance(data, str) else data
-        if not isinstance(payload, bytes | bytearray):
-            raise AgentEnvError(f"data must be bytes or str, got {type(data).__name__}")
-        if len(payload) > cfg.file_limit_bytes:
-            raise AgentEnvError(f"file of {len(payload)} bytes exceeds file_limit_bytes="
-                                f"{cfg.file_limit_bytes}")
-        if not isinstance(mode, int) or not 0 <= mode <= 0o7777:
-            raise AgentEnvError(f"mode must be an int permission like 0o644, got {mode!r}")
         script = _confine(cfg.workspace) + (
             'mkdir -p -- "$(dirname -- "$p")" && cat > "$p" && chmod "$2" -- "$p"')
         raw = self._backend_exec(rec, ["sh", "-c", script, "sh", full, format(mode, "o")],
-                                 timeout_s=cfg.exec_timeout_s, output_limit=64 * 1024, stdin=bytes(payload))
+                                 timeout_s=cfg.exec_timeout_s, output_limit=64 * 1024, stdin=payload)
         self._file_error(raw, path, "write")
 
     def read_file(self, path: str) -> bytes:
-        """The bytes of a file below the work dir (at most file_limit_bytes)."""
+        """The bytes of a file below the work dir (at most file_limit_bytes); FileNotFoundInSandbox when
+        there is no such file."""
+        cfg = self.config
+        full = workspace_path(path, cfg.workspace)
         rec = self._record()
         if rec.state != "running":
             raise _state_error(rec, "read files from")
-        cfg = self.config
-        full = workspace_path(path, cfg.workspace)
         script = _confine(cfg.workspace) + (
-            f'[ -f "$p" ] || {{ echo "no such file: $p" >&2; exit 2; }}; '
+            f'[ -e "$p" ] || {{ echo "no such file: $p" >&2; exit {_EXIT_MISSING}; }}; '
+            '[ -f "$p" ] || { echo "$p is not a regular file" >&2; exit 2; }; '
             f'[ "$(stat -c %s -- "$p")" -le {cfg.file_limit_bytes} ] || exit {_EXIT_TOO_BIG}; '
             'exec cat -- "$p"')
         raw = self._backend_exec(rec, ["sh", "-c", script, "sh", full], timeout_s=cfg.exec_timeout_s,
@@ -338,14 +330,16 @@ class Sandbox:
         self._file_error(raw, path, "read")
         return raw.stdout
 
-    def _file_error(self, raw, path: str, verb: str) -> None:
+    def _file_error(self, raw: RawExec, path: str, verb: str) -> None:
         if raw.exit_code == 0 and not raw.timed_out:
             return
         msg = raw.stderr.decode(errors="replace").strip()
         if raw.exit_code == _EXIT_REFUSED:
             raise PathOutsideWorkspace(f"{verb} {path!r} refused: {msg}")
         if raw.exit_code == _EXIT_TOO_BIG:
-            raise AgentEnvError(f"{path!r} is bigger than file_limit_bytes={self.config.file_limit_bytes}")
+            raise InvalidArgument(f"{path!r} is bigger than file_limit_bytes={self.config.file_limit_bytes}")
+        if raw.exit_code == _EXIT_MISSING:
+            raise FileNotFoundInSandbox(f"{verb} {path!r} in sandbox {self.id}: {msg}")
         msg = msg or f"exit {raw.exit_code}"
         raise AgentEnvError(f"could not {verb} {path!r} in sandbox {self.id}: {msg}")
 
@@ -364,9 +358,7 @@ class Sandbox:
         ref = self._ref(rec)
         if self._rt.backend.state(ref) is None:
             raise self._mark_broken(CONTAINER_REMOVED, "paused")
-        from agentenv.session import end_sessions
-
-        end_sessions(ref.container)  # no checkpoint may hold a shell whose stdio leads to the daemon
+        self._rt.backend.end_shells(ref)  # no checkpoint may hold a shell whose stdio leads to the daemon
         _rss, cpu_now, _pids, _oom = self._rt.backend.usage(ref)
         try:
             ck = self._rt.backend.checkpoint(ref, f"ck-{secrets.token_hex(4)}", user=rec.user)
@@ -457,8 +449,8 @@ class Sandbox:
         running source is paused for the copy and resumed afterwards; a paused one stays paused.
         Forks share all memory, PRNG state included: reseed from /run/agentenv/seed if that matters.
         `labels`: the forks' labels (default: the source's)."""
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_FORKS:
-            raise AgentEnvError(f"fork count must be an integer from 1 to {MAX_FORKS}, got {n!r}")
+        n = checks.fork_count(n)
+        labels = checks.sandbox_labels(labels)
         with self._lock("fork"):
             rec = self._record()
             if rec.state not in ("running", "paused"):
@@ -483,7 +475,7 @@ class Sandbox:
         and its checkpoint is deleted once all are done; the source is brought back (or tried) also when
         the forks fail. Returns the forks and the source's resume error (None: resumed, or not asked)."""
         cfg = self.config
-        fork_labels = dict(rec.labels) if labels is None else {str(k): str(v) for k, v in labels.items()}
+        fork_labels = dict(rec.labels) if labels is None else dict(labels)
         ids = [secrets.token_hex(6) for _ in range(n)]
         for sid in ids:  # rows first, so that gc sees forks in progress as 'creating'
             self._rt.registry.insert_sandbox(id=sid, state="creating", image=rec.image, user=rec.user,
@@ -526,10 +518,11 @@ class Sandbox:
     def relabel(self, labels: Mapping[str, str], remove: Iterable[str] = ()) -> None:
         """Set `labels` and drop the `remove` keys in the registry, which is what `agentenv ls`, gc and
         pools read (the container keeps the labels it was created with: Docker cannot change them)."""
+        labels = checks.sandbox_labels(labels) or {}
         with self._lock("relabel"):
             rec = self._record()
             new = {k: v for k, v in rec.labels.items() if k not in set(remove)}
-            new.update({str(k): str(v) for k, v in labels.items()})
+            new.update(labels)
             self._rt.registry.update_sandbox(self.id, labels=new)
             self._record()
 
@@ -566,42 +559,6 @@ def remove_sandbox(rt: _Runtime, rec: SandboxRecord, reason: str | None = None) 
     while (ck := rt.registry.latest_checkpoint(rec.id)) is not None:
         rt.registry.delete_checkpoint(ck.id)
     rt.registry.update_sandbox(rec.id, state="closed", **({} if reason is None else {"reason": reason}))
-
-
-def _now() -> float:
-    return time.time()
-
-
-def _argv(cmd: str | Sequence[str]) -> list[str]:
-    if isinstance(cmd, str):
-        if not cmd.strip():
-            raise AgentEnvError("empty command")
-        cmd = ["sh", "-c", cmd]
-    argv = list(cmd) if isinstance(cmd, Sequence) else None
-    if not argv or not all(isinstance(a, str) for a in argv):
-        raise AgentEnvError(f"cmd must be a string or a non-empty list of strings, got {cmd!r}")
-    if any("\0" in a for a in argv):
-        raise AgentEnvError("cmd must not contain NUL bytes")
-    return argv
-
-
-def _stdin_bytes(stdin: bytes | str | None) -> bytes | None:
-    """A command's stdin as bytes (str is UTF-8 encoded); AgentEnvError for anything else."""
-    if stdin is None or isinstance(stdin, bytes):
-        return stdin
-    if isinstance(stdin, str):
-        return stdin.encode()
-    if isinstance(stdin, bytearray):
-        return bytes(stdin)
-    raise AgentEnvError(f"stdin must be bytes or str, got {type(stdin).__name__}")
-
-
-def _positive(value: float | None, default: float, what: str) -> float:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise AgentEnvError(f"{what} must be a positive number of seconds, got {value!r}")
-    return float(value)
 
 
 def _confine(workspace: str) -> str:

@@ -1,6 +1,6 @@
 """`python -m rl.demonstrations [overrides]`: demonstration episodes of a scripted expert, as JSONL.
 
-A scripted expert (``agentenv.tasks.experts``) plays the configured task in a real sandbox, through
+A scripted expert (``rl.experts``) plays the configured task in a real sandbox, through
 ``env.step(action_text)`` like a policy, for ``num_episodes`` episodes; each episode is written as one
 JSON line in the token layout the RL loop produces (``rl.rollout``, ``rl.episode.Episode``)::
 
@@ -42,19 +42,18 @@ from typing import Any
 
 import gymnasium
 import hydra
-import numpy as np
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from agentenv.errors import BackendUnavailable
 from agentenv.paths import conf_dir
-from agentenv.tasks.experts import Expert, ExpertError, expert_for
 from rl.config import ConfigError, EnvConfig, RunConfig, load
 from rl.episode import Episode
+from rl.experts import Expert, ExpertError, expert_for
+from rl.seeds import demonstration_seeds
 from rl.tokenizer import Tokenizer
 
 DEMO_KEYS = ("expert", "num_episodes", "out", "overwrite")  # conf/demonstrations.yaml's own keys
-SEED_STREAM = 0x64656D6F  # keeps demonstration seeds apart from the trainer's (seed, iteration) seeds
 
 
 class DemonstrationError(ValueError):
@@ -96,11 +95,6 @@ def read_demonstrations(path: str | Path) -> list[Demonstration]:
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}:{number}: not a demonstration episode ({exc})") from None
     return out
-
-
-def episode_seeds(seed: int, count: int) -> list[int]:
-    """The task seeds of a command's episodes (distinct, reproducible from ``seed``)."""
-    return [int(s) % 2**31 for s in np.random.SeedSequence([seed, SEED_STREAM]).generate_state(count)]
 
 
 class Recorder:
@@ -172,11 +166,15 @@ class Recorder:
 
 
 def task_env(run: RunConfig) -> gymnasium.Env:
-    """The task as the rollout makes it: kwargs with the sandbox profile, gymnasium checks, wrappers."""
+    """The task as the rollout makes it: kwargs with the sandbox profile, gymnasium checks, wrappers; its
+    sandboxes on this machine, or on ``sandbox.hosts`` when set (no pool: one live sandbox is reused)."""
+    from agentenv.factory import sandbox_factory
     from rl.rollout import task_kwargs
     from rl.wrappers import make_env, wrapper_specs
 
-    return make_env(run.env.id, task_kwargs(run.env, run.sandbox), wrapper_specs(run.env.wrappers))
+    kwargs = task_kwargs(run.env, run.sandbox)
+    sandboxes = sandbox_factory(kwargs.get("sandbox"))
+    return make_env(run.env.id, kwargs, wrapper_specs(run.env.wrappers), sandboxes)
 
 
 def record(
@@ -186,7 +184,7 @@ def record(
     recorder = Recorder(run.env, tokenizer, tokenizer_name)
     env = task_env(run)
     try:
-        for index, seed in enumerate(episode_seeds(run.seed, num_episodes)):
+        for index, seed in enumerate(demonstration_seeds(run.seed, num_episodes)):
             demo = recorder.play(env, expert_for(run.env.id, quality, seed), seed, index)
             yield demo
             if demo.episode.error is not None:

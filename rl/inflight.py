@@ -42,7 +42,7 @@ from rl.episode import Episode
 IN_FLIGHT_FILE = "in_flight.pkl"
 IN_FLIGHT_SUMMARY = "in_flight.json"
 FORMAT_VERSION = 1
-TASK_HANDLES = frozenset({"sandbox", "pool", "_live", "_lease", "_session", "spec"})  # not episode state
+TASK_HANDLES = frozenset({"sandbox", "sandboxes", "_live", "_lease", "_session", "_session_of", "spec"})
 WRAPPER_HANDLES = frozenset({"env", "_cached_spec"})
 
 

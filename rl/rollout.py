@@ -47,6 +47,8 @@ code path.
 
 Envs are made by ``rl.wrappers.make_env``: ``gymnasium.make`` (env checker on), then the user's
 ``env.wrappers``; the runner steps the wrapped env and sends sandbox operations to the task under it.
+Every env gets the runner's one `agentenv.api.SandboxFactory` (``agentenv.factory.sandbox_factory``: the
+hosts, else the runner's pool), so the tasks never ask which kind of sandbox they hold.
 
 Before each turn's generation the runner asks ``policy_version`` (a callable given to `run`) which
 weights version the policy holds now, and records it on the tokens of that turn: in async training the
@@ -84,6 +86,7 @@ import gymnasium
 import torch
 
 import agentenv.tasks  # noqa: F401  (registers the built-in tasks)
+from agentenv.factory import sandbox_factory
 from agentenv.owner import keeper_labels, owner_labels
 from agentenv.pool import PauseCostModel, PauseDecision, PoolMetrics, SandboxPool
 from rl.admission import SandboxGate, Slot
@@ -194,6 +197,8 @@ class EpisodeRunner:
         self.tokenizer = tokenizer
         self.remote = "hosts" in (self.env_kwargs.get("sandbox") or {})
         self.sandbox_pool = make_sandbox_pool(rollout_cfg.sandbox_pool, self.remote)
+        # where every env's sandboxes come from, decided here once: the hosts, else this runner's pool
+        self.sandboxes = sandbox_factory(self.env_kwargs.get("sandbox"), self.sandbox_pool)
         self.pause_cost = (
             PauseCostModel(self.sandbox_pool, rollout_cfg.sandbox_pool.pause_policy)
             if self.sandbox_pool is not None
@@ -228,7 +233,7 @@ class EpisodeRunner:
     # ------------------------------------------------------------------ envs and their sandboxes
     def _take_envs(self, n: int, stats: RolloutStats) -> list[gymnasium.Env]:
         while len(self.free_envs) < n:
-            env = make_env(self.env_id, self.env_kwargs, self.wrappers, self.sandbox_pool)
+            env = make_env(self.env_id, self.env_kwargs, self.wrappers, self.sandboxes)
             if self.gate is not None and not self.gate.fallback_bytes:
                 # the size a sandbox is counted at before the pool has measured one: its memory limit
                 self.gate.fallback_bytes = task(env).sandbox_config().memory_bytes
@@ -757,7 +762,7 @@ class EpisodeRunner:
         def restore(i: int) -> gymnasium.Env | BaseException:
             if self.sandbox_pool is None:
                 return RuntimeError("in-flight episodes resume only with a local sandbox pool")
-            env = make_env(self.env_id, self.env_kwargs, self.wrappers, self.sandbox_pool)
+            env = make_env(self.env_id, self.env_kwargs, self.wrappers, self.sandboxes)
             try:
                 with self._starting(1, stats) as (_, started):  # the restore runs: a slot
                     restore_env_state(env, recorded[i].env_state or [])

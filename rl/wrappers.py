@@ -16,6 +16,7 @@ from typing import Any
 
 import gymnasium
 
+from agentenv.api import SandboxFactory
 from agentenv.errors import ConfigError
 from agentenv.tasks import SandboxTask
 
@@ -24,7 +25,7 @@ WrapperSpec = tuple[type[gymnasium.Wrapper], dict[str, Any]]
 
 def wrapper_spec(entry: Any, key: str) -> WrapperSpec:
     """``"module:Class"`` or ``{cls: "module:Class", kwargs: {...}}`` -> (class, kwargs)."""
-    from rl.config.checks import import_object
+    from rl.config.imports import import_object
 
     if isinstance(entry, str):
         target, kwargs = entry, {}
@@ -46,10 +47,11 @@ def wrapper_specs(entries: list[Any] | None) -> list[WrapperSpec]:
 
 
 def make_env(
-    env_id: str, kwargs: dict[str, Any], wrappers: list[WrapperSpec], pool: Any = None
+    env_id: str, kwargs: dict[str, Any], wrappers: list[WrapperSpec], sandboxes: SandboxFactory | None = None
 ) -> gymnasium.Env:
-    """The task ``env_id`` with gymnasium's env checker and the user's wrappers; its sandbox from ``pool``."""
-    extra = {"pool": pool} if pool is not None else {}
+    """The task ``env_id`` with gymnasium's env checker and the user's wrappers; its sandboxes from
+    ``sandboxes`` (default: the task's own, `agentenv.factory.sandbox_factory` of its ``sandbox`` kwargs)."""
+    extra = {"sandboxes": sandboxes} if sandboxes is not None else {}
     env = gymnasium.make(env_id, disable_env_checker=False, **kwargs, **extra)
     for cls, wrapper_kwargs in wrappers:
         env = cls(env, **wrapper_kwargs)

@@ -24,6 +24,8 @@ UIDS = {"agent": "1000:1000", "root": "0:0"}
 # touches another's (tests use private homes on the same daemon).
 LABEL_HOME = "org.k3rl.agentenv.home"
 LABEL_SANDBOX = "org.k3rl.agentenv.sandbox"
+# The argv of a session's shell (`SandboxBackend.open_shell`); `end_shells` recognises them by it.
+SHELL_ARGV = ("sh", "-s", "--", "agentenv-session")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,32 @@ class RawExec:
         return ExecResult(self.exit_code, self.stdout.decode("utf-8", "replace"),
                           self.stderr.decode("utf-8", "replace"), self.duration_s, self.timed_out,
                           self.truncated, oom_killed)
+
+
+class ShellStream(abc.ABC):
+    """A shell (`SHELL_ARGV`) running in a container, started by `SandboxBackend.open_shell`: its stdin,
+    and its stdout/stderr as frames. Reads and writes raise OSError once the shell's connection is gone."""
+
+    @abc.abstractmethod
+    def send(self, data: bytes) -> None:
+        """Write to the shell's stdin."""
+
+    @abc.abstractmethod
+    def read_frame(self, deadline: float) -> tuple[int, bytes] | None:
+        """The next (1 = stdout | 2 = stderr, payload), or None once the shell's output ended. TimeoutError
+        after `deadline` (time.monotonic) with the frame incomplete; the stream stays usable."""
+
+    @abc.abstractmethod
+    def ready(self) -> bool:
+        """Can `read_frame` return something (a frame, or the end) without waiting?"""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """From the host: kill the shell and every process still attached to its stdio."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close this process's end of the connection (the shell sees its stdin end)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +144,16 @@ class SandboxBackend(abc.ABC):
              output_limit: int, stdin: bytes | None = None, env: Mapping[str, str] | None = None,
              workdir: str | None = None) -> RawExec:
         """Run argv inside; the timeout kills its whole process group; outputs are capped."""
+
+    @abc.abstractmethod
+    def open_shell(self, ref: ContainerRef, *, user: str) -> ShellStream:
+        """Start a shell (`SHELL_ARGV`) in the running container, reading commands from its stdin (a
+        session's shell). ContainerNotRunning when the container is gone or stopped."""
+
+    @abc.abstractmethod
+    def end_shells(self, ref: ContainerRef) -> int:
+        """Kill every session shell in the container, whichever process opened it, with everything still
+        attached to its stdio (which no checkpoint can carry); returns how many."""
 
     @abc.abstractmethod
     def checkpoint(self, ref: ContainerRef, checkpoint_id: str, *, user: str) -> Checkpoint:

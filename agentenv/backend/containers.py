@@ -35,6 +35,7 @@ from agentenv.backend.base import (
     LABEL_HOME,
     LABEL_SANDBOX,
     RUNTIME_DIR,
+    SHELL_ARGV,
     UIDS,
     ContainerNotRunning,
     ContainerRef,
@@ -43,9 +44,10 @@ from agentenv.backend.base import (
     HostProbe,
     RawExec,
     SandboxBackend,
+    ShellStream,
 )
 from agentenv.backend.cgroups import read_usage
-from agentenv.backend.docker_exec import run_exec
+from agentenv.backend.docker_exec import DockerShell, kill_attached, run_exec, start_exec
 from agentenv.errors import AgentEnvError, BackendUnavailable, CheckpointError
 from agentenv.locks import sandbox_lock
 
@@ -276,6 +278,38 @@ class DockerContainers(SandboxBackend):
             if e.status_code == 409:
                 raise ContainerNotRunning(_first_line(e)) from None
             raise AgentEnvError(f"docker exec failed: {_first_line(e)}") from None
+
+    @_docker_errors
+    def open_shell(self, ref: ContainerRef, *, user: str) -> ShellStream:
+        try:
+            exec_id, stream = start_exec(self.api, ref.container, SHELL_ARGV, user=UIDS[user], stdin=True)
+        except docker.errors.NotFound as e:
+            raise ContainerNotRunning(f"its container is gone ({_first_line(e)})") from None
+        except docker.errors.APIError as e:
+            if e.status_code == 409:
+                raise ContainerNotRunning(_first_line(e)) from None
+            raise AgentEnvError(f"docker exec failed: {_first_line(e)}") from None
+        return DockerShell(exec_id, stream)
+
+    @_docker_errors
+    def end_shells(self, ref: ContainerRef) -> int:
+        try:
+            exec_ids = self.api.inspect_container(ref.container).get("ExecIDs") or []
+        except docker.errors.NotFound:
+            return 0
+        pids = []
+        for exec_id in exec_ids:
+            try:
+                info = self.api.exec_inspect(exec_id)
+            except docker.errors.NotFound:
+                continue  # it ended meanwhile
+            pc = info.get("ProcessConfig") or {}
+            if info.get("Running") and (pc.get("entrypoint"), *(pc.get("arguments") or ())) == SHELL_ARGV:
+                pids.append(int(info.get("Pid") or 0))
+        pids = [p for p in pids if p > 0]
+        if pids:
+            kill_attached(pids)
+        return len(pids)
 
     @_docker_errors
     def freeze(self, ref: ContainerRef) -> None:

@@ -8,8 +8,8 @@
 - stdin is written by a helper thread, so a command that writes before it reads cannot deadlock.
 
 Three API calls per exec (create, start, inspect) on the shared client: ~30 ms on an idle machine.
-The pieces (`start_exec`, `ExecStream`, `CappedOutput`, `timeout_argv`, `is_timeout`, `kill_attached`)
-are shared with the persistent shell session (`agentenv.session`), which runs its commands the same way.
+`DockerShell` is a session's shell (`SandboxBackend.open_shell`): one exec with its stdin open, read the
+same way (`ExecStream`), killed the same way (`kill_attached`).
 """
 
 from __future__ import annotations
@@ -26,43 +26,13 @@ from collections.abc import Mapping, Sequence
 
 import docker
 
-from agentenv.backend.base import RawExec
+from agentenv.backend import docker_client
+from agentenv.backend.base import RawExec, ShellStream
 from agentenv.backend.cgroups import cgroup_pids
+from agentenv.backend.commands import HOST_GRACE_S, KILL_GRACE_S, CappedOutput, is_timeout, timeout_argv
 
-KILL_GRACE_S = 2.0    # from TERM to KILL inside the container
-HOST_GRACE_S = 5.0    # after that, the host kills the processes itself
-TIMEOUT_EXIT_CODES = (124, 137)
 _HEADER = struct.Struct(">BxxxL")
 _RECV_BYTES = 256 * 1024
-
-
-def timeout_argv(argv: Sequence[str], timeout_s: float) -> list[str]:
-    """`argv` under coreutils `timeout`: its own process group, TERM at `timeout_s`, KILL after the grace."""
-    return ["timeout", "-k", f"{KILL_GRACE_S:g}", f"{timeout_s:g}", *argv]
-
-
-def is_timeout(exit_code: int, duration_s: float, timeout_s: float) -> bool:
-    """Did `timeout` end the command? (124/137 alone could be the command's own status.)"""
-    return exit_code in TIMEOUT_EXIT_CODES and duration_s >= timeout_s * 0.98
-
-
-class CappedOutput:
-    """One output stream kept up to `limit` bytes; the rest is counted and dropped."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.data = bytearray()
-        self.total = 0
-
-    def add(self, payload: bytes) -> None:
-        self.total += len(payload)
-        room = self.limit - len(self.data)
-        if room > 0:
-            self.data += payload[:room]
-
-    @property
-    def truncated(self) -> bool:
-        return self.total > self.limit
 
 
 class ExecStream:
@@ -136,6 +106,31 @@ def start_exec(api: docker.APIClient, container: str, argv: Sequence[str], *, us
     exec_id = api.exec_create(container, list(argv), stdout=True, stderr=True, stdin=stdin, tty=False,
                               user=user, environment=dict(env) if env else None, workdir=workdir)["Id"]
     return exec_id, ExecStream(api, exec_id)
+
+
+class DockerShell(ShellStream):
+    """A shell started with `docker exec -i` (see `SandboxBackend.open_shell`)."""
+
+    def __init__(self, exec_id: str, stream: ExecStream) -> None:
+        self.exec_id = exec_id
+        self._stream = stream
+
+    def send(self, data: bytes) -> None:
+        self._stream.send(data)
+
+    def read_frame(self, deadline: float) -> tuple[int, bytes] | None:
+        return self._stream.read_frame(deadline)
+
+    def ready(self) -> bool:
+        return self._stream.ready()
+
+    def kill(self) -> None:
+        pid = exec_pid(docker_client.api(), self.exec_id)
+        if pid > 0:
+            kill_attached([pid])
+
+    def close(self) -> None:
+        self._stream.close()
 
 
 def _pipes(pid: int) -> set[str]:

@@ -43,13 +43,12 @@ from agentenv.backend.base import (
 )
 from agentenv.backend.containers import DockerContainers, _docker_errors, _first_line
 from agentenv.backend.dumpers import TRANSIENT_DUMP_ERRORS, ContainerdDump, DockerApiDump
-from agentenv.backend.errors import DiskCapExceeded, RestoreNotVerified
 from agentenv.backend.files import copy_tree
 from agentenv.backend.host import HostSupport
 from agentenv.backend.procs import process_tree, tree_matches
 from agentenv.backend.settings import BackendSettings
 from agentenv.backend.store import CheckpointStore, ImageRecord, disk_bytes
-from agentenv.errors import CheckpointError
+from agentenv.errors import CheckpointError, DiskCapExceeded, RestoreNotVerified
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agentenv.backend.errors import DiskCapExceeded
 from agentenv.backend.procs import ProcessInfo
+from agentenv.errors import DiskCapExceeded
 from agentenv.locks import file_lock
 
 RECORD_FILE = "k3rl-checkpoint.json"

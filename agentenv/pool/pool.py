@@ -33,14 +33,24 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from agentenv import checks
 from agentenv.config import SandboxConfig
-from agentenv.errors import AgentEnvError, CheckpointError, SandboxBusy, SandboxNotFound, SandboxStateError
+from agentenv.errors import (
+    AgentEnvError,
+    CheckpointError,
+    PoolBudgetExceeded,
+    SandboxBusy,
+    SandboxNotFound,
+    SandboxStateError,
+    SessionError,
+)
 from agentenv.locks import sandbox_lock
 from agentenv.owner import KEEPER_LABEL
 from agentenv.paths import agentenv_home
@@ -48,16 +58,13 @@ from agentenv.pool.settings import PoolSettings
 from agentenv.pool.state import PoolState
 from agentenv.results import ExecResult, SandboxStats
 from agentenv.sandbox import Sandbox
+from agentenv.session import Session
 
 log = logging.getLogger(__name__)
 
 LABEL_POOL = "org.k3rl.agentenv.pool"
 LABEL_TEMPLATE = "org.k3rl.agentenv.pool-template"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-class PoolBudgetExceeded(AgentEnvError):
-    """`strict_budget` is on and no idle sandbox could be paused to make room."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,10 @@ class PoolMetrics:
 
 
 class PooledSandbox:
-    """A pool member. Same calls as `Sandbox`; exec and file calls resume it first when paused."""
+    """A pool member: a `SandboxHandle` like `Sandbox`. Every use (exec, files, a session's commands, a
+    fork) holds a lease on it, so the pool does not pause it meanwhile, and resumes it first when the pool
+    had paused it for its budget; a pause asked for through the handle (`pause()`) holds, as a local
+    sandbox's does, until `resume()` (or a lease, `pool.using`)."""
 
     def __init__(self, pool: SandboxPool, sandbox: Sandbox) -> None:
         self.pool = pool
@@ -103,26 +113,88 @@ class PooledSandbox:
     def status(self) -> str:
         return self.sandbox.status
 
-    def exec(self, cmd: str | list[str], **kwargs: Any) -> ExecResult:
+    @property
+    def reason(self) -> str | None:
+        return self.sandbox.reason
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.sandbox.labels
+
+    @property
+    def user(self) -> str:
+        return self.sandbox.user
+
+    @property
+    def parent_id(self) -> str | None:
+        return self.sandbox.parent_id
+
+    @property
+    def config(self) -> SandboxConfig:
+        return self.sandbox.config
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.sandbox.describe(), "pool": self.pool.name}
+
+    def exec(self, cmd: str | Sequence[str], timeout: float | None = None, stdin: bytes | str | None = None,
+             env: Mapping[str, str] | None = None, workdir: str | None = None,
+             raise_on_timeout: bool = False) -> ExecResult:
+        checks.command_argv(cmd)  # a bad call is refused before it resumes anything
+        checks.timeout_seconds(timeout, 1.0)
+        checks.stdin_bytes(stdin)
+        checks.exec_env(env)
+        checks.exec_workdir(workdir)
+        self._usable("exec in")
         with self.pool.using(self) as sb:
-            return sb.exec(cmd, **kwargs)
+            return sb.exec(cmd, timeout=timeout, stdin=stdin, env=env, workdir=workdir,
+                           raise_on_timeout=raise_on_timeout)
+
+    def session(self) -> PooledSession:
+        """A persistent shell whose every `run` holds a lease (and resumes a member the pool paused)."""
+        return PooledSession(self)
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        checks.workspace_path(path, self.config.workspace)
+        checks.file_payload(data, self.config.file_limit_bytes)
+        checks.file_mode(mode)
+        self._usable("write files in")
         with self.pool.using(self) as sb:
             sb.write_file(path, data, mode)
 
     def read_file(self, path: str) -> bytes:
+        checks.workspace_path(path, self.config.workspace)
+        self._usable("read files from")
         with self.pool.using(self) as sb:
             return sb.read_file(path)
 
+    def _usable(self, action: str) -> None:
+        """Refuse a use while a pause asked for through a handle holds (the pool's own pauses do not)."""
+        member = self.pool.state.get(self.id)
+        if member is not None and member.held_pause and self.pool.paused(self):
+            raise SandboxStateError(f"sandbox {self.id} is paused; resume it first (`sandbox.resume()`) "
+                                    f"before you {action} it")
+
     def pause(self) -> None:
-        self.pool.pause(self)
+        """Pause it now (SandboxStateError when already paused, SandboxBusy while another holder uses it)."""
+        if self.pool.paused(self):
+            raise SandboxStateError(f"sandbox {self.id} is already paused")
+        if self.status != "running":
+            self.sandbox.pause()  # refused with the sandbox's own state error (closed, broken)
+        if not self.pool.pause(self) and not self.pool.paused(self):
+            raise SandboxBusy(f"sandbox {self.id} is in use by another holder of pool {self.pool.name!r}; "
+                              "pause it once that use ends")
+        self.pool.state.hold_pause(self.id)
 
     def resume(self) -> None:
+        """Resume it (SandboxStateError when it is running)."""
+        if not self.pool.paused(self):
+            status = self.status
+            raise SandboxStateError(f"sandbox {self.id} is already running" if status == "running" else
+                                    f"sandbox {self.id} is {status}; cannot resume it")
         self.pool.resume(self)
 
-    def fork(self, n: int) -> list[PooledSandbox]:
-        return self.pool.fork(self, n)
+    def fork(self, n: int, labels: Mapping[str, str] | None = None) -> list[PooledSandbox]:
+        return self.pool.fork(self, n, labels=labels)
 
     def stats(self) -> SandboxStats:
         return self.sandbox.stats()
@@ -132,6 +204,55 @@ class PooledSandbox:
 
     def __repr__(self) -> str:
         return f"PooledSandbox(id={self.id!r}, pool={self.pool.name!r})"
+
+
+class PooledSession:
+    """The session of a pool member: each `run` leases the member (resuming it when the pool paused it)
+    and runs in one shell of it, which a pause ends and the next `run` reopens (`reopened`)."""
+
+    def __init__(self, member: PooledSandbox) -> None:
+        self.member = member
+        self.reopened = False
+        self._shell: Session | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+        member._usable("run commands in")
+        with self.member.pool.using(member) as sb:
+            self._shell = sb.session()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def run(self, cmd: str | Sequence[str], timeout: float | None = None,
+            stdin: bytes | str | None = None) -> ExecResult:
+        checks.command_argv(cmd)
+        checks.timeout_seconds(timeout, 1.0)
+        checks.stdin_bytes(stdin)
+        with self._lock:
+            if self._closed or self._shell is None:
+                raise SessionError(f"this session of sandbox {self.member.id} is closed; open a new one "
+                                   "with sandbox.session()")
+            self.member._usable("run commands in")
+            with self.member.pool.using(self.member):
+                result = self._shell.run(cmd, timeout=timeout, stdin=stdin)
+            self.reopened = self._shell.reopened
+            return result
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._shell is not None:
+                self._shell.close()
+
+    def __enter__(self) -> PooledSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PooledSession(sandbox={self.member.id!r}, pool={self.member.pool.name!r})"
 
 
 class SandboxPool:
@@ -321,8 +442,14 @@ class SandboxPool:
             return sandbox.exec(cmd, **kwargs)
 
     def resume(self, sb: PooledSandbox | Sandbox | str) -> None:
+        """Resume (or thaw) a member the pool paused; nothing when it runs."""
         with self.using(sb):
             pass
+
+    def paused(self, sb: PooledSandbox | Sandbox | str) -> bool:
+        """Is the member paused for the pool: checkpointed, or frozen (``pause_method: freeze``)?"""
+        sid = self._id(sb)
+        return self._frozen(sid) or Sandbox.get(sid).status == "paused"
 
     def pause(self, sb: PooledSandbox | Sandbox | str) -> bool:
         """Pause a member now unless it is in use (False) or already paused."""
@@ -335,14 +462,19 @@ class SandboxPool:
         finally:
             self.state.end_pause(sid)
 
-    def fork(self, sb: PooledSandbox | Sandbox | str, n: int) -> list[PooledSandbox]:
-        """n new members with the memory and files of `sb` (room is made for n copies of its RSS)."""
+    def fork(self, sb: PooledSandbox | Sandbox | str, n: int,
+             labels: Mapping[str, str] | None = None) -> list[PooledSandbox]:
+        """n new members with the memory and files of `sb` (room is made for n copies of its RSS). `labels`:
+        the forks' labels (default: the source's), to which the pool adds its own."""
+        n = checks.fork_count(n)
+        given = checks.sandbox_labels(labels)
         sid = self._id(sb)
         with self._leased(sid):
             source = Sandbox.get(sid)
+            fork_labels = None if given is None else {**self.labels, **given, LABEL_POOL: self.name}
             st = source.stats()
             self.ensure_budget(n * max(st.rss_bytes, st.checkpoint_bytes), exclude={sid})
-            forks = self._timed("fork", lambda: source.fork(n))
+            forks = self._timed("fork", lambda: source.fork(n, labels=fork_labels))
         tmpl = self.state.get(sid)
         for f in forks:
             self.state.add(f.id, template=tmpl.template if tmpl else None)

@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS members (
     rss_at       REAL NOT NULL DEFAULT 0,     -- when rss_bytes was measured
     template     TEXT,                        -- the template it was forked from (NULL: cold start)
     paused       INTEGER NOT NULL DEFAULT 0,  -- as the pool last left it (1: paused by the pool)
+    held_pause   INTEGER NOT NULL DEFAULT 0,  -- 1: paused through its handle: a use must resume it first
     state_since  REAL NOT NULL DEFAULT 0      -- when it entered that state (sandbox-seconds accounting)
 );
 CREATE TABLE IF NOT EXISTS clock (
@@ -63,6 +64,7 @@ class Member:
     template: str | None
     paused: int
     state_since: float
+    held_pause: int = 0
 
     def leased(self, now: float) -> bool:
         return self.leases > 0 and self.lease_until > now
@@ -77,7 +79,8 @@ class PoolState:
         self._local = threading.local()
         self._conn().executescript(SCHEMA)
         columns = {r[1] for r in self._conn().execute("PRAGMA table_info(members)")}
-        for column in ("rss_at REAL", "paused INTEGER", "state_since REAL"):  # pool files from before
+        added = ("rss_at REAL", "paused INTEGER", "state_since REAL", "held_pause INTEGER")
+        for column in added:  # pool files from before these columns
             if column.split()[0] not in columns:
                 self._conn().execute(f"ALTER TABLE members ADD COLUMN {column} NOT NULL DEFAULT 0")
 
@@ -119,15 +122,22 @@ class PoolState:
         return r
 
     def mark(self, sandbox_id: str, paused: bool) -> None:
-        """The pool paused (or resumed) a member: its time so far goes to the state it leaves."""
+        """The pool paused (or resumed) a member: its time so far goes to the state it leaves. A pause by
+        its holder (`hold_pause`) is recorded after this one."""
         now = time.time()
         with self._tx() as c:
             r = self._close_interval(c, sandbox_id, now)
             if r is not None:
                 c.execute(
-                    "UPDATE members SET paused=?, state_since=? WHERE sandbox_id=?",
+                    "UPDATE members SET paused=?, state_since=?, held_pause=0 WHERE sandbox_id=?",
                     (int(paused), now, sandbox_id),
                 )
+
+    def hold_pause(self, sandbox_id: str) -> None:
+        """Record that the member's holder paused it through its handle: a use through a handle is refused
+        until it is resumed (`mark` clears it)."""
+        with self._tx() as c:
+            c.execute("UPDATE members SET held_pause=1 WHERE sandbox_id=?", (sandbox_id,))
 
     def sandbox_seconds(self) -> tuple[float, float]:
         """(running, paused) sandbox-seconds of all members ever, up to now: the sum over members of

@@ -135,7 +135,8 @@ def create_api(state: ServerState, reaper: bool = True) -> FastAPI:
 
     @api.exception_handler(AgentEnvError)
     async def _agentenv_error(_r: Request, e: AgentEnvError) -> Response:
-        return e2b_json(classify(e)[0], str(e))
+        status, _code, name = classify(e)
+        return e2b_json(status, str(e), name)
 
     @api.exception_handler(RequestValidationError)
     async def _invalid(_r: Request, e: RequestValidationError) -> Response:

@@ -18,8 +18,9 @@ from fastapi import APIRouter, Depends, Query, Response, Security
 from fastapi.security import APIKeyHeader
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentenv.checks import MAX_FORKS
 from agentenv.errors import AgentEnvError, SandboxStateError
-from agentenv.sandbox import MAX_FORKS, Sandbox
+from agentenv.sandbox import Sandbox
 from agentenv.server.errors import ApiError
 from agentenv.server.reaper import NEVER
 from agentenv.server.state import API_KEY_HEADER, ServerState, Unauthorized
@@ -75,6 +76,7 @@ class PauseBody(BaseModel):
 class ForkBody(BaseModel):
     timeout: int | None = Field(None, ge=0)
     count: int | None = Field(None, ge=1, le=MAX_FORKS)
+    metadata: dict[str, str] | None = Field(None, description="the forks' metadata (default: the source's)")
 
 
 class RefreshBody(BaseModel):
@@ -311,7 +313,7 @@ def control_router(state: ServerState) -> APIRouter:
     def pause(sandbox_id: str, body: PauseBody | None = None) -> Response:
         sb, _rec, status = served(sandbox_id)
         if status == "paused":
-            raise ApiError(409, f"sandbox {sandbox_id} is already paused")
+            raise SandboxStateError(f"sandbox {sandbox_id} is already paused")
         sb.pause()
         state.store.set_end(sb.id, time.time())
         return Response(status_code=204)
@@ -340,7 +342,7 @@ def control_router(state: ServerState) -> APIRouter:
         timeout = ttl(body.timeout if body else None)
         sb, rec, status = served(sandbox_id, "running", "paused")
         if status == "running":
-            raise ApiError(409, f"sandbox {sandbox_id} is already running")
+            raise SandboxStateError(f"sandbox {sandbox_id} is already running")
         sb.resume()
         state.store.set_end(sb.id, time.time() + timeout)
         return created(sb, rec)
@@ -369,8 +371,9 @@ def control_router(state: ServerState) -> APIRouter:
         timeout = ttl(body.timeout)
         sb, rec, _status = served(sandbox_id, "running", "paused")
         out = []
+        metadata = rec.metadata if body.metadata is None else body.metadata
         for child in sb.fork(body.count or 1):
-            crec = state.store.insert(child.id, rec.template_id, rec.metadata, rec.env_vars, timeout,
+            crec = state.store.insert(child.id, rec.template_id, metadata, rec.env_vars, timeout,
                                       rec.auto_pause)
             out.append(ForkResult(sandbox=created(child, crec)))
         return out

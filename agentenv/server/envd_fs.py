@@ -18,7 +18,6 @@ from fastapi import APIRouter, Request
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 from starlette.responses import Response
 
-from agentenv.errors import AgentEnvError
 from agentenv.sandbox import Sandbox
 from agentenv.server import fsops
 from agentenv.server.errors import ApiError
@@ -121,13 +120,7 @@ def files_router(state: ServerState) -> APIRouter:
         if fsops.sandbox_path(sb, path) == sb.config.workspace.rstrip("/"):
             raise ApiError(400, f"{path!r} is the work dir, a directory: give a file path")
         with state.serialised(sb, "read a file"):
-            try:
-                data = sb.read_file(path)
-            except AgentEnvError as e:
-                if isinstance(e, fsops.PathOutsideWorkspace):
-                    raise
-                fsops.stat(sb, path)  # MissingPath (404) when the file is not there
-                raise
+            data = sb.read_file(path)  # FileNotFoundInSandbox (404) when the file is not there
         name = posixpath.basename(path)
         return Response(data, media_type="application/octet-stream",
                         headers={"Content-Disposition": f'attachment; filename="{name}"'})

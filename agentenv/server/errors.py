@@ -1,28 +1,20 @@
 """Errors as E2B's clients expect them: `{"code": N, "message": "..."}` bodies on HTTP routes, Connect
-error codes on RPC routes, both derived from one table of AgentENV's error types."""
+error codes on RPC routes, both from `agentenv.errors.ERROR_TABLE`, which also names each error's type
+(header `X-AgentEnv-Error`, a Connect error detail) so that `agentenv.remote` raises the same type."""
 
 from __future__ import annotations
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
+from protobuf.wkt.google.protobuf.wrappers_pb import StringValue
 from starlette.responses import JSONResponse
 
-from agentenv.errors import (
-    AgentEnvError,
-    BackendUnavailable,
-    CheckpointError,
-    ConfigError,
-    ImageError,
-    PathOutsideWorkspace,
-    SandboxBusy,
-    SandboxNotFound,
-    SandboxStateError,
-)
-from agentenv.server.procs import ProcessNotFound, SandboxUnavailable
+from agentenv.errors import ERROR_HEADER, wire_error
 
 
 class ApiError(Exception):
-    """An HTTP error with E2B's body shape, raised by route handlers."""
+    """An HTTP error with E2B's body shape, raised by route handlers (no AgentENV type: a refusal of the
+    request itself, such as a bad parameter or a timeout over the server's maximum)."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -30,37 +22,23 @@ class ApiError(Exception):
         self.message = message
 
 
-# Most specific first: (type, HTTP status, Connect code).
-_TABLE: tuple[tuple[type[Exception], int, Code], ...] = (
-    (SandboxNotFound, 404, Code.NOT_FOUND),
-    (ProcessNotFound, 404, Code.NOT_FOUND),
-    (FileNotFoundError, 404, Code.NOT_FOUND),
-    (FileExistsError, 409, Code.ALREADY_EXISTS),
-    (SandboxBusy, 409, Code.UNAVAILABLE),
-    (SandboxUnavailable, 409, Code.FAILED_PRECONDITION),
-    (SandboxStateError, 409, Code.FAILED_PRECONDITION),
-    (PathOutsideWorkspace, 400, Code.INVALID_ARGUMENT),
-    (ImageError, 400, Code.INVALID_ARGUMENT),
-    (ConfigError, 400, Code.INVALID_ARGUMENT),
-    (BackendUnavailable, 503, Code.UNAVAILABLE),
-    (CheckpointError, 500, Code.INTERNAL),
-    (AgentEnvError, 400, Code.INVALID_ARGUMENT),
-)
+def classify(error: Exception) -> tuple[int, Code, str | None]:
+    """(HTTP status, Connect code, type name) of an error; (500, INTERNAL, None) for an unexpected one."""
+    row = wire_error(error)
+    if row is None:
+        return 500, Code.INTERNAL, None
+    return row.status, Code(row.code), row.name
 
 
-def classify(error: Exception) -> tuple[int, Code]:
-    for cls, status, code in _TABLE:
-        if isinstance(error, cls):
-            return status, code
-    return 500, Code.INTERNAL
-
-
-def e2b_json(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"code": status, "message": message}, status_code=status)
+def e2b_json(status: int, message: str, name: str | None = None) -> JSONResponse:
+    """E2B's error body; `name`: the AgentENV error type, in our header."""
+    return JSONResponse({"code": status, "message": message}, status_code=status,
+                        headers={ERROR_HEADER: name} if name else None)
 
 
 def to_connect(error: Exception) -> ConnectError:
-    """A Connect error carrying the AgentENV message (ConnectErrors pass through)."""
+    """A Connect error carrying the AgentENV message and type (ConnectErrors pass through)."""
     if isinstance(error, ConnectError):
         return error
-    return ConnectError(classify(error)[1], str(error))
+    _status, code, name = classify(error)
+    return ConnectError(code, str(error), details=[StringValue(value=name)] if name else ())

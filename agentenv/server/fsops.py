@@ -8,8 +8,16 @@ import posixpath
 import shlex
 from dataclasses import dataclass
 
-from agentenv.errors import AgentEnvError, PathOutsideWorkspace
-from agentenv.sandbox import _EXIT_REFUSED, Sandbox, _confine, workspace_path
+from agentenv.checks import workspace_path
+from agentenv.errors import (
+    AgentEnvError,
+    FileExistsInSandbox,
+    FileNotFoundInSandbox,
+    InvalidArgument,
+    NotADirectoryInSandbox,
+    PathOutsideWorkspace,
+)
+from agentenv.sandbox import _EXIT_REFUSED, Sandbox, _confine
 
 _EXIT_MISSING = 5
 _EXIT_EXISTS = 6
@@ -18,18 +26,6 @@ _EXIT_NOT_DIR = 7
 _FORMAT = r"%y\t%Y\t%s\t%m\t%M\t%u\t%g\t%T@\t%l\t%p\0"
 _MAX_DEPTH = 16
 _TIMEOUT_S = 60.0
-
-
-class FileExists(AgentEnvError, FileExistsError):
-    """The path to create exists already."""
-
-
-class NotADirectory(AgentEnvError, NotADirectoryError):
-    """A directory was expected."""
-
-
-class MissingPath(AgentEnvError, FileNotFoundError):
-    """No file or directory at this path."""
 
 
 @dataclass(frozen=True)
@@ -65,11 +61,11 @@ def _run(sb: Sandbox, script: str, *args: str, what: str):
     if r.exit_code == _EXIT_REFUSED:
         raise PathOutsideWorkspace(f"{what} refused: {msg}")
     if r.exit_code == _EXIT_MISSING:
-        raise MissingPath(f"{what}: no such file or directory: {args[0]}")
+        raise FileNotFoundInSandbox(f"{what}: no such file or directory: {args[0]}")
     if r.exit_code == _EXIT_EXISTS:
-        raise FileExists(f"{what}: {args[-1]} exists already")
+        raise FileExistsInSandbox(f"{what}: {args[-1]} exists already")
     if r.exit_code == _EXIT_NOT_DIR:
-        raise NotADirectory(f"{what}: {args[0]} is not a directory")
+        raise NotADirectoryInSandbox(f"{what}: {args[0]} is not a directory")
     raise AgentEnvError(f"{what} failed in sandbox {sb.id}: {msg or f'exit {r.exit_code}'}")
 
 
@@ -106,13 +102,13 @@ def stat(sb: Sandbox, path: str) -> Entry:
              what=f"stat {path!r}")
     entries = _entries(r.stdout)
     if not entries:
-        raise MissingPath(f"stat {path!r}: no such file or directory")
+        raise FileNotFoundInSandbox(f"stat {path!r}: no such file or directory")
     return entries[0]
 
 
 def list_dir(sb: Sandbox, path: str, depth: int) -> list[Entry]:
     if not 1 <= depth <= _MAX_DEPTH:
-        raise AgentEnvError(f"depth must be from 1 to {_MAX_DEPTH}, got {depth}")
+        raise InvalidArgument(f"depth must be from 1 to {_MAX_DEPTH}, got {depth}")
     full = sandbox_path(sb, path)
     r = _run(sb, _confined(sb) + _exists() + f'[ -d "$p" ] || exit {_EXIT_NOT_DIR}; '
              f'exec find "$p" -mindepth 1 -maxdepth {depth} -printf \'{_FORMAT}\'', full,

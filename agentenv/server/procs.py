@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentenv.backend import docker_client
-from agentenv.errors import AgentEnvError, SandboxStateError
+from agentenv.errors import AgentEnvError, ProcessNotFound, SandboxStateError
 from agentenv.sandbox import Sandbox
 
 PROC_ROOT = "/tmp/.agentenv-e2b"
@@ -73,14 +73,6 @@ p=$(cat "$d/pid"); ln -sfn "t.$t" "$b/p.$p" && echo "$p"
 """
 
 
-class ProcessNotFound(AgentEnvError, LookupError):
-    """No process with this PID or tag was started through the API in the sandbox."""
-
-
-class SandboxUnavailable(SandboxStateError):
-    """The sandbox's container is not running (paused, closed) so its processes cannot be reached."""
-
-
 @dataclass(frozen=True)
 class ProcInfo:
     pid: int
@@ -103,11 +95,11 @@ class OutputEvent:
 def _container_root(sb: Sandbox) -> Path:
     """`/proc/<init>/root` of the sandbox's running container: its filesystem as the host sees it."""
     if sb.status != "running" or not sb.container_id:
-        raise SandboxUnavailable(f"sandbox {sb.id} is {sb.status}; connect to it (resume) first")
+        raise SandboxStateError(f"sandbox {sb.id} is {sb.status}; connect to it (resume) first")
     info = docker_client.api().inspect_container(sb.container_id)
     pid = int(info["State"].get("Pid") or 0)
     if not info["State"].get("Running") or pid <= 0:
-        raise SandboxUnavailable(f"sandbox {sb.id}'s container is not running")
+        raise SandboxStateError(f"sandbox {sb.id}'s container is not running")
     root = Path(f"/proc/{pid}/root")
     try:
         os.stat(root / PROC_ROOT.lstrip("/"))
@@ -235,7 +227,7 @@ class ProcessManager:
     # ---- output -------------------------------------------------------------------------------
     async def follow(self, sb: Sandbox, pid: int, from_start: bool) -> AsyncIterator[OutputEvent]:
         """Output of the process as it is written, then its exit code. `from_start=False` skips what
-        was written before the call (envd's Connect). Raises SandboxUnavailable when the sandbox stops
+        was written before the call (envd's Connect). Raises SandboxStateError when the sandbox stops
         (pause or kill) while following: the process itself lives on in the checkpoint."""
         root = await asyncio.to_thread(_container_root, sb)
         d = _proc_dir(root, pid)
@@ -263,7 +255,7 @@ class ProcessManager:
                     raise FileNotFoundError(d)
             except (FileNotFoundError, ProcessLookupError, NotADirectoryError, ValueError):
                 if not root.exists() or not os.path.exists(root / "proc"):
-                    raise SandboxUnavailable(f"sandbox {sb.id} stopped (paused or killed) while process "
+                    raise SandboxStateError(f"sandbox {sb.id} stopped (paused or killed) while process "
                                              f"{pid} was followed; it continues after a resume") from None
                 raise ProcessNotFound(f"process {pid}'s files vanished from sandbox {sb.id}") from None
             await asyncio.sleep(self.poll_s)

@@ -1,37 +1,20 @@
 """`SandboxTask`: the base of every agent task, a gymnasium env whose world lives in an AgentENV sandbox.
 
-A task subclasses it and writes three methods:
-
-- ``setup(seed) -> str``: prepare the sandbox for a new episode (deterministically from ``seed``) and
-  return the first observation;
-- ``act(action) -> Outcome``: carry out the agent's action in the sandbox and say what it saw;
-- ``reward(outcome) -> float``: the reward for that step (default: ``1.0`` when ``outcome.success``).
-
-The base owns the sandbox: it is created on the first ``reset`` and **kept alive across episodes**
-(each ``reset`` re-runs ``setup`` inside the running sandbox, which is far cheaper than a new
-container), paused/resumed on request, forked with the episode state for identical GRPO group starts,
-and closed by ``close()``. Commands go through a persistent shell (``Sandbox.session()``, with exec's
-output caps and process-group timeouts) unless the task is built with ``session=False`` (one exec per
-command). Observations and actions are gymnasium ``Text`` spaces.
-
-With ``pool=`` (an ``agentenv.SandboxPool``) the sandbox is a pool member: created by ``pool.create``
-(a warm start, when the pool's ``warm_starts`` is on: a fork of the pool's template, a sandbox that ran
-``install()`` once) and leased with ``pool.using`` from ``reset`` until the episode ends (or
-``release_sandbox()``), so the pool never pauses it mid-episode, and resumes it first when it had paused
-it. One lease per episode, not per step: a lease is a transaction on the pool's SQLite file. A pause (by
-the task, the pool or another process) ends the sandbox's session shell; the next command opens a new one.
-
-Episode state that ``fork`` must carry lives in plain attributes holding immutable values (ints,
-strings, tuples): a fork is a shallow copy of the env bound to the forked sandbox.
+A task subclasses it and writes ``setup(seed) -> str`` (prepare the sandbox for an episode, return the
+first observation), ``act(action) -> Outcome`` and optionally ``reward(outcome)`` and ``install()`` (put
+the task's programs in place, once per sandbox). The base owns the sandbox, a `SandboxHandle` taken from
+the env's `SandboxFactory` (``sandboxes=``; default: `agentenv.factory.sandbox_factory` of the ``sandbox``
+kwargs): created on the first ``reset`` and kept across episodes, leased from ``reset`` until the episode
+ends, paused, resumed, forked with the episode state (GRPO groups) and closed by ``close()``. Commands go
+through the sandbox's persistent shell session unless ``session=False``. See docs/tasks.md.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import string
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,10 +22,10 @@ import gymnasium as gym
 from gymnasium.spaces import Text
 
 if TYPE_CHECKING:
-    from agentenv import Sandbox, SandboxConfig
-    from agentenv.pool import SandboxPool
-    from agentenv.session import Session
+    from agentenv.api import SandboxFactory, SandboxHandle, ShellSession
+    from agentenv.config import SandboxConfig
 
+SANDBOX_OPTIONS = ("config", "image", "memory", "cpus", "labels", "hosts")
 TEXT_CHARSET = frozenset(string.printable)
 
 
@@ -72,16 +55,16 @@ class CommandResult:
 class SandboxTask(gym.Env[str, str]):
     """Base class of sandboxed text tasks (see the module docstring).
 
-    Keyword arguments (all come from the task's Hydra config ``env.kwargs``):
+    Keyword arguments (all but ``sandboxes`` come from the task's Hydra config ``env.kwargs``):
     ``max_turns``: the episode is truncated after this many actions;
     ``sandbox``: keyword arguments of ``Sandbox.create`` (``image``, ``memory``, ``cpus``, ``labels``,
     ``config`` as a `SandboxConfig` or the dict of every key, e.g. the Hydra ``sandbox`` group), plus
-    ``hosts``: a list of ``agentenv serve`` URLs: the sandbox is then created on the one with the most free
-    memory through ``agentenv.remote`` (API key ``$AGENTENV_API_KEY``; limits are the host's config);
+    ``hosts``: a list of ``agentenv serve`` URLs (read only by the default factory);
     ``session``: talk to the sandbox through a persistent shell (True) or one exec per command (False);
     ``max_observation_chars`` / ``max_action_chars``: sizes of the ``Text`` spaces;
     ``command_timeout_s``: per-command timeout;
-    ``pool``: an ``agentenv.SandboxPool`` to take the sandbox from (passed by the trainer, not Hydra).
+    ``sandboxes``: the `SandboxFactory` to take the sandbox from (passed by whoever makes the env, e.g.
+    the trainer with its pool; default: `sandbox_factory(sandbox)`).
     """
 
     metadata = {"render_modes": []}
@@ -94,24 +77,26 @@ class SandboxTask(gym.Env[str, str]):
         max_observation_chars: int = 2048,
         max_action_chars: int = 256,
         command_timeout_s: float = 30.0,
-        pool: SandboxPool | None = None,
+        sandboxes: SandboxFactory | None = None,
     ) -> None:
         super().__init__()
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        if pool is not None and (sandbox or {}).get("hosts"):
-            raise ValueError("sandbox.hosts (remote sandboxes) cannot be combined with a local SandboxPool")
+        unknown = sorted(set(sandbox or {}) - set(SANDBOX_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown sandbox option(s) {unknown}; use {', '.join(SANDBOX_OPTIONS)}")
         self.max_turns = max_turns
         self.sandbox_kwargs = dict(sandbox or {})
         self.use_session = session
         self.command_timeout_s = command_timeout_s
         self.observation_space = Text(min_length=0, max_length=max_observation_chars, charset=TEXT_CHARSET)
         self.action_space = Text(min_length=0, max_length=max_action_chars, charset=TEXT_CHARSET)
-        self.sandbox = None
-        self.pool = pool
-        self._live = None  # the `Sandbox` leased from the pool (see `hold_sandbox`)
-        self._lease = None  # the open `pool.using(...)` context
-        self._session: Session | None = None
+        self.sandboxes = sandboxes
+        self.sandbox: SandboxHandle | None = None
+        self._live: SandboxHandle | None = None  # the handle the open lease gives (see `hold_sandbox`)
+        self._lease: AbstractContextManager[SandboxHandle] | None = None
+        self._session: ShellSession | None = None
+        self._session_of = ""  # the id of the sandbox `_session` runs in
         self.turn = 0
         self.episode_seed: int | None = None
         self.command_count = 0
@@ -169,37 +154,36 @@ class SandboxTask(gym.Env[str, str]):
                 self.sandbox = None
 
     # ----------------------------------------------------------------- sandbox plumbing
+    def factory(self) -> SandboxFactory:
+        """Where this env's sandboxes come from (made from the ``sandbox`` kwargs unless given)."""
+        if self.sandboxes is None:
+            from agentenv.factory import sandbox_factory
+
+            self.sandboxes = sandbox_factory(self.sandbox_kwargs)
+        return self.sandboxes
+
     def ensure_sandbox(self) -> None:
-        """Create the sandbox (and install the task's programs) unless one is live already."""
-        if self.pool is not None:
-            self._ensure_pooled_sandbox()
-            return
-        if self.sandbox is not None and self.sandbox.status == "paused":
-            self.resume()
-        if self.sandbox is None or self.sandbox.status in ("closed", "broken"):
-            from agentenv import Sandbox, SandboxConfig
-
+        """Create the sandbox (its ready state: `install()`) unless a live one is there; a closed or broken
+        one is closed and replaced."""
+        if self.sandbox is not None and self.sandbox.status in ("closed", "broken"):
+            self.release_sandbox()
             self._close_session()
-            kwargs = dict(self.sandbox_kwargs)
-            hosts = kwargs.pop("hosts", None)
-            if isinstance(kwargs.get("config"), dict):
-                kwargs["config"] = SandboxConfig.from_dict(kwargs["config"])
-            if hosts:
-                from agentenv.remote import shared_hosts
-
-                self.sandbox = shared_hosts(list(hosts)).create(**kwargs)
-            else:
-                self.sandbox = Sandbox.create(**kwargs)
-            self.install()
+            old, self.sandbox = self.sandbox, None
+            try:
+                old.close()
+            except Exception:  # e.g. its host is gone: nothing left to free here
+                pass
+        if self.sandbox is None:
+            self._close_session()
+            options = {k: v for k, v in self.sandbox_kwargs.items() if k != "hosts"}
+            task = f"{type(self).__module__}.{type(self).__qualname__}"
+            self.sandbox = self.factory().create(**options, template=task, setup=self._install_into)
 
     def sandbox_config(self) -> SandboxConfig:
         """The `SandboxConfig` of this task's sandboxes (``sandbox`` kwargs: config, image, memory, cpus)."""
         from agentenv import SandboxConfig
 
         kwargs = self.sandbox_kwargs
-        unknown = sorted(set(kwargs) - {"config", "image", "memory", "cpus", "labels"})
-        if unknown:
-            raise ValueError(f"unknown sandbox option(s) {unknown}; use config, image, memory, cpus, labels")
         config = kwargs.get("config")
         if isinstance(config, dict):
             config = SandboxConfig.from_dict(config)
@@ -207,27 +191,9 @@ class SandboxTask(gym.Env[str, str]):
             image=kwargs.get("image"), memory=kwargs.get("memory"), cpus=kwargs.get("cpus")
         )
 
-    def _ensure_pooled_sandbox(self) -> None:
-        """A pool member for this task: a warm start from the pool's template of this task and config."""
-        if self.sandbox is not None and self.sandbox.status not in ("closed", "broken"):
-            return  # a paused member is resumed by `hold_sandbox()`
-        self.release_sandbox()
-        self._close_session()
-        if self.sandbox is not None:
-            self.pool.remove(self.sandbox)
-        config = self.sandbox_config()
-        task = f"{type(self).__module__}.{type(self).__qualname__}"
-        digest = hashlib.sha1(json.dumps(config.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
-        warm = self.pool.settings.warm_starts
-        self.sandbox = self.pool.create(
-            template=f"{task}@{digest[:12]}" if warm else None,
-            setup=self._install_into,
-            labels=self.sandbox_kwargs.get("labels"),
-            config=config,
-        )
-
-    def _install_into(self, sandbox: Sandbox) -> None:
-        """`install()` into a new pool template (whose session is closed: the template is not ours)."""
+    def _install_into(self, sandbox: SandboxHandle) -> None:
+        """`install()` into a new sandbox (a pool's template, or this env's own); its session is closed
+        afterwards (a template is not this env's)."""
         previous = self.sandbox, self._live
         self.sandbox = self._live = sandbox
         try:
@@ -237,16 +203,16 @@ class SandboxTask(gym.Env[str, str]):
             self.sandbox, self._live = previous
 
     def hold_sandbox(self) -> None:
-        """Lease the pool member until `release_sandbox()` (no-op without a pool, or when held): the
-        pool does not pause it meanwhile, and resumes it first if it had paused it."""
-        if self.pool is None or self._live is not None:
-            return
-        lease = self.pool.using(self.sandbox)
+        """Lease the sandbox until `release_sandbox()` (no-op when held): resumed if it was paused, and not
+        paused by its pool meanwhile. One lease per episode, not per step."""
+        if self._live is not None or self.sandbox is None:
+            return  # held already (or installing: `_install_into` set `_live`)
+        lease = self.factory().lease(self.sandbox)
         self._live = lease.__enter__()
         self._lease = lease
 
     def release_sandbox(self) -> None:
-        """Give the pool member back to the pool: idle from now on, it may be paused (no-op if not held)."""
+        """End the lease: idle from now on, the sandbox may be paused by its pool (no-op if not held)."""
         if self._lease is None:
             return
         lease, self._lease, self._live = self._lease, None, None
@@ -266,11 +232,12 @@ class SandboxTask(gym.Env[str, str]):
         self.command_seconds += time.perf_counter() - started
         return CommandResult(r.exit_code, r.stdout, r.duration_s, r.timed_out, r.truncated)
 
-    def _session_in(self, sandbox: Sandbox) -> Session:
+    def _session_in(self, sandbox: SandboxHandle) -> ShellSession:
         """This env's session in ``sandbox`` (a new one when the env moved to another sandbox)."""
-        if self._session is None or self._session.closed or self._session.sandbox.id != sandbox.id:
+        if self._session is None or self._session.closed or self._session_of != sandbox.id:
             self._close_session()
             self._session = sandbox.session()
+            self._session_of = sandbox.id
         return self._session
 
     def _close_session(self) -> None:
@@ -279,9 +246,8 @@ class SandboxTask(gym.Env[str, str]):
             self._session = None
 
     def pause(self) -> float:
-        """Checkpoint the sandbox to disk (no memory, no CPU while paused); returns seconds taken.
-
-        A pool member is released and paused through its pool."""
+        """Release the sandbox and checkpoint it to disk (no memory, no CPU while paused); returns seconds
+        taken."""
         self.release_sandbox()
         started = time.perf_counter()
         self.sandbox.pause()
@@ -305,12 +271,7 @@ class SandboxTask(gym.Env[str, str]):
         """
         if self.sandbox is None:
             raise RuntimeError("reset() the env before forking it")
-        if self.pool is None:
-            sandboxes = self.sandbox.fork(n)
-        else:
-            if not self.paused:  # a paused member (e.g. paused for the pool's budget) is forked from
-                self.hold_sandbox()  # its checkpoint as it is, not resumed first
-            sandboxes = self.pool.fork(self._live or self.sandbox, n)
+        sandboxes = self.factory().fork(self.sandbox, n)  # a paused sandbox is forked as it is
         forks = []
         for sandbox in sandboxes:
             clone = copy.copy(self)
@@ -320,12 +281,13 @@ class SandboxTask(gym.Env[str, str]):
             forks.append(clone)
         return forks
 
-    def adopt_sandbox(self, sandbox: Any) -> None:
+    def adopt_sandbox(self, sandbox: SandboxHandle) -> None:
         """Go on in ``sandbox``, a copy of this env's world (a fork, or a restore of a kept checkpoint),
         with this env's episode state: no lease on it yet, and a shell of its own on the next command."""
         self.sandbox = sandbox
         self._live = self._lease = None
         self._session = None
+        self._session_of = ""
 
     def clean(self, text: str) -> str:
         """Make sandbox output a valid element of the observation space (printable, bounded length)."""

@@ -83,7 +83,7 @@ class ReasoningGym(SandboxTask):
     fix which problems exist; a missing ``seed`` is taken as 0 so that problems never depend on the
     process); ``max_turns``: tries per problem; ``answer_tag``: read the answer from
     ``<answer_tag>...</answer_tag>`` (None: the whole action). Other keyword arguments are
-    `SandboxTask`'s (``sandbox``, ``session`` and ``pool`` are accepted and unused).
+    `SandboxTask`'s (``sandbox``, ``session`` and ``sandboxes`` are accepted and unused).
     """
 
     def __init__(

@@ -79,7 +79,7 @@ def test_files_ls_and_fork_through_the_cli(cli, created, tmp_path):
     (("pause", "0badc0de0bad"), "no sandbox"),
     (("stats", "zz"), "no sandbox"),
     (("create", "--image", "no-such-image"), "no image 'no-such-image'"),
-    (("create", "--set", "memroy=1g"), "unknown sandbox config key"),
+    (("create", "--set", "memroy=1g"), "sandbox config: unknown key"),
     (("create", "--memory", "lots"), "memory"),
     (("frobnicate",), "invalid choice"),
     (("fork", "x"), "required: -n"),

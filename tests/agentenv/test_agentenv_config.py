@@ -76,7 +76,7 @@ def test_bad_values_are_refused_with_the_key_named(bad, message):
 
 
 def test_unknown_keys_are_refused():
-    with pytest.raises(ConfigError, match="unknown sandbox config key"):
+    with pytest.raises(ConfigError, match="sandbox config: unknown key"):
         SandboxConfig.load().with_assignments(["memroy=1g"])
     with pytest.raises(ConfigError, match="key=value"):
         SandboxConfig.load().with_assignments(["memory"])

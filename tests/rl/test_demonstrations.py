@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from agentenv.tasks.experts import ExpertError, expert_for, qualities
 from agentenv.tasks.fix_code import PROBLEMS, problem_index
 from rl.config import ConfigError
 from rl.demonstrations import Demonstration, DemonstrationError, read_demonstrations, run_demonstrations
+from rl.experts import ExpertError, expert_for, qualities
 from rl.tokenizer import ByteTokenizer, Tokenizer
 
 pytestmark = pytest.mark.docker

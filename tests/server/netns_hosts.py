@@ -1,12 +1,14 @@
-"""Sandbox hosts on other "machines" of this one: `agentenv serve` inside a network namespace of its own,
-reached over a veth pair with private addresses only these tests use (10.231.N.4k+1/30 here, .4k+2 there,
-N from the pid so parallel runs do not collide, k the host's index). Imported by name by the tests that
-need remote hosts (tests/server puts this folder on sys.path; others insert it)."""
+"""Sandbox hosts for the tests: `agentenv serve` on a free loopback port (`loopback_server`), or inside a
+network namespace of its own (`namespaced_host`), reached over a veth pair with private addresses only
+these tests use (10.231.N.4k+1/30 here, .4k+2 there, N from the pid so parallel runs do not collide, k the
+host's index). Imported by name by the tests that need remote hosts (tests/server puts this folder on
+sys.path; others insert it)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +21,27 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "e2b_" + "5e" * 20
 PORT = 3000
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running `agentenv serve` on loopback: its URL, API key, private home and log."""
+
+    url: str
+    api_key: str
+    home: Path
+    log: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ensure_dockerd() -> None:
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        subprocess.run(["bash", str(ROOT / "scripts" / "ensure_dockerd.sh")], check=True)
 
 
 @dataclass
@@ -88,6 +111,41 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float =
         time.sleep(0.2)
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
+@contextlib.contextmanager
+def loopback_server(home: Path, env: dict[str, str] | None = None) -> Iterator[Server]:
+    """`agentenv serve` on a free loopback port with its own $AGENTENV_HOME (`home`, created) and `env` on
+    top of this process's environment (e.g. `AGENTENV_CONFIG` for its sandboxes' config); stopped and its
+    sandboxes removed at the end."""
+    _ensure_dockerd()
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "AGENTENV_HOME": str(home), "AGENTENV_API_KEY": API_KEY, **(env or {})}
+    env.pop("AGENTENV_SERVER", None)
+    subprocess.run([sys.executable, "-m", "agentenv.cli", "images", "build", "base", "--quiet"], env=env,
+                   check=True, cwd=ROOT, capture_output=True, timeout=600)
+    port = _free_port()
+    log = home / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "agentenv.cli", "serve", "--port", str(port)], env=env,
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        yield Server(url, API_KEY, home, log)
+    finally:
+        _stop(proc)
+        remove_labelled(home)
+
+
 @contextlib.contextmanager
 def namespaced_host(home: Path, index: int = 0) -> Iterator[NamespacedHost]:
     """`agentenv serve --host <namespace address>` with its own $AGENTENV_HOME (`home`, created) inside
@@ -108,11 +166,5 @@ def namespaced_host(home: Path, index: int = 0) -> Iterator[NamespacedHost]:
             wait_healthy(url, proc, log)
             yield NamespacedHost(url, proc, home, log, ns)
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=15)
+            _stop(proc)
             remove_labelled(home)

@@ -65,7 +65,8 @@ def sandbox_config(task_home) -> dict:
 
 @pytest.fixture
 def make_task(sandbox_config):
-    """Factory: a built-in task env by id (keyword overrides), closed after the test."""
+    """Factory: a built-in task env by id (keyword overrides), closed after the test; its sandboxes come
+    from `agentenv.factory.sandbox_factory` (this machine's, unless `sandboxes=` says otherwise)."""
     import gymnasium
 
     import agentenv.tasks  # noqa: F401
@@ -73,7 +74,10 @@ def make_task(sandbox_config):
     made = []
 
     def make(env_id: str, **kwargs):
+        from agentenv.factory import sandbox_factory
+
         kwargs.setdefault("sandbox", {"config": sandbox_config})
+        kwargs.setdefault("sandboxes", sandbox_factory(kwargs["sandbox"]))  # local, or the given hosts
         env = gymnasium.make(env_id, **kwargs).unwrapped
         made.append(env)
         return env

@@ -10,9 +10,10 @@ import uuid
 import pytest
 from gymnasium.utils.env_checker import check_env
 
+from agentenv.factory import PooledSandboxes
 from agentenv.pool import SandboxPool
-from agentenv.tasks.experts import expert_for
 from agentenv.tasks.kv_lookup import KVLookup
+from rl.experts import expert_for
 
 pytestmark = pytest.mark.docker
 
@@ -140,7 +141,8 @@ def test_kv_lookup_pool_members_are_forks_of_one_loaded_template(sandbox_config)
     envs = []
 
     def member(**kwargs):
-        envs.append(KVLookup(data_mib=MIB, sandbox={"config": sandbox_config}, pool=pool, **kwargs))
+        envs.append(KVLookup(data_mib=MIB, sandbox={"config": sandbox_config},
+                             sandboxes=PooledSandboxes(pool), **kwargs))
         return envs[-1]
 
     try:
