@@ -15,9 +15,10 @@ Tasks (``--task``):
 
 * ``guess_number_32``: GuessNumber with 32 values, 6 turns and free-form byte actions
   (``env=guess_number_32``); weak expert ``random_split`` (a uniformly random number the answers still
-  allow). GRPO runs with ``algo.entropy_coef=0`` and ``algo.lr=3e-4``: after SFT the policy is sharp, and
-  the default entropy bonus over a 272-token vocabulary pulls it towards uniform bytes (entropy 0.13 ->
-  5.2 in five iterations at the default lr 1e-3, success to 0: measured while setting this up).
+  allow). GRPO runs with ``algo.entropy_coef=0`` and ``algo.optim.lr=3e-4``: after SFT the policy is
+  sharp, and the default entropy bonus over a 272-token vocabulary pulls it towards uniform bytes
+  (entropy 0.13 -> 5.2 in five iterations at the default lr 1e-3, success to 0: measured while setting
+  this up).
   Targets: S_rl >= S_sft + 0.2 and S_rl > the expert's success, all stages within 45 min on 2 cores.
 * ``find_value``: the FindValue shell task (``env=find_value``: 3 folders of 3 files, 8 turns, commands
   of up to 47 bytes). Demonstrations are a mixture, as collected demonstrations usually are: 75 % from
@@ -61,7 +62,7 @@ TASKS = {
         "experts": {"random_split": 1.0},  # quality -> share of the demonstrations
         "demos": 1000,
         "sft": [],
-        "rl": ["algo.entropy_coef=0.0", "algo.lr=3e-4", "trainer.stop_at_success=0.92"],
+        "rl": ["algo.entropy_coef=0.0", "algo.optim.lr=3e-4", "trainer.stop_at_success=0.92"],
         "rl_minutes": 25.0,
         "min_gain": 0.2,
         "beat_expert": True,  # S_rl must also end above the weak expert's success
@@ -72,10 +73,10 @@ TASKS = {
         "env": ["env=find_value", "env.group_start=seed"],
         "experts": {"wasteful": 0.75, "grep": 0.25},
         "demos": 1000,
-        "sft": ["sft.decay_steps=290"],  # 10 epochs of 900 training episodes in batches of 32
+        "sft": ["sft.optim.decay_steps=290"],  # 10 epochs of 900 training episodes in batches of 32
         "rl": [
             "algo.entropy_coef=0.0",
-            "algo.lr=3e-4",
+            "algo.optim.lr=3e-4",
             "algo.kl_coef=0.05",  # to the SFT policy: keeps its copying sharp while the strategy shifts;
             "algo.kl_estimator=k2",  # k2's gradient grows linearly where the policy left the SFT's, k3's
             # exponentially (k3 spiked the gradient norm to 27-47 on a few tokens: measured)

@@ -52,7 +52,7 @@ def rollout_throughput(overrides: list[str], groups: int, repeats: int) -> dict:
     import torch
 
     from rl.generation import build_engine
-    from rl.learner import build_policy
+    from rl.policy import build_policy
     from rl.rollout import EpisodeRunner
     from rl.tokenizer import build_tokenizer
 

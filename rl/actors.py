@@ -31,9 +31,11 @@ import torch
 
 from rl.config import RunConfig
 from rl.episode import Episode
+from rl.errors import StaleWeights
 from rl.generation import build_engine
 from rl.inflight import InFlightRollout
-from rl.learner import Learner, build_policy_shell
+from rl.learner import Learner
+from rl.policy import build_policy_shell
 from rl.rollout import EpisodeRunner, RolloutStats
 from rl.sandbox_hosts import apply_worker_environment
 from rl.tokenizer import build_tokenizer
@@ -44,10 +46,6 @@ NO_WEIGHTS = -1  # the version of a worker that has not loaded any weights yet
 def node_address() -> dict[str, str]:
     """The Ray node this process runs on: its id and IP (the trainer records where each actor is)."""
     return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address()}
-
-
-class StaleWeights(RuntimeError):
-    """A worker was asked to use weights of another version than the one it should hold."""
 
 
 WEIGHTS_GROUP = "weights"  # the concurrency group `offer_weights` runs in (beside `rollout`)

@@ -4,9 +4,9 @@
 ``save_pretrained`` folder, a checkpoint or a run folder; a fresh init when unset), and plays
 ``episodes`` episodes of ``cfg.env`` through the same `EpisodeRunner` the trainer's rollout workers use
 (same tokenizer, engine, sampling temperature and sandbox pool), in this process, without Ray and
-without training. Task seeds come from a stream of their own (``seed`` and `EVAL_STREAM`), apart from
-the trainer's ``(seed, iteration)`` seeds and the demonstrations', so the same call plays the same
-games: two policies evaluated with the same seed are compared on the same games.
+without training. Task seeds come from a stream of their own (`rl.seeds.eval_seeds`), apart from the
+trainer's and the demonstrations', so the same call plays the same games: two policies evaluated with
+the same seed are compared on the same games.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ import torch
 from rl.config import RunConfig
 from rl.generation import build_engine
 from rl.init_weights import load_init_weights
-from rl.learner import build_policy
+from rl.policy import build_policy
 from rl.rollout import EpisodeRunner
+from rl.seeds import eval_seeds
 from rl.tokenizer import build_tokenizer
-
-EVAL_STREAM = 0x6576616C  # "eval": keeps evaluation games apart from training and demonstration seeds
 
 
 @dataclass
@@ -33,10 +32,6 @@ class Evaluation:
     reward: float
     turns: float
     failed: int
-
-
-def eval_seeds(seed: int, episodes: int) -> list[int]:
-    return [int(s) % 2**31 for s in np.random.SeedSequence([seed, EVAL_STREAM]).generate_state(episodes)]
 
 
 def success_rate(cfg: RunConfig, episodes: int, seed: int = 0, batch: int = 64) -> Evaluation:

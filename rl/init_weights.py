@@ -2,8 +2,8 @@
 
 The path may be a ``save_pretrained`` folder (``config.json`` + ``model.safetensors``), a checkpoint
 written by the trainer or the SFT stage (its ``policy/`` folder is used), or a run folder (its latest
-``checkpoints/iter_*``). The checkpoint's model config must equal the run's ``model`` group: a
-mismatch is a `ConfigError` naming the differing keys, found before Ray or any sandbox starts.
+checkpoint; layout: ``rl.checkpoints``). The checkpoint's model config must equal the run's ``model``
+group: a mismatch is a `ConfigError` naming the differing keys, found before Ray or any sandbox starts.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 from agentenv.errors import ConfigError
 from model import K3ForCausalLM, checkpoint
 from model.config import ConfigError as ModelConfigError
+from rl.checkpoints import POLICY, latest_checkpoint
 
 
 def policy_dir(path: str | Path) -> Path:
@@ -20,12 +21,10 @@ def policy_dir(path: str | Path) -> Path:
     path = Path(path)
     if (path / checkpoint.CONFIG_NAME).is_file():
         return path
-    if (path / "policy" / checkpoint.CONFIG_NAME).is_file():
-        return path / "policy"
-    from rl.trainer import latest_checkpoint
-
+    if (path / POLICY / checkpoint.CONFIG_NAME).is_file():
+        return path / POLICY
     try:
-        return latest_checkpoint(path) / "policy"
+        return latest_checkpoint(path) / POLICY
     except FileNotFoundError:
         raise ConfigError(
             f"model.init_from: {path} holds no policy weights (expected a save_pretrained folder with "

@@ -5,8 +5,8 @@ value head for PPO) → clipped surrogate with truncated-IS correction against t
 (the decoupled PPO objective: clipped against the learner's own pre-update log-probs, weighted by
 π_prox / π_behav per token, so it holds when async rollouts were sampled by older versions; see
 ``rl.algos.losses.clipped_policy_loss``),
-optional KL to a frozen reference, value loss, entropy bonus → AdamW step with gradient clipping and
-linear warm-up, and after **every** optimizer step (PPO's epochs x minibatches included) **quantile
+optional KL to a frozen reference, value loss, entropy bonus → optimizer step (``algo.optim``, see
+``rl.optim``), and after **every** optimizer step (PPO's epochs x minibatches included) **quantile
 balancing** of every MoE router's bias from the router scores of the tokens that step trained on, with
 the step's MaxVio per layer logged → a new weights version.
 
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from model import K3Config, K3ForCausalLM, checkpoint
+from model import K3ForCausalLM, checkpoint
 from model.balancing import max_violation, maxvio_floor, prefix_multiplicities, quantile_balance
 from model.moe import RouterStats
 from rl.algos import (
@@ -40,48 +40,15 @@ from rl.algos import (
     truncated_is_weights,
     zero_variance_groups,
 )
+from rl.checkpoints import LEARNER_STATE, POLICY
 from rl.config import AlgoConfig, RunConfig
 from rl.episode import Batch, Episode, collate
 from rl.generation import MASKED_LOGIT, disallowed_tokens
 from rl.init_weights import load_init_weights
+from rl.optim import build_optimizer, optimizer_step
+from rl.policy import build_policy
+from rl.seeds import maxvio_floor_seed
 from rl.tokenizer import build_tokenizer
-
-
-def build_policy(model_cfg: K3Config, seed: int) -> K3ForCausalLM:
-    """A freshly initialised K3 policy; the same ``seed`` gives the same weights in every process."""
-    torch.manual_seed(seed)
-    return K3ForCausalLM(model_cfg)
-
-
-def build_policy_shell(model_cfg: K3Config) -> K3ForCausalLM:
-    """A K3 policy whose tensors are allocated but never initialised, to be filled by ``load_state_dict``.
-
-    Built on the ``meta`` device (no init kernels run, no RNG draw) and then given uninitialised CPU
-    storage: a rollout worker gets its weights from the learner, so a random init would be wasted work.
-    The K3 policy has no buffers, so every tensor it holds is in its state dict and gets loaded.
-    """
-    with torch.device("meta"):
-        model = K3ForCausalLM(model_cfg)
-    model = model.to_empty(device="cpu")
-    if model_cfg.tie_word_embeddings:  # to_empty gives each module its own tensor: tie them again
-        model.lm_head.weight = model.model.embed_tokens.weight
-    return model
-
-
-def lr_schedule(warmup_steps: int, decay_steps: int | None, min_ratio: float):
-    """Multiplier of the base lr per optimizer step: linear warm-up, then linear decay to ``min_ratio``
-    over ``decay_steps`` (constant when ``decay_steps`` is None)."""
-    warmup = max(1, warmup_steps)
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if not decay_steps:
-            return 1.0
-        done = min(1.0, (step - warmup) / max(1, decay_steps))
-        return 1.0 - (1.0 - min_ratio) * done
-
-    return factor
 
 
 class Learner:
@@ -110,16 +77,7 @@ class Learner:
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.value_head is not None:
             params += list(self.value_head.parameters())
-        self.optimizer = torch.optim.AdamW(
-            params,
-            lr=self.algo.lr,
-            weight_decay=self.algo.weight_decay,
-            betas=(0.9, 0.99),
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lr_schedule(self.algo.warmup_steps, self.algo.decay_steps, self.algo.min_lr_ratio),
-        )
+        self.optimizer, self.scheduler = build_optimizer(params, self.algo.optim)
         self.version = 0
         self.steps = 0
 
@@ -272,13 +230,7 @@ class Learner:
         entropy = masked_mean(entropy_from_logits(logits), mask)
         if algo.entropy_coef > 0:
             loss = loss - algo.entropy_coef * entropy
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            [p for g in self.optimizer.param_groups for p in g["params"]], algo.grad_clip
-        )
-        self.optimizer.step()
-        self.scheduler.step()
+        grad_norm = optimizer_step(self.optimizer, self.scheduler, loss, algo.optim.grad_clip)
         metrics.update(
             {
                 "loss": loss.item(),
@@ -298,7 +250,7 @@ class Learner:
         its own generator (seeded by run seed and step), so logging it leaves the run's RNG alone."""
         config = self.model.config
         lumps = prefix_multiplicities(batch.input_ids[rows], batch.attention_mask[rows])
-        generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.steps)
+        generator = torch.Generator().manual_seed(maxvio_floor_seed(self.cfg.seed, self.steps))
         return maxvio_floor(lumps, config.num_experts, config.num_experts_per_token, generator)
 
     @torch.no_grad()
@@ -330,7 +282,7 @@ class Learner:
         """Weights (safetensors), value head, optimizer, scheduler, RNG states, step and version."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory / "policy")
+        self.model.save_pretrained(directory / POLICY)
         torch.save(
             {
                 "optimizer": self.optimizer.state_dict(),
@@ -345,7 +297,7 @@ class Learner:
                     "python": random.getstate(),
                 },
             },
-            directory / "learner.pt",
+            directory / LEARNER_STATE,
         )
 
     def load(self, directory: str | Path) -> None:
@@ -353,11 +305,11 @@ class Learner:
         own parameters (strict names and shapes, `model.checkpoint.CheckpointMismatch` otherwise), so
         the optimizer keeps pointing at the parameters it steps."""
         directory = Path(directory)
-        if not (directory / "learner.pt").is_file():
-            raise FileNotFoundError(f"{directory} is not a learner checkpoint (no learner.pt)")
-        checkpoint.read_config(directory / "policy")  # both files present, or a clear error
-        checkpoint.load_pretrained(self.model, directory / "policy")
-        state = torch.load(directory / "learner.pt", weights_only=False)
+        if not (directory / LEARNER_STATE).is_file():
+            raise FileNotFoundError(f"{directory} is not a learner checkpoint (no {LEARNER_STATE})")
+        checkpoint.read_config(directory / POLICY)  # both files present, or a clear error
+        checkpoint.load_pretrained(self.model, directory / POLICY)
+        state = torch.load(directory / LEARNER_STATE, weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.value_head is not None and state["value_head"] is not None:

@@ -10,8 +10,8 @@ observation tokens (``action_mask`` 0) are context only. Hyper-parameters: ``con
   depends only on its index: ``trainer.resume=RUN_DIR`` continues bit for bit.
 - After every optimizer step the MoE routers are balanced as in RL (`Learner._balance_experts`).
 - Logging is the RL loop's (`rl.metrics`: console, ``metrics.jsonl``, TensorBoard, the plot), and so is
-  the checkpoint format (`Learner.save`: ``policy/`` via ``save_pretrained`` + ``learner.pt``), written to
-  ``checkpoints/iter_<steps>/``: ``model.init_from=RUN_DIR`` starts RL from the result.
+  the checkpoint layout (``rl.checkpoints``; a step counts as an iteration): ``model.init_from=RUN_DIR``
+  starts RL from the result.
 """
 
 from __future__ import annotations
@@ -29,13 +29,15 @@ import torch
 
 from agentenv.errors import ConfigError
 from rl.algos import sft_loss
+from rl.checkpoints import TrainerState, read_checkpoint, write_checkpoint
 from rl.config import RunConfig
 from rl.demonstrations import Demonstration, read_demonstrations
 from rl.episode import Episode, collate
 from rl.generation import MASKED_LOGIT
 from rl.learner import Learner
 from rl.metrics import MetricsLogger
-from rl.trainer import latest_checkpoint
+from rl.optim import optimizer_step
+from rl.seeds import sft_epoch_seed
 
 log = logging.getLogger("k3rl.sft")
 
@@ -48,19 +50,13 @@ SFT_PANELS = (
 
 
 class SFTLearner(Learner):
-    """The RL `Learner` (policy, ``model.init_from``, AdamW, schedule, router balancing, checkpoints)
-    built with the ``sft`` group's optimizer settings and stepped with the SFT loss."""
+    """The RL `Learner` (policy, ``model.init_from``, optimizer, router balancing, checkpoints) built with
+    the ``sft.optim`` optimizer and stepped with the SFT loss."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        sft = cfg.sft
         algo = dataclasses.replace(
             cfg.algo,
-            lr=sft.lr,
-            weight_decay=sft.weight_decay,
-            warmup_steps=sft.warmup_steps,
-            decay_steps=sft.decay_steps,
-            min_lr_ratio=sft.min_lr_ratio,
-            grad_clip=sft.grad_clip,
+            optim=cfg.sft.optim,
             kl_coef=0.0,  # no reference model
             advantage="grpo",  # no value head
         )
@@ -80,14 +76,8 @@ class SFTLearner(Learner):
         out = self.model(batch.input_ids, attention_mask=batch.attention_mask)
         logits = self.masked_logits(out.logits[:, :-1], batch.action_mask)
         loss, stats = sft_loss(logits, batch.input_ids[:, 1:], batch.action_mask)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            [p for g in self.optimizer.param_groups for p in g["params"]], self.algo.grad_clip
-        )
-        lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
+        lr = self.scheduler.get_last_lr()[0]  # the lr this step uses
+        grad_norm = optimizer_step(self.optimizer, self.scheduler, loss, self.algo.optim.grad_clip)
         metrics = {
             "loss": loss.item(),
             "accuracy": stats.accuracy,
@@ -162,7 +152,7 @@ def batch_rows(step: int, num_train: int, batch_size: int, seed: int) -> list[in
     """The training rows of optimizer step ``step``: a function of the step alone (exact resume)."""
     per_epoch = math.ceil(num_train / batch_size)
     epoch, index = divmod(step, per_epoch)
-    order = torch.randperm(num_train, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+    order = torch.randperm(num_train, generator=torch.Generator().manual_seed(sft_epoch_seed(seed, epoch)))
     return order[index * batch_size : (index + 1) * batch_size].tolist()
 
 
@@ -191,26 +181,17 @@ class SFTRunner:
             self.total = min(self.total, self.sft.max_steps)
 
     def _save(self, learner: SFTLearner, metrics: MetricsLogger) -> Path:
-        path = self.run_dir / "checkpoints" / f"iter_{learner.steps:05d}"
-        learner.save(path)
-        state = {
-            "stage": "sft",
-            "iteration": learner.steps - 1,
-            "step": learner.steps,
-            "history": metrics.history,
-        }
-        (path / "trainer_state.json").write_text(json.dumps(state, default=float))
-        return path
+        """A checkpoint of the last finished step (``rl.checkpoints``: its iteration is the step's index)."""
+        state = TrainerState(stage="sft", iteration=learner.steps - 1, history=metrics.history)
+        return write_checkpoint(self.run_dir, state, learner.save)
 
     def _resume(self, learner: SFTLearner, metrics: MetricsLogger) -> int:
-        path = latest_checkpoint(self.cfg.trainer.resume)
-        state = json.loads((path / "trainer_state.json").read_text())
-        if state.get("stage") != "sft":
-            raise ConfigError(f"trainer.resume: {path} is an RL checkpoint; stage=sft resumes SFT runs only")
+        """Load ``trainer.resume``'s checkpoint; returns the first step to run."""
+        path, state = read_checkpoint(self.cfg.trainer.resume, stage="sft")
         learner.load(path)
-        metrics.history = list(state["history"])
-        log.warning("resumed SFT from %s (step %d)", path, state["step"])
-        return int(state["step"])
+        metrics.history = state.history
+        log.warning("resumed SFT from %s (%d steps done)", path, state.iteration + 1)
+        return state.iteration + 1
 
     def run(self) -> SFTResult:
         from tqdm import tqdm

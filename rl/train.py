@@ -77,7 +77,7 @@ class CheckConfigFirst(Callback):
 def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from rl.trainer import RolloutWorkerLost, TooManyFailures
+    from rl.errors import RolloutWorkerLost, TooManyFailures
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:

@@ -392,7 +392,7 @@ def test_documented_command_runs(command: DocCommand, tutorial_dir: Path, block_
 @pytest.mark.parametrize("text", [
     'make train ARGS="algo=ppo env=shell"',  # no such option of the env group
     'make train ARGS="trainer.max_iterations=50"',  # no such key
-    'make train ARGS="algo.lr=-1"',  # a value the trainer rejects
+    'make train ARGS="algo.optim.lr=-1"',  # a value the trainer rejects
     "make no-such-target",
     ".venv/bin/python -m model.count conf/model/no_such_model.yaml",
     "agentenv pause --no-such-option",
@@ -445,7 +445,7 @@ def test_doc_pointers_exist() -> None:
 
 @pytest.mark.parametrize(
     ("override", "message"),
-    [("algo.lr=-1", "algo.lr"), ("rollout=vllm", "rollout=vllm is not implemented")],
+    [("algo.optim.lr=-1", "algo.optim.lr"), ("rollout=vllm", "rollout=vllm is not implemented")],
 )
 def test_rejected_config_leaves_no_run_folder(override: str, message: str, monkeypatch, tmp_path) -> None:
     """The trainer's real entry point: a bad config exits 2 with one line, before Hydra writes outputs/."""

@@ -157,6 +157,6 @@ def test_installed_wheel_outside_the_checkout(tmp_path: Path) -> None:
     composed = yaml.safe_load(cfg.stdout)
     expected = yaml.safe_load((ROOT / "conf" / "env" / "find_value.yaml").read_text())
     assert composed["env"]["id"] == expected["id"] and composed["rollout"]["engine"] == "torch", composed
-    bad = _run([venv / "bin" / "k3rl-train", "algo.lr=-1"], work, env, timeout=120, expect=2)
-    assert "config error: algo.lr" in bad.stderr
+    bad = _run([venv / "bin" / "k3rl-train", "algo.optim.lr=-1"], work, env, timeout=120, expect=2)
+    assert "config error: algo.optim.lr" in bad.stderr
     assert not (work / "outputs").exists(), "a rejected config created Hydra's outputs/ folder"

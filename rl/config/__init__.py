@@ -10,6 +10,7 @@ from rl.config.load import load, register_schemas
 from rl.config.schema import (
     AlgoConfig,
     EnvConfig,
+    OptimConfig,
     RolloutConfig,
     RunConfig,
     SandboxPoolConfig,
@@ -21,6 +22,7 @@ __all__ = [
     "AlgoConfig",
     "ConfigError",
     "EnvConfig",
+    "OptimConfig",
     "RolloutConfig",
     "RunConfig",
     "SandboxPoolConfig",

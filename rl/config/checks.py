@@ -1,4 +1,4 @@
-"""Range and consistency checks of a typed `RunConfig`; each failure names the key (``algo.lr``).
+"""Range and consistency checks of a typed `RunConfig`; each failure names the key (``algo.optim.lr``).
 
 Per-key ranges are declared on the schema's fields (``required(gt=0)``, ``optional(choices=...)``) and
 checked by `check_fields`; rules that tie several keys together are the ``check_*`` functions below.
@@ -70,20 +70,12 @@ def check_algo(algo) -> None:
                 _fail(f"algo.{key}", "PPO (advantage: gae) needs it; set it in the algo's YAML")
 
 
-def import_object(spec: str, key: str) -> Any:
-    """``module:Name`` -> the object, or a `ConfigError` on ``key`` saying what is wrong."""
-    module, sep, name = spec.partition(":")
-    if not sep or not module or not name:
-        _fail(key, f"{spec!r} must be written 'module:Name'")
-    try:
-        obj = importlib.import_module(module)
-    except ImportError as exc:
-        raise ConfigError(f"{key}: cannot import module {module!r}: {exc}") from None
-    for part in name.split("."):
-        if not hasattr(obj, part):
-            _fail(key, f"module {module!r} has no {name!r}")
-        obj = getattr(obj, part)
-    return obj
+def check_optim(optim, prefix: str) -> None:
+    """AdamW's ``betas``: two values, each in [0, 1)."""
+    if len(optim.betas) != 2:
+        _fail(f"{prefix}.betas", f"expected [beta1, beta2], got {list(optim.betas)}")
+    for i, beta in enumerate(optim.betas):
+        check_field(f"{prefix}.betas[{i}]", beta, {"ge": 0, "lt": 1})
 
 
 def check_env(env) -> None:
@@ -206,9 +198,11 @@ def check_run(cfg) -> None:
     """Every check, in the order a reader of conf/config.yaml meets the keys."""
     check_fields(cfg, "")
     check_algo(cfg.algo)
+    check_optim(cfg.algo.optim, "algo.optim")
     check_env(cfg.env)
     check_sandbox(cfg.sandbox)
     check_rollout(cfg.rollout)
     check_sandbox_hosts(cfg)
     check_resources(cfg)
     check_trainer(cfg)
+    check_optim(cfg.sft.optim, "sft.optim")

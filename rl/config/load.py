@@ -3,7 +3,7 @@
 The composed config is merged into the schema stored in Hydra's ConfigStore (``k3rl_schema``, see
 `register_schemas`): a wrong type, an unknown key or a missing value stops there; then the ranges and
 the cross-key rules of ``rl/config/checks.py`` run. Every error is one `ConfigError` line such as
-``algo.lr: must be > 0, got -1.0 (conf/algo/grpo.yaml)``, raised before Ray or any sandbox starts.
+``algo.optim.lr: must be > 0, got -1.0 (conf/algo/grpo.yaml)``, raised before Ray or any sandbox starts.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Origin:
         self.conf_dir = root or conf_dir()
 
     def of(self, key: str) -> str:
-        """``command-line override algo.lr=-1`` or ``conf/algo/grpo.yaml`` for ``algo.lr``."""
+        """``command-line override algo.optim.lr=-1`` or ``conf/algo/grpo.yaml`` for ``algo.optim.lr``."""
         key = key.split("[", 1)[0]
         for item in self.overrides:
             name = item.split("=", 1)[0].lstrip("+~")
@@ -80,13 +80,23 @@ class Origin:
                 data = yaml.safe_load(path.read_text()) or {}
             except (OSError, yaml.YAMLError):
                 break
-            if not rest or rest.split(".")[0] in data:
+            if not rest or _sets(data, rest):
                 return f"conf/{group}/{option}.yaml"
             parents = [d for d in data.get("defaults", []) if isinstance(d, str) and d != "_self_"]
             if not parents:
                 break
             option = parents[0]
         return f"conf/{group}/{seen[0]}.yaml"
+
+
+def _sets(data: dict[str, Any], dotted: str) -> bool:
+    """Whether a group file's ``data`` sets the (nested) key ``dotted``, e.g. ``optim.lr``."""
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def _origin(cfg: DictConfig) -> Origin:

@@ -29,8 +29,22 @@ def optional(**rules: Any) -> Any:
 
 
 @dataclass
+class OptimConfig:
+    """``algo.optim`` and ``sft.optim``: AdamW, gradient clipping and the lr schedule (`rl.optim`)."""
+
+    lr: float = required(gt=0)
+    betas: list[float] = required()  # [beta1, beta2], each in [0, 1) (checks.check_optim)
+    eps: float = required(gt=0)
+    weight_decay: float = required(ge=0)
+    grad_clip: float = required(gt=0)  # max global gradient norm
+    warmup_steps: int = required(ge=0)  # linear warm-up
+    decay_steps: int | None = optional(ge=1)  # then linear decay over this many steps (None: constant)
+    min_lr_ratio: float = required(ge=0, le=1)  # ... down to lr x min_lr_ratio
+
+
+@dataclass
 class AlgoConfig:
-    """``conf/algo/*.yaml``: the RL algorithm, its loss and the optimizer."""
+    """``conf/algo/*.yaml``: the RL algorithm, its loss and its optimizer (``optim``)."""
 
     name: str = required(choices=("grpo", "rloo", "ppo"))
     advantage: str = required(choices=("grpo", "rloo", "gae"))
@@ -47,12 +61,7 @@ class AlgoConfig:
     entropy_coef: float = required(ge=0)
     epochs: int = required(ge=1)
     minibatches: int = required(ge=1)
-    lr: float = required(gt=0)
-    weight_decay: float = required(ge=0)
-    warmup_steps: int = required(ge=0)
-    decay_steps: int | None = optional(ge=1)
-    min_lr_ratio: float = required(ge=0, le=1)
-    grad_clip: float = required(gt=0)
+    optim: OptimConfig = MISSING
     balance_rate: float = required(gt=0, le=1)
     # PPO (advantage: gae) only; required there (see checks.check_algo).
     gamma: float | None = optional(ge=0, le=1)
@@ -174,12 +183,7 @@ class SFTConfig:
     epochs: int = required(ge=1)
     max_steps: int | None = optional(ge=1)
     holdout_fraction: float = required(ge=0, lt=1)
-    lr: float = required(gt=0)
-    weight_decay: float = required(ge=0)
-    warmup_steps: int = required(ge=0)
-    decay_steps: int | None = optional(ge=1)
-    min_lr_ratio: float = required(ge=0, le=1)
-    grad_clip: float = required(gt=0)
+    optim: OptimConfig = MISSING
     log_every: int = required(ge=1)
     checkpoint_every: int = required(ge=0)
 

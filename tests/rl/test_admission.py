@@ -13,7 +13,7 @@ from rl_testutil import compose
 from agentenv import Sandbox
 from agentenv.errors import SandboxNotFound
 from rl.generation import TorchEngine
-from rl.learner import build_policy
+from rl.policy import build_policy
 from rl.rollout import EpisodeRunner
 from rl.tokenizer import ByteTokenizer
 

@@ -7,11 +7,14 @@ from rl_testutil import compose
 
 from rl.actors import RolloutWorker
 from rl.algos import clipped_policy_loss, truncated_is_weights
-from rl.async_rollout import AsyncRollouts, FinishedGroup, split_stale
+from rl.async_rollout import AsyncRollouts, split_stale
 from rl.episode import Episode, Outcome, collate
 from rl.generation import TorchEngine
-from rl.learner import Learner, build_policy_shell
+from rl.learner import Learner
+from rl.policy import build_policy_shell
+from rl.sources import FinishedGroup
 from rl.tokenizer import ByteTokenizer
+from rl.workers import RolloutWorkers
 
 TOK = ByteTokenizer()
 
@@ -31,27 +34,24 @@ def test_groups_more_than_max_staleness_versions_behind_are_dropped():
 
 def test_a_batch_takes_the_first_fresh_groups_counts_the_dropped_and_keeps_the_rest():
     stream = AsyncRollouts(
-        [None],  # no worker is asked: enough groups are finished already
+        RolloutWorkers([None], max_restarts=0),  # no worker is asked: enough groups are finished already
         seed=0,
         stream=0,
         group_size=2,
         num_groups=2,
         in_flight=2,
         max_staleness=1,
-        max_restarts=0,
-        reload=lambda w: None,
+        keep_in_flight=False,
     )
     stream.ready = [group(3), group(5), group(4, newest=5), group(5), group(2)]
     batch = stream.next_batch(version=5)
     assert batch.refs == ["group-5", "group-4"]
-    assert batch.dropped_episodes == 4  # two groups of two, 2 and 3 versions behind
     assert [g.ref for g in stream.ready] == ["group-5"]  # left for the next batch
-    metrics = batch.metrics()
-    assert metrics == {
+    assert batch.metrics == {
         "staleness_mean": 0.5,
         "staleness_max": 1.0,
         "partial_rollout_episodes": 2.0,
-        "dropped_episodes": 4.0,
+        "dropped_episodes": 4.0,  # two groups of two, 2 and 3 versions behind
         "continued_episodes": 0.0,
     }
 

@@ -6,8 +6,9 @@ import pytest
 from rl_testutil import compose
 
 from model import checkpoint
-from rl.evaluate import eval_seeds, success_rate
-from rl.learner import build_policy
+from rl.evaluate import success_rate
+from rl.policy import build_policy
+from rl.seeds import eval_seeds
 
 pytestmark = pytest.mark.docker
 SMALL = ("env=guess_number_32", "sandbox.memory=128m", "sandbox.pids_limit=64", "rollout.env_threads=4")

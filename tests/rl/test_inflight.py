@@ -34,7 +34,7 @@ from agentenv.pool.pool import LABEL_POOL
 from agentenv.registry import Registry
 from rl.generation import TorchEngine
 from rl.inflight import IN_FLIGHT_SUMMARY, kept_sandboxes, load_record, save_record
-from rl.learner import build_policy
+from rl.policy import build_policy
 from rl.rollout import EpisodeRunner
 from rl.tokenizer import ByteTokenizer
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 from rl_testutil import compose
 
-from rl.actors import RolloutWorker, StaleWeights
+from rl.actors import RolloutWorker
 from rl.episode import Episode, collate
+from rl.errors import StaleWeights
 from rl.learner import Learner
 
 
@@ -85,11 +86,30 @@ def test_workers_refuse_stale_weights(cfg):
 
 
 def test_lr_schedule_warms_up_then_decays_linearly():
-    from rl.learner import lr_schedule
+    from rl.optim import lr_schedule
 
     constant, decaying = lr_schedule(2, None, 0.1), lr_schedule(2, 10, 0.1)
     assert [constant(s) for s in (0, 1, 5, 100)] == [0.5, 1.0, 1.0, 1.0]
     assert [round(decaying(s), 2) for s in (0, 2, 7, 12, 50)] == [0.5, 1.0, 0.55, 0.1, 0.1]
+
+
+def test_rl_and_sft_build_their_optimizer_from_their_own_optim_group():
+    """``algo.optim`` and ``sft.optim`` are one schema; each stage's learner is built from its own."""
+    from rl.config import OptimConfig
+    from rl.sft import SFTLearner
+
+    cfg = compose(
+        "algo.optim.lr=2e-3", "algo.optim.betas=[0.8,0.9]", "algo.optim.weight_decay=0.01",
+        "sft.optim.lr=5e-3", "sft.optim.eps=1e-6", "sft.optim.warmup_steps=1", "trainer.learner_threads=1",
+    )
+    assert isinstance(cfg.algo.optim, OptimConfig) and isinstance(cfg.sft.optim, OptimConfig)
+    for learner, optim in ((Learner(cfg), cfg.algo.optim), (SFTLearner(cfg), cfg.sft.optim)):
+        group = learner.optimizer.param_groups[0]
+        assert learner.scheduler.base_lrs == [optim.lr]
+        assert group["betas"] == tuple(optim.betas) and group["eps"] == optim.eps
+        assert group["weight_decay"] == optim.weight_decay
+    assert Learner(cfg).optimizer.param_groups[0]["betas"] == (0.8, 0.9)
+    assert SFTLearner(cfg).scheduler.get_last_lr() == [5e-3]  # one warm-up step: the full lr at once
 
 
 def test_ppo_balances_the_routers_after_every_optimizer_step(monkeypatch):

@@ -18,7 +18,8 @@ def test_default_config_loads_as_typed_objects():
     assert isinstance(cfg, RunConfig) and isinstance(cfg.algo, AlgoConfig) and isinstance(cfg.env, EnvConfig)
     assert isinstance(cfg.model, K3Config)  # the model group's schema is the model's own config
     assert cfg.algo.name == "grpo" and cfg.env.id == "agentenv/GuessNumber-v0"
-    assert isinstance(cfg.algo.lr, float) and isinstance(cfg.algo.group_size, int)
+    assert isinstance(cfg.algo.optim.lr, float) and isinstance(cfg.algo.group_size, int)
+    assert cfg.algo.optim.betas == [0.9, 0.99] and cfg.sft.optim.lr != cfg.algo.optim.lr
     assert cfg.model.vocab_size == cfg.tokenizer.vocab_size == 272
     assert cfg.sandbox["network"] == "none" and cfg.env.wrappers == []
 
@@ -27,9 +28,10 @@ def test_the_yaml_files_hold_every_value_the_schemas_only_types_and_ranges():
     """No schema field carries a value of its own: required (MISSING) or None ("not set")."""
     from omegaconf import MISSING
 
-    from rl.config.schema import GROUP_SCHEMAS
+    from rl.config.schema import GROUP_SCHEMAS, OptimConfig, SandboxPoolConfig
 
-    for name, schema in GROUP_SCHEMAS.items():
+    nested = {"optim": OptimConfig, "sandbox_pool": SandboxPoolConfig}  # blocks inside the groups
+    for name, schema in {**GROUP_SCHEMAS, **nested}.items():
         if issubclass(schema, K3Config):  # the model's own dataclass (and model.init_from)
             continue
         for field in dataclasses.fields(schema):
@@ -51,8 +53,14 @@ def test_one_config_error_for_the_project():
     "overrides, message",
     [
         # a wrong type, an out-of-range value, an unknown key, a missing key
-        (["algo.lr=abc"], "algo.lr: expected float, got 'abc' (command-line override algo.lr=abc)"),
-        (["algo.lr=-1"], "algo.lr: must be > 0, got -1.0 (command-line override algo.lr=-1)"),
+        (["algo.optim.lr=abc"],
+         "algo.optim.lr: expected float, got 'abc' (command-line override algo.optim.lr=abc)"),
+        (["algo.optim.lr=-1"],
+         "algo.optim.lr: must be > 0, got -1.0 (command-line override algo.optim.lr=-1)"),
+        (["+algo.lr=1e-3"], "algo.lr: unknown key 'lr' (no such setting in algo)"),  # now algo.optim.lr
+        (["algo.optim.betas=[0.9]"], "algo.optim.betas: expected [beta1, beta2], got [0.9]"),
+        (["sft.optim.betas=[0.9,1.0]"], "sft.optim.betas[1]: must be < 1, got 1.0"),
+        (["sft.optim.warmup_steps=-1"], "sft.optim.warmup_steps: must be >= 0, got -1 (command-line"),
         (["+algo.foo=1"], "algo.foo: unknown key 'foo' (no such setting in algo)"),
         (["~algo.kl_coef"], "algo.kl_coef: missing: every option of this group must set it"),
         (["algo=ppo", "algo.lam=1.5"], "algo.lam: must be <= 1, got 1.5"),
@@ -134,6 +142,8 @@ def test_inherited_keys_name_the_file_that_sets_them():
     origin = Origin({"algo": "ppo", "rollout": "vllm"}, [])
     assert origin.of("algo.gamma") == "conf/algo/ppo.yaml"  # set in ppo.yaml itself
     assert origin.of("algo.clip_low") == "conf/algo/grpo.yaml"  # inherited from grpo.yaml
+    assert origin.of("algo.optim.lr") == "conf/algo/ppo.yaml"  # a nested key ppo.yaml sets itself
+    assert origin.of("algo.optim.betas[1]") == "conf/algo/grpo.yaml"  # one of that block it does not set
     assert origin.of("rollout.temperature") == "conf/rollout/torch.yaml"
     assert origin.of("seed") == "conf/config.yaml"
 
@@ -152,7 +162,7 @@ def test_ppo_and_rloo_compose():
 @pytest.mark.parametrize(
     "override, expected",
     [
-        ("algo.lr=-1", "k3rl-train: config error: algo.lr: must be > 0, got -1.0"),
+        ("algo.optim.lr=-1", "k3rl-train: config error: algo.optim.lr: must be > 0, got -1.0"),
         ("algo.clip_low=abc", "k3rl-train: config error: algo.clip_low: expected float, got 'abc'"),
     ],
 )
@@ -176,9 +186,11 @@ def test_a_users_group_file_can_start_from_the_stored_schema(tmp_path):
     from rl_testutil import compose_raw
 
     (tmp_path / "algo").mkdir()
-    (tmp_path / "algo" / "mine.yaml").write_text("defaults: [algo_schema, grpo, _self_]\nlr: 1.0e-3\n")
+    mine_yaml = "defaults: [algo_schema, grpo, _self_]\noptim: {lr: 2.0e-3}\n"
+    (tmp_path / "algo" / "mine.yaml").write_text(mine_yaml)
     register_schemas()
     searchpath = f"hydra.searchpath=[file://{tmp_path}]"
-    assert compose("algo=mine", searchpath).algo.lr == 1.0e-3
-    with pytest.raises(ConfigCompositionException, match="algo.lr=abc"):
-        compose_raw("algo=mine", searchpath, "algo.lr=abc")
+    mine = compose("algo=mine", searchpath).algo.optim
+    assert mine.lr == 2.0e-3 and mine.warmup_steps == compose().algo.optim.warmup_steps  # the rest: grpo's
+    with pytest.raises(ConfigCompositionException, match="algo.optim.lr=abc"):
+        compose_raw("algo=mine", searchpath, "algo.optim.lr=abc")

@@ -9,11 +9,12 @@ from rl_testutil import compose
 
 import agentenv.tasks
 from rl.episode import Outcome, collate
+from rl.errors import TooManyFailures
 from rl.generation import TorchEngine
-from rl.learner import build_policy
+from rl.policy import build_policy
 from rl.rollout import EpisodeRunner
 from rl.tokenizer import ByteTokenizer
-from rl.trainer import TooManyFailures, check_failures
+from rl.trainer import check_failures
 from rl.wrappers import task
 
 pytestmark = pytest.mark.docker

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from rl.config import ConfigError
 from rl.demonstrations import run_demonstrations
-from rl.learner import build_policy
+from rl.policy import build_policy
 from rl.sft import SFTRunner
 from rl.train import train
 from rl.trainer import Trainer

@@ -10,7 +10,7 @@ import torch
 from rl_testutil import TINY, compose
 
 from rl.generation import TorchEngine
-from rl.learner import build_policy
+from rl.policy import build_policy
 from rl.rollout import EpisodeRunner
 from rl.tokenizer import ByteTokenizer
 from rl.trainer import Trainer

@@ -26,8 +26,7 @@ from rl_testutil import TINY
 
 from agentenv.owner import OWNER_LABEL
 from agentenv.registry import Registry
-from rl.async_rollout import ASYNC_SEEDS
-from rl.trainer import group_seeds
+from rl.seeds import ASYNC_SEEDS, group_seeds
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -11,7 +11,8 @@ import torch
 from rl_testutil import TINY, compose
 from safetensors.torch import load_file
 
-from rl.trainer import Trainer, group_seeds
+from rl.seeds import group_seeds
+from rl.trainer import Trainer
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -14,7 +14,8 @@ from rl_testutil import TINY, compose
 from test_learner import episodes
 
 from model import K3ForCausalLM
-from rl.actors import NO_WEIGHTS, LearnerActor, RolloutWorker, StaleWeights, rollout_worker_actor
+from rl.actors import NO_WEIGHTS, LearnerActor, RolloutWorker, rollout_worker_actor
+from rl.errors import StaleWeights
 from rl.learner import Learner
 from rl.trainer import Trainer
 
@@ -114,16 +115,14 @@ def test_a_restarted_worker_refuses_the_batch_until_it_reloads_the_current_weigh
 @pytest.mark.docker
 @pytest.mark.slow
 def test_the_trainer_retries_the_share_of_a_worker_killed_between_iterations(local_ray, tmp_path):
-    """Real sandboxes: a worker killed after iteration 0 comes back without weights; the trainer's retry
-    branch reloads the current version into it by reference and reruns its share of iteration 1."""
+    """Real sandboxes: a worker killed after iteration 0 comes back without weights; the workers' one
+    recovery path reloads the current version into it by reference and the share of iteration 1 is rerun."""
     trainer = Trainer(compose(*TINY, "trainer.tensorboard=false"), tmp_path / "run")
     try:
-        trainer._start_ray()
-        trainer._start_actors()
-        trainer._publish_first()
+        assert trainer._start() == 0
         first = trainer._iteration(0, time.perf_counter())
         assert first["worker_restarts"] == 0 and trainer.version == 1
-        ray.kill(trainer.workers[0], no_restart=False)
+        ray.kill(trainer.workers.actors[0], no_restart=False)
         second = trainer._iteration(1, time.perf_counter())
     finally:
         trainer.metrics.close()
