@@ -93,10 +93,13 @@ def load_settings(cls: type[T], what: str, path: str | Path | None,
     return build(cls, data, where, origins=named)
 
 
-def build(cls: type[T], data: Mapping[str, Any], where: str, origins: Mapping[str, str] | None = None) -> T:
+def build(cls: type[T], data: Mapping[str, Any], where: str, origins: Mapping[str, str] | None = None,
+          *, key_prefix: str | None = None) -> T:
     """`cls` from `data`: exactly its fields (those with a default may be left out), each value converted
     by its type and checked against its constraints; ConfigError naming `where` (or the key's origin)
-    and the key. Checks across fields are the class's own (`__post_init__`), prefixed the same way."""
+    and the key. Checks across fields are the class's own (`__post_init__`), prefixed the same way.
+    With `key_prefix` (e.g. ``"sandbox."`` for a Hydra group) a value's error names the key by its full
+    path instead (``sandbox.memory: ...``)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: expected a mapping of keys to values, got {type(data).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
@@ -112,8 +115,9 @@ def build(cls: type[T], data: Mapping[str, Any], where: str, origins: Mapping[st
     values = {}
     for name, raw in data.items():
         at = (origins or {}).get(name) or where
-        value = _convert(raw, hints[name], name, at)
-        _check(value, raw, fields[name].metadata, name, at)
+        lead = f"{key_prefix}{name}" if key_prefix is not None else f"{at}: {name}"
+        value = _convert(raw, hints[name], lead)
+        _check(value, raw, fields[name].metadata, lead)
         values[name] = value
     try:
         return cls(**values)
@@ -126,20 +130,18 @@ def _hints(cls: type) -> dict[str, Any]:
     return get_type_hints(cls, include_extras=True)
 
 
-def _convert(value: Any, kind: Any, key: str, where: str) -> Any:
-    """`value` as the field type `kind` (see the module docstring), else ConfigError."""
+def _convert(value: Any, kind: Any, lead: str) -> Any:
+    """`value` as the field type `kind` (see the module docstring), else ConfigError; `lead` names the
+    value in the message ("pool config conf/agentenv/pool.yaml: idle_after_s")."""
     def wrong(expected: str) -> ConfigError:
-        return ConfigError(f"{where}: {key} must be {expected}, got {value!r}")
+        return ConfigError(f"{lead} must be {expected}, got {value!r}")
 
     origin = get_origin(kind)
     if origin is Annotated:
         base, *marks = get_args(kind)
         if _SIZE_MARK in marks:
-            try:
-                return parse_size(value, key)
-            except ConfigError as e:
-                raise ConfigError(f"{where}: {e}") from None
-        return _convert(value, base, key, where)
+            return parse_size(value, lead)
+        return _convert(value, base, lead)
     if origin is Literal:
         choices = get_args(kind)
         if value not in choices or isinstance(value, bool) != any(isinstance(c, bool) for c in choices):
@@ -147,7 +149,7 @@ def _convert(value: Any, kind: Any, key: str, where: str) -> Any:
         return value
     if origin in (types.UnionType, Union):
         options = [a for a in get_args(kind) if a is not type(None)]
-        return None if value is None else _convert(value, options[0], key, where)
+        return None if value is None else _convert(value, options[0], lead)
     if kind is bool:
         if not isinstance(value, bool):
             raise wrong("true or false")
@@ -187,26 +189,26 @@ def _convert(value: Any, kind: Any, key: str, where: str) -> Any:
             return ()
         if isinstance(value, str) or not isinstance(value, list | tuple):
             raise wrong("a list")
-        return tuple(_convert(v, get_args(kind)[0], f"{key}[{i}]", where) for i, v in enumerate(value))
+        return tuple(_convert(v, get_args(kind)[0], f"{lead}[{i}]") for i, v in enumerate(value))
     if origin is dict:
         if value is None:
             return {}
         if not isinstance(value, Mapping):
             raise wrong("a mapping")
-        return {str(k): "" if v is None else _convert(v, get_args(kind)[1], f"{key}.{k}", where)
+        return {str(k): "" if v is None else _convert(v, get_args(kind)[1], f"{lead}.{k}")
                 for k, v in value.items()}
-    raise TypeError(f"agentenv.settings cannot load fields of type {kind!r} ({key})")
+    raise TypeError(f"agentenv.settings cannot load fields of type {kind!r} ({lead})")
 
 
-def _check(value: Any, raw: Any, meta: Mapping[str, Any], key: str, where: str) -> None:
+def _check(value: Any, raw: Any, meta: Mapping[str, Any], lead: str) -> None:
     """The constraints declared with `setting(...)` on the converted `value` (`raw`: as given)."""
     rules = (("min", ">=", lambda v, b: v >= b), ("above", ">", lambda v, b: v > b),
              ("max", "<=", lambda v, b: v <= b))
     for name, sign, ok in rules:
         bound = meta.get(name)
         if bound is not None and not ok(value, bound):
-            raise ConfigError(f"{where}: {key} must be {sign} {bound:g}, got {raw!r}")
+            raise ConfigError(f"{lead} must be {sign} {bound:g}, got {raw!r}")
     check = meta.get("check")
     if check is not None and not check[0](value):
         shown = str(raw) if isinstance(raw, Path) else repr(raw)
-        raise ConfigError(f"{where}: {key} must be {check[1]}, got {shown}")
+        raise ConfigError(f"{lead} must be {check[1]}, got {shown}")

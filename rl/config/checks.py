@@ -122,13 +122,11 @@ def check_sandbox(sandbox: dict[str, Any]) -> None:
     """The sandbox group holds exactly the keys and values AgentENV's `SandboxConfig` accepts, plus
     ``hosts`` (null or a list of `agentenv serve` URLs; see ``rl.sandbox_hosts``)."""
     from agentenv.config import SandboxConfig
+    from agentenv.settings import build
     from rl.sandbox_hosts import HOSTS_KEY, check_hosts, split_hosts
 
     check_hosts(sandbox.get(HOSTS_KEY))
-    try:
-        SandboxConfig.from_dict(split_hosts(sandbox)[0])
-    except ConfigError as exc:
-        raise ConfigError(f"sandbox: {exc}") from None
+    build(SandboxConfig, split_hosts(sandbox)[0], "sandbox", key_prefix="sandbox.")
 
 
 def check_sandbox_hosts(cfg) -> None:
