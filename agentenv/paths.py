@@ -17,6 +17,7 @@ from functools import cache
 from pathlib import Path
 
 SERVER_ENV = "AGENTENV_SERVER"  # the URL of the `agentenv serve` host the CLI and SandboxHost talk to
+API_KEY_ENV = "AGENTENV_API_KEY"  # the key of `agentenv serve`: the server's own, and what clients send
 
 # The source checkout this package was imported from; meaningful only there (tests, scripts/). Installed
 # code finds its configs and recipes through `conf_dir()` and `images_dir()`, never through this.

@@ -50,14 +50,13 @@ from agentenv.errors import (
     SessionError,
     error_from_wire,
 )
-from agentenv.paths import SERVER_ENV
+from agentenv.paths import API_KEY_ENV, SERVER_ENV
 from agentenv.results import ExecResult, SandboxStats
 from agentenv.settings import build, load_settings, setting
 
 __all__ = ["HostUnavailable", "RemoteSandbox", "RemoteSession", "RemoteSettings", "SandboxHost",
            "SandboxHosts", "shared_host", "shared_hosts"]
 
-API_KEY_ENV = "AGENTENV_API_KEY"
 _CODEC = proto_json_codec()
 _STDIN_CHUNK = 1024 * 1024
 _END_STREAM = 0x02

@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from agentenv.errors import ConfigError
-from agentenv.remote import API_KEY_ENV
+from agentenv.paths import API_KEY_ENV
 
 HOSTS_KEY = "hosts"
 

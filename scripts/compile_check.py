@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import multiprocessing
 import os
 import pkgutil
 import re
@@ -207,8 +208,8 @@ def resource_usage(cubin: bytes) -> dict[str, int]:
     return {key: int(val) for key, val in re.findall(r"(REG|LOCAL|STACK):(\d+)", out)}
 
 
-def compile_launch(launch: Launch, target: GPUTarget, limit_bytes: int) -> bool:
-    """Compile one specialisation, print its report line; False when it fails or overruns shared memory."""
+def compile_launch(launch: Launch, target: GPUTarget, limit_bytes: int) -> tuple[bool, str]:
+    """Compile one specialisation: (whether it compiled within the shared memory, its report line)."""
     import triton
     from triton.compiler import ASTSource
 
@@ -220,18 +221,40 @@ def compile_launch(launch: Launch, target: GPUTarget, limit_bytes: int) -> bool:
         )
     except Exception as exc:  # report every kernel, then fail
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-        print(f"FAIL {launch.name}: {reason}  {launch.describe()}")
-        return False
+        return False, f"FAIL {launch.name}: {reason}  {launch.describe()}"
     shared = compiled.metadata.shared
     usage = resource_usage(compiled.asm["cubin"])
     fits = shared <= limit_bytes
     status = "ok" if fits else f"FAIL (shared memory over {limit_bytes // 1024} KiB)"
     spilled = usage.get("STACK", 0) + usage.get("LOCAL", 0)
-    print(
+    return fits, (
         f"{status:4} {launch.name:28} shared {shared / 1024:6.1f} KiB  regs {usage.get('REG', -1):3}  "
         f"stack/spill {spilled:5} B/thread  {launch.describe()}"
     )
-    return fits
+
+
+_TO_COMPILE: list[tuple[Launch, GPUTarget, int]] = []  # what forked workers of `compile_all` compile
+
+
+def _compile_nth(i: int) -> tuple[bool, str]:
+    return compile_launch(*_TO_COMPILE[i])
+
+
+def compile_all(launches: list[Launch], target: GPUTarget, limit_bytes: int, jobs: int) -> int:
+    """Compile every launch, `jobs` at a time (forked processes: Triton's compiler holds the GIL), print
+    their report lines in launch order; returns the number of failures."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    _TO_COMPILE[:] = [(launch, target, limit_bytes) for launch in launches]
+    if jobs <= 1 or len(launches) <= 1:
+        results = [_compile_nth(i) for i in range(len(launches))]
+    else:
+        context = multiprocessing.get_context("fork")  # the workers inherit the recorded launches
+        with ProcessPoolExecutor(min(jobs, len(launches)), mp_context=context) as pool:
+            results = list(pool.map(_compile_nth, range(len(launches))))
+    for _ok, line in results:
+        print(line)
+    return sum(not ok for ok, _line in results)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shared-memory-kib", type=int, default=None, help="shared memory per block (default: the arch's)"
     )
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="kernels compiled at once (default: this machine's CPUs)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("unset TRITON_INTERPRET: interpreted kernels cannot be compiled", file=sys.stderr)
@@ -257,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     with record_launches(target) as launches:
         run_entry_points(args.head_dim, DTYPES[args.dtype])
     selected = [launch for launch in launches if re.search(args.kernel, launch.name)]
-    failures = sum(not compile_launch(launch, target, limit) for launch in selected)
+    failures = compile_all(selected, target, limit, args.jobs)
 
     kernels = {launch.kernel for launch in selected}
     if not args.kernel:  # every kernel under kernels/ must have been launched

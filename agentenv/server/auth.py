@@ -13,9 +13,9 @@ import secrets
 from pathlib import Path
 
 from agentenv.errors import ConfigError
+from agentenv.paths import API_KEY_ENV
 
 KEY_FILE = "server-api-key"
-ENV_VAR = "AGENTENV_API_KEY"
 
 
 def key_path(home: Path) -> Path:
@@ -24,12 +24,12 @@ def key_path(home: Path) -> Path:
 
 def load_api_key(home: Path) -> tuple[str, str]:
     """(key, where it came from): the environment variable, or the key file (created if missing)."""
-    env = os.environ.get(ENV_VAR)
+    env = os.environ.get(API_KEY_ENV)
     if env is not None:
         if len(env.strip()) < 16:
-            raise ConfigError(f"${ENV_VAR} must be at least 16 characters (or unset it to have one "
+            raise ConfigError(f"${API_KEY_ENV} must be at least 16 characters (or unset it to have one "
                               "generated)")
-        return env.strip(), f"${ENV_VAR}"
+        return env.strip(), f"${API_KEY_ENV}"
     path = key_path(home)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -143,7 +143,7 @@ def make_token(path: Path) -> Path:
     return path
 
 
-def stop_node(node: RayNode, grace_s: float = 10.0) -> None:
+def stop_node(node: RayNode, grace_s: float = 2.0) -> None:
     """SIGTERM then SIGKILL to every process of the node's namespace (all started by this fixture)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         pids = node.pids()

@@ -119,14 +119,15 @@ def test_episodes_are_laid_out_and_masked_with_the_hf_tokenizer(task_home, token
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_two_training_iterations_with_the_hf_tokenizer(task_home, tokenizer_dir, tmp_path):
+def test_two_training_iterations_with_the_hf_tokenizer(task_home, local_ray, tokenizer_dir, tmp_path):
     run_dir = tmp_path / "run"
     command = [
         sys.executable, "-m", "rl.train", *overrides(tokenizer_dir),
         "algo.group_size=2", "algo.episodes_per_step=4", "env.kwargs.max_turns=2", "trainer.iterations=2",
         "trainer.stop_at_success=null", "trainer.progress_bar=false", "trainer.tensorboard=false",
         "trainer.learner_threads=1", "rollout.env_threads=4", "trainer.time_limit_s=null",
-        "sandbox.memory=128m", "sandbox.pids_limit=64", f"hydra.run.dir={run_dir}",
+        "sandbox.memory=128m", "sandbox.pids_limit=64", f"trainer.ray_address={local_ray}",
+        f"hydra.run.dir={run_dir}",
     ]  # fmt: skip
     env = {**os.environ, "AGENTENV_HOME": str(task_home)}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)

@@ -136,8 +136,10 @@ ASYNC = (
 )
 
 
-def train(run_dir: Path, *overrides: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "rl.train", *ASYNC, *overrides, f"hydra.run.dir={run_dir}"]
+def train(ray_address: str, run_dir: Path, *overrides: str) -> subprocess.Popen:
+    """`python -m rl.train` as a user starts it, joining the session's local Ray (its actors die with it)."""
+    cmd = [sys.executable, "-m", "rl.train", *ASYNC, *overrides, f"trainer.ray_address={ray_address}",
+           f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=interruptible
@@ -208,12 +210,12 @@ def assert_went_on_with(run_dir: Path, checkpoint: Path, kept: list[str], iterat
     assert not (checkpoint / IN_FLIGHT_SUMMARY).exists()
 
 
-def test_an_async_run_killed_then_interrupted_resumes_each_time_with_its_episodes_in_flight(task_home,
+def test_an_async_run_killed_then_interrupted_resumes_each_time_with_its_episodes_in_flight(local_ray,
                                                                                            tmp_path):
     """SIGKILL after a periodic checkpoint; the resumed run (no periodic checkpoints) is stopped with
     Ctrl-C (SIGINT) and writes one with its episodes in flight as it stops; the run resumed from that
     one finishes. Each restart goes on with the episodes its checkpoint recorded."""
-    killed = train(tmp_path / "run", "trainer.iterations=50", "trainer.checkpoint_every=1")
+    killed = train(local_ray, tmp_path / "run", "trainer.iterations=50", "trainer.checkpoint_every=1")
     try:
         summary = wait_for_playing_checkpoint(killed, tmp_path / "run")
         assert summary is not None, f"no checkpoint kept episodes: {killed.stderr.read1()[-3000:]!r}"
@@ -224,8 +226,8 @@ def test_an_async_run_killed_then_interrupted_resumes_each_time_with_its_episode
     kept = kept_sandboxes(first)
     assert kept and all(Sandbox.get(sid).status == "paused" for sid in kept), "the kill took kept sandboxes"
 
-    interrupted = train(tmp_path / "resumed", "trainer.iterations=50", "trainer.checkpoint_every=0",
-                        f"trainer.resume={first}")
+    interrupted = train(local_ray, tmp_path / "resumed", "trainer.iterations=50",
+                        "trainer.checkpoint_every=0", f"trainer.resume={first}")
     try:
         wait_for_iterations(interrupted, tmp_path / "resumed", checkpoint_iteration(first), 2)
         interrupted.send_signal(signal.SIGINT)
@@ -241,7 +243,8 @@ def test_an_async_run_killed_then_interrupted_resumes_each_time_with_its_episode
     assert kept_again and all(Sandbox.get(sid).status == "paused" for sid in kept_again)
 
     done = checkpoint_iteration(second)
-    finished = train(tmp_path / "finished", f"trainer.iterations={done + 3}", f"trainer.resume={second}")
+    finished = train(local_ray, tmp_path / "finished", f"trainer.iterations={done + 3}",
+                     f"trainer.resume={second}")
     _, err = finished.communicate(timeout=600)
     assert finished.returncode == 0, err[-5000:].decode()
     assert_went_on_with(tmp_path / "finished", second, kept_again, 2)

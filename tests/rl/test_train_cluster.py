@@ -14,19 +14,18 @@ which are resubmitted to the worker restarted on the other node.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from ray_cluster import ROOT, RayCluster, RayNode, _start, _wait_for_nodes, ray_cluster, stop_node
-from rl_testutil import TINY
+from ray_cluster import RayCluster, RayNode, _start, _wait_for_nodes, ray_cluster, stop_node
+from rl_testutil import TINY, compose
 
 from agentenv.owner import OWNER_LABEL
 from agentenv.registry import Registry
 from rl.seeds import ASYNC_SEEDS, group_seeds
+from rl.trainer import Trainer
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -90,7 +89,8 @@ def train(cluster: RayCluster, run_dir: Path, *overrides: str) -> tuple[list[dic
     return metrics(run_dir), json.loads((run_dir / "placement.json").read_text())
 
 
-def test_trains_with_the_learner_and_the_workers_on_the_nodes_their_resources_name(cluster, tmp_path):
+def test_trains_with_the_learner_and_the_workers_on_the_nodes_their_resources_name(cluster, local_ray,
+                                                                                   tmp_path):
     before = {node.name: made_on(node.home) for node in cluster.nodes}
     records, placement = train(cluster, tmp_path / "run", *TWO_WORKERS)
     assert [r["iteration"] for r in records] == [0, 1]
@@ -104,12 +104,9 @@ def test_trains_with_the_learner_and_the_workers_on_the_nodes_their_resources_na
     made = {node.name: made_on(node.home) - before[node.name] for node in cluster.nodes}
     assert made == {"head": 0, "worker1": 2, "worker2": 2}, made
     # The same run on local Ray (same seeds, same split of the groups over 2 workers) learns the same.
-    local = subprocess.run([sys.executable, "-m", "rl.train", *TWO_WORKERS, "trainer.num_cpus=3",
-                            f"hydra.run.dir={tmp_path / 'local'}"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=300)
-    assert local.returncode == 0, local.stderr[-3000:]
+    local = Trainer(compose(*TWO_WORKERS, "trainer.num_cpus=3"), tmp_path / "local").run()
     for key in ("success", "reward", "loss"):
-        assert [r[key] for r in metrics(tmp_path / "local")] == [r[key] for r in records], key
+        assert [r[key] for r in local.history] == [r[key] for r in records], key
 
 
 def test_a_lost_worker_node_costs_only_its_share(cluster, tmp_path):

@@ -8,11 +8,12 @@ import stat
 import pytest
 
 from agentenv.errors import ConfigError
-from agentenv.server.auth import ENV_VAR, key_path, load_api_key, same_secret
+from agentenv.paths import API_KEY_ENV
+from agentenv.server.auth import key_path, load_api_key, same_secret
 
 
 def test_generated_key_is_private_and_reused(tmp_path, monkeypatch):
-    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
     key, source = load_api_key(tmp_path)
     assert source == str(key_path(tmp_path)) and key.startswith("e2b_") and len(key) == 44
     assert stat.S_IMODE(key_path(tmp_path).stat().st_mode) == 0o600
@@ -29,9 +30,9 @@ def test_generated_key_is_private_and_reused(tmp_path, monkeypatch):
 
 
 def test_environment_key_wins(tmp_path, monkeypatch):
-    monkeypatch.setenv(ENV_VAR, "e2b_" + "ab" * 10)
-    assert load_api_key(tmp_path) == ("e2b_" + "ab" * 10, f"${ENV_VAR}")
+    monkeypatch.setenv(API_KEY_ENV, "e2b_" + "ab" * 10)
+    assert load_api_key(tmp_path) == ("e2b_" + "ab" * 10, f"${API_KEY_ENV}")
     assert not key_path(tmp_path).exists()
-    monkeypatch.setenv(ENV_VAR, "tiny")
+    monkeypatch.setenv(API_KEY_ENV, "tiny")
     with pytest.raises(ConfigError, match="at least 16"):
         load_api_key(tmp_path)
