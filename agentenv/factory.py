@@ -47,7 +47,19 @@ def _ready(handle: SandboxHandle, setup: Setup | None) -> SandboxHandle:
     return handle
 
 
-class LocalSandboxes:
+class _Unpooled:
+    """What a factory without a pool does: a fork is the handle's own, and a lease only resumes a paused
+    sandbox (nothing else pauses it)."""
+
+    def fork(self, handle: SandboxHandle, n: int,
+             labels: Mapping[str, str] | None = None) -> Sequence[SandboxHandle]:
+        return handle.fork(n, labels=labels)
+
+    def lease(self, handle: SandboxHandle) -> contextlib.AbstractContextManager[SandboxHandle]:
+        return _resumed(handle)
+
+
+class LocalSandboxes(_Unpooled):
     """Sandboxes of this machine's Docker engine (`agentenv.Sandbox`); no warm starts (`template` unused)."""
 
     def create(self, *, image: str | None = None, memory: str | None = None, cpus: float | None = None,
@@ -58,18 +70,11 @@ class LocalSandboxes:
         sb = Sandbox.create(image=image, memory=memory, cpus=cpus, config=_config(config), labels=labels)
         return _ready(sb, setup)
 
-    def fork(self, handle: SandboxHandle, n: int,
-             labels: Mapping[str, str] | None = None) -> Sequence[SandboxHandle]:
-        return handle.fork(n, labels=labels)
-
-    def lease(self, handle: SandboxHandle) -> contextlib.AbstractContextManager[SandboxHandle]:
-        return _resumed(handle)
-
     def __repr__(self) -> str:
         return "LocalSandboxes()"
 
 
-class RemoteSandboxes:
+class RemoteSandboxes(_Unpooled):
     """Sandboxes on `agentenv serve` hosts, each placed on the host with the most free memory
     (`agentenv.remote.SandboxHosts`, one per list of URLs per process; API key `$AGENTENV_API_KEY`).
     Their limits are the hosts' own config: `memory` and `cpus` are refused."""
@@ -93,13 +98,6 @@ class RemoteSandboxes:
                template: str | None = None, setup: Setup | None = None) -> SandboxHandle:
         sb = self.hosts.create(image=image, memory=memory, cpus=cpus, config=_config(config), labels=labels)
         return _ready(sb, setup)
-
-    def fork(self, handle: SandboxHandle, n: int,
-             labels: Mapping[str, str] | None = None) -> Sequence[SandboxHandle]:
-        return handle.fork(n, labels=labels)
-
-    def lease(self, handle: SandboxHandle) -> contextlib.AbstractContextManager[SandboxHandle]:
-        return _resumed(handle)
 
     def __repr__(self) -> str:
         return f"RemoteSandboxes({self.urls!r})"

@@ -23,7 +23,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -87,6 +87,20 @@ def cap_sys_resource_in_bounding_set(pid: int | str = "self") -> bool:
     except (OSError, ValueError):
         pass
     return True
+
+
+@contextlib.contextmanager
+def _exec_errors() -> Iterator[None]:
+    """A docker exec's errors: the container gone or stopped (404, 409) is ContainerNotRunning (the Sandbox
+    layer decides what state that means), any other refusal an AgentEnvError naming it."""
+    try:
+        yield
+    except docker.errors.NotFound as e:
+        raise ContainerNotRunning(f"its container is gone ({_first_line(e)})") from None
+    except docker.errors.APIError as e:
+        if e.status_code == 409:
+            raise ContainerNotRunning(_first_line(e)) from None
+        raise AgentEnvError(f"docker exec failed: {_first_line(e)}") from None
 
 
 def _first_line(e: docker.errors.APIError) -> str:
@@ -269,26 +283,14 @@ class DockerContainers(SandboxBackend):
     def exec(self, ref: ContainerRef, argv: Sequence[str], *, user: str, timeout_s: float,
              output_limit: int, stdin: bytes | None = None, env: Mapping[str, str] | None = None,
              workdir: str | None = None) -> RawExec:
-        try:
+        with _exec_errors():
             return run_exec(self.api, ref.container, argv, user=UIDS[user], timeout_s=timeout_s,
                             output_limit=output_limit, stdin=stdin, env=env, workdir=workdir)
-        except docker.errors.NotFound as e:
-            raise ContainerNotRunning(f"its container is gone ({_first_line(e)})") from None
-        except docker.errors.APIError as e:
-            if e.status_code == 409:
-                raise ContainerNotRunning(_first_line(e)) from None
-            raise AgentEnvError(f"docker exec failed: {_first_line(e)}") from None
 
     @_docker_errors
     def open_shell(self, ref: ContainerRef, *, user: str) -> ShellStream:
-        try:
+        with _exec_errors():
             exec_id, stream = start_exec(self.api, ref.container, SHELL_ARGV, user=UIDS[user], stdin=True)
-        except docker.errors.NotFound as e:
-            raise ContainerNotRunning(f"its container is gone ({_first_line(e)})") from None
-        except docker.errors.APIError as e:
-            if e.status_code == 409:
-                raise ContainerNotRunning(_first_line(e)) from None
-            raise AgentEnvError(f"docker exec failed: {_first_line(e)}") from None
         return DockerShell(exec_id, stream)
 
     @_docker_errors
