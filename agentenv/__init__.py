@@ -9,6 +9,11 @@ Every kind of sandbox (local, pool member, remote) is a `SandboxHandle` (agenten
 for the API, the CLI, the security defaults and the limits of pause/fork.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from agentenv.api import SandboxFactory, SandboxHandle, ShellSession
 from agentenv.config import SandboxConfig
 from agentenv.errors import (
@@ -19,13 +24,25 @@ from agentenv.errors import (
     FileNotFoundInSandbox,
     InvalidArgument,
     PathOutsideWorkspace,
+    PoolBudgetExceeded,
     SandboxBusy,
     SandboxNotFound,
     SandboxStateError,
 )
-from agentenv.pool import PoolBudgetExceeded, PoolMetrics, SandboxPool
 from agentenv.results import ExecResult, SandboxStats
-from agentenv.sandbox import Sandbox
+
+# The local runtime (Docker client, CRIU backend, registry) loads on first use of these names, so that
+# a remote client, the errors or the configs import without it.
+_LAZY = {"Sandbox": "agentenv.sandbox", "SandboxPool": "agentenv.pool", "PoolMetrics": "agentenv.pool"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'agentenv' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AgentEnvError",

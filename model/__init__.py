@@ -1,17 +1,30 @@
 """The K3 policy model in PyTorch (see docs/model.md for the equation -> module map).
 
 from model import K3Config, K3ForCausalLM, count_parameters, situ_glu
+
+The configs import without torch (a trainer's config check, `--cfg job`, a config error come back in a
+second); the modules that need torch load on first use of their names.
 """
 
-from model.cache import K3Cache
-from model.checkpoint import CheckpointMismatch
-from model.config import ConfigError, K3Config, LinearAttnConfig
-from model.count import count_parameters
-from model.ffn import situ_glu, swiglu
-from model.k3 import K3ForCausalLM, K3Output
-from model.moe import RouterStats
+from __future__ import annotations
 
-__all__ = [
-    "K3Config", "LinearAttnConfig", "ConfigError", "K3ForCausalLM", "K3Output", "K3Cache", "RouterStats",
-    "CheckpointMismatch", "count_parameters", "situ_glu", "swiglu",
-]  # fmt: skip
+import importlib
+from typing import Any
+
+from model.config import ConfigError, K3Config, LinearAttnConfig
+
+_LAZY = {
+    "K3Cache": "model.cache", "CheckpointMismatch": "model.checkpoint", "count_parameters": "model.count",
+    "situ_glu": "model.ffn", "swiglu": "model.ffn", "K3ForCausalLM": "model.k3", "K3Output": "model.k3",
+    "RouterStats": "model.moe",
+}  # fmt: skip
+
+__all__ = ["ConfigError", "K3Config", "LinearAttnConfig", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'model' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

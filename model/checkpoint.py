@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import torch
-from safetensors.torch import load_file, save_file
+from typing import TYPE_CHECKING
 
 from model.config import K3Config
+
+if TYPE_CHECKING:  # the tensor I/O imports torch on use: reading a config (a trainer's check) needs none
+    import torch
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -34,6 +35,8 @@ def _checkpoint_state(model) -> dict[str, torch.Tensor]:
 
 
 def save_pretrained(model, directory: str | Path) -> None:
+    from safetensors.torch import save_file
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = _checkpoint_state(model)
@@ -75,6 +78,8 @@ def read_config(directory: str | Path) -> K3Config:
 def load_pretrained(model, directory: str | Path, dtype: torch.dtype | None = None):
     """Load `directory/model.safetensors` into `model` (built from `read_config(directory)`), strictly;
     with `dtype`, cast the model but keep the routers' selection bias fp32, as in the checkpoints."""
+    from safetensors.torch import load_file
+
     load_state_checked(model, load_file(str(Path(directory) / WEIGHTS_NAME)))
     if dtype is not None:
         model.to(dtype)

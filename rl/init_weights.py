@@ -9,11 +9,15 @@ group: a mismatch is a `ConfigError` naming the differing keys, found before Ray
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentenv.errors import ConfigError
-from model import K3ForCausalLM, checkpoint
+from model import checkpoint
 from model.config import ConfigError as ModelConfigError
 from rl.checkpoints import POLICY, latest_checkpoint
+
+if TYPE_CHECKING:
+    from model import K3ForCausalLM
 
 
 def policy_dir(path: str | Path) -> Path:

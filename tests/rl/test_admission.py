@@ -72,6 +72,7 @@ def test_running_sandboxes_stay_within_the_budget_when_episodes_outnumber_its_sl
     cfg = compose(
         "env=kv_lookup",
         f"env.kwargs.data_mib={DATA_MIB}",
+        "env.kwargs.max_turns=2",  # every episode still steps (and so resumes) under the gate
         "rollout.env_threads=6",
         "rollout.sandbox_pool.pause_policy=cost",
         "rollout.sandbox_pool.overrides.warm_starts=true",
