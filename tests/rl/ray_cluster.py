@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -207,17 +208,20 @@ def ray_cluster(base: Path, workers: int = 2, worker_rollout: float = 2,
             nodes.append(RayNode(name, ns, ip, resources, 1 if i == 0 else worker_cpus, tmp / name, home))
         cluster = RayCluster(nodes[0], nodes[1:], lan, make_token(base / "ray_auth_token"), nodes)
         try:
-            for node in nodes:  # each machine builds the sandbox image for its own AgentENV home
-                subprocess.run([sys.executable, "-m", "agentenv.cli", "images", "build", "base", "--quiet"],
-                               env=cluster.environment(node), check=True, cwd=ROOT, capture_output=True,
-                               timeout=600)
-            for node in nodes:
-                _start(cluster, node, head=node is cluster.head)
+            with ThreadPoolExecutor(len(nodes)) as pool:  # the machines set up at once, as real ones do
+                # each machine builds the sandbox image for its own AgentENV home
+                list(pool.map(lambda node: subprocess.run(
+                    [sys.executable, "-m", "agentenv.cli", "images", "build", "base", "--quiet"],
+                    env=cluster.environment(node), check=True, cwd=ROOT, capture_output=True, timeout=600),
+                    nodes))
+                _start(cluster, cluster.head, head=True)
+                list(pool.map(lambda node: _start(cluster, node, head=False), cluster.workers))
             _wait_for_nodes(cluster)
             yield cluster
         finally:
-            for node in reversed(nodes):  # workers first: the head's GCS outlives its nodes
-                stop_node(node)
+            with ThreadPoolExecutor(len(nodes)) as pool:
+                list(pool.map(stop_node, cluster.workers))  # workers first: the head's GCS outlives them
+            stop_node(cluster.head)
             for node in nodes:
                 remove_labelled(node.home)
             shutil.rmtree(tmp, ignore_errors=True)

@@ -4,12 +4,13 @@ workdir, timeout, output cap), typed errors with the server's message, placement
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 
 from agentenv.errors import ExecTimeout, PathOutsideWorkspace, SandboxNotFound, SandboxStateError
-from agentenv.remote import HostUnavailable, RemoteSandbox, SandboxHost, SandboxHosts
+from agentenv.remote import HostUnavailable, RemoteSandbox, RemoteSettings, SandboxHost, SandboxHosts
 
 pytestmark = [pytest.mark.docker]
 DEAD = "http://127.0.0.1:9"  # discard port: nothing listens
@@ -61,17 +62,19 @@ def test_remote_sandbox_exec_files_and_typed_errors(server):
 
 
 def test_placement_skips_dead_hosts_and_bounded_failure(server):
-    hosts = SandboxHosts([DEAD, server.url], server.api_key)
+    # the configured attempts, with a short first backoff: each call to the dead host still makes them all
+    settings = dataclasses.replace(RemoteSettings.load(), retry_backoff_s=0.05)
+    hosts = SandboxHosts([DEAD, server.url], server.api_key, settings)
     assert hosts.pick().url == server.url
     sb = hosts.create(image="base")
     try:
         assert hosts.host_of(sb.id).url == server.url
-        assert SandboxHosts([DEAD, server.url], server.api_key).get(sb.id).id == sb.id
+        assert SandboxHosts([DEAD, server.url], server.api_key, settings).get(sb.id).id == sb.id
     finally:
         sb.close()
     started = time.monotonic()
-    with pytest.raises(HostUnavailable, match="no sandbox host answered"):
-        SandboxHosts([DEAD], server.api_key).create(image="base")
+    with pytest.raises(HostUnavailable, match=rf"no sandbox host answered.*after {settings.retries} attempt"):
+        SandboxHosts([DEAD], server.api_key, settings).create(image="base")
     assert time.monotonic() - started < 20
     with pytest.raises(Exception, match="invalid API key"):
         SandboxHost(server.url, "wrong-key").list()
