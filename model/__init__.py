@@ -16,7 +16,7 @@ from model.config import ConfigError, K3Config, LinearAttnConfig
 _LAZY = {
     "K3Cache": "model.cache", "CheckpointMismatch": "model.checkpoint", "count_parameters": "model.count",
     "situ_glu": "model.ffn", "swiglu": "model.ffn", "K3ForCausalLM": "model.k3", "K3Output": "model.k3",
-    "RouterStats": "model.moe",
+    "RecordedRoutes": "model.k3", "RouterStats": "model.moe", "RoutingOverride": "model.moe",
 }  # fmt: skip
 
 __all__ = ["ConfigError", "K3Config", "LinearAttnConfig", *_LAZY]

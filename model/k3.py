@@ -3,6 +3,8 @@
 `K3ForCausalLM(cfg)` builds the module tree with Moonshot's checkpoint names, so `state_dict()` is the
 checkpoint vLLM / sglang / transformers read (see docs/model.md). `forward` returns fp32 logits, the
 updated decoding cache, optionally the final hidden states, and router statistics per MoE layer.
+``forward(..., routes=RecordedRoutes(...))`` replays recorded expert choices (routing replay, see
+`model.moe`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from model.config import K3Config
 from model.ffn import GatedFFN, glu_activation
 from model.kda import KimiDeltaAttention
 from model.mla import MultiHeadLatentAttention
-from model.moe import LatentMoE, RouterStats, TopKRouter
+from model.moe import LatentMoE, RouterStats, RoutingOverride, TopKRouter
 from model.norm import RMSNorm
 
 
@@ -30,6 +32,36 @@ class K3Output:
     cache: K3Cache | None
     hidden: torch.Tensor | None  # [B, T, d] after the final norm, when return_hidden
     router_stats: list[RouterStats]
+
+
+@dataclass
+class RecordedRoutes:
+    """Experts to replay in `K3ForCausalLM.forward`: ``ids`` [B, T, n_moe_layers, top_k] (integers; for
+    each token the experts of every MoE layer, in the model's layer order) and ``mask`` [B, T] bool (the
+    tokens that have a record; the others route normally)."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+
+    def layer(self, n: int) -> RoutingOverride:
+        """The override of the ``n``-th MoE layer, over the flattened B*T tokens."""
+        return RoutingOverride(self.ids[:, :, n].reshape(-1, self.ids.shape[-1]), self.mask.reshape(-1))
+
+    def check(self, batch: int, time: int, cfg: K3Config) -> None:
+        """Shapes and expert ids fit the model and ``input_ids`` [batch, time]; ValueError otherwise."""
+        n_moe = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+        want = (batch, time, n_moe, cfg.num_experts_per_token)
+        mask_ok = tuple(self.mask.shape) == want[:2] and self.mask.dtype == torch.bool
+        if tuple(self.ids.shape) != want or not mask_ok:
+            raise ValueError(
+                f"routes: ids must be {list(want)} [batch, time, moe layers, top_k] and mask "
+                f"[{batch}, {time}] bool, got ids {list(self.ids.shape)} and mask {list(self.mask.shape)} "
+                f"{self.mask.dtype}"
+            )
+        given = self.ids[self.mask]
+        if given.numel() and not (0 <= int(given.min()) and int(given.max()) < cfg.num_experts):
+            low, high = int(given.min()), int(given.max())
+            raise ValueError(f"routes: expert ids must be in [0, {cfg.num_experts}), got {low}..{high}")
 
 
 class K3DecoderLayer(nn.Module):
@@ -62,10 +94,12 @@ class K3DecoderLayer(nn.Module):
             return self.self_attn(x, valid, cache)
         return self.self_attn(x, key_valid, cache)
 
-    def feed_forward(self, h: torch.Tensor, valid) -> tuple[torch.Tensor, RouterStats | None]:
+    def feed_forward(
+        self, h: torch.Tensor, valid, override: RoutingOverride | None = None
+    ) -> tuple[torch.Tensor, RouterStats | None]:
         x = self.post_attention_layernorm(h)
         if self.is_moe:
-            return self.block_sparse_moe(x, valid)
+            return self.block_sparse_moe(x, valid, override)
         return self.mlp(x), None
 
 
@@ -77,28 +111,37 @@ class K3Model(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(K3DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        moe = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
+        self.moe_ordinal = {layer: n for n, layer in enumerate(moe)}  # decoder layer -> its MoE layer number
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if cfg.uses_attn_res:
             self.output_attn_res_norm, self.output_attn_res_proj = make_depth_query(
                 cfg.hidden_size, cfg.rms_norm_eps
             )
 
-    def forward(self, input_ids, valid, key_valid, cache: K3Cache | None):
+    def forward(
+        self, input_ids, valid, key_valid, cache: K3Cache | None, routes: RecordedRoutes | None = None
+    ):
         h = self.embed_tokens(input_ids)
         stats: list[RouterStats] = []
         layer_caches = cache.layers if cache is not None else [None] * len(self.layers)
         if self.cfg.uses_attn_res:
-            h = self._attn_res_stack(h, valid, key_valid, layer_caches, stats)
+            h = self._attn_res_stack(h, valid, key_valid, layer_caches, stats, routes)
         else:
             for layer, layer_cache in zip(self.layers, layer_caches, strict=True):
                 h = h + layer.attention(h, valid, key_valid, layer_cache)
-                out, st = layer.feed_forward(h, valid)
+                out, st = layer.feed_forward(h, valid, self._override(layer, routes))
                 h = h + out
                 if st is not None:
                     stats.append(st)
         return self.norm(h), stats
 
-    def _attn_res_stack(self, embedding, valid, key_valid, layer_caches, stats) -> torch.Tensor:
+    def _override(self, layer: K3DecoderLayer, routes: RecordedRoutes | None) -> RoutingOverride | None:
+        if routes is None or not layer.is_moe:
+            return None
+        return routes.layer(self.moe_ordinal[layer.layer_idx])
+
+    def _attn_res_stack(self, embedding, valid, key_valid, layer_caches, stats, routes=None) -> torch.Tensor:
         """Block AttnRes: every sub-layer reads a depth mixture of the block sums and the partial sum."""
         block, full = self.cfg.attn_res_block_size, self.cfg.attn_res_full
         src = DepthSources(embedding)
@@ -110,7 +153,7 @@ class K3Model(nn.Module):
             if full:
                 src.close_block()
             h = depth_mix(src.sources(), layer.mlp_res_norm, layer.mlp_res_proj)
-            out, st = layer.feed_forward(h, valid)
+            out, st = layer.feed_forward(h, valid, self._override(layer, routes))
             src.add(out)
             if full:
                 src.close_block()
@@ -171,12 +214,14 @@ class K3ForCausalLM(nn.Module):
         attention_mask: torch.Tensor | None = None,
         cache: K3Cache | None = None,
         return_hidden: bool = False,
+        routes: RecordedRoutes | None = None,
     ) -> K3Output:
         """Logits for `input_ids` [B, T].
 
         attention_mask: [B, T] (or [B, cached + T], HF style) with 1 = real token, 0 = padding; use left
         padding for batched decoding. cache: a `K3Cache` from `new_cache`, advanced in place; the new tokens
-        continue the cached sequences.
+        continue the cached sequences. routes: experts to replay for some of the new tokens (routing
+        replay; `RecordedRoutes`), None = every token routes by its router.
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, time], got shape {tuple(input_ids.shape)}")
@@ -190,7 +235,9 @@ class K3ForCausalLM(nn.Module):
                 key_valid = None
         else:
             key_valid = valid
-        hidden, stats = self.model(input_ids, valid, key_valid, cache)
+        if routes is not None:
+            routes.check(B, T, self.config)
+        hidden, stats = self.model(input_ids, valid, key_valid, cache, routes)
         logits = self.lm_head(hidden).float()
         return K3Output(
             logits=logits, cache=cache, hidden=hidden if return_hidden else None, router_stats=stats

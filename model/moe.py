@@ -6,6 +6,12 @@
     u = sum_{i in TopK} p_i E_i(W_down x)       routed experts in the latent width l
     y = sum_j Shared_j(x) + W_up RMSNorm(u)     shared experts at full width
 
+Routing replay (R3, "Rollout Routing Replay"): `TopKRouter.forward` takes an optional `RoutingOverride`
+of chosen expert ids per token with a mask of the tokens that have one; those tokens use the given
+experts, weighted by this router's own scores at them (so the router still gets gradients), and every
+other token routes normally. The router's own choice is computed either way and reported in
+`RouterStats.own_ids`, so the learner can measure how often it differs from the rollout's.
+
 Module names follow Moonshot's checkpoints (`gate`, `experts.E.w1/w3/w2`, `shared_experts`,
 `routed_expert_down_proj`, `routed_expert_norm`, `routed_expert_up_proj`). With
 `routed_expert_hidden_size: null` the block is a standard DeepSeek-V3-style MoE (experts on x).
@@ -31,7 +37,18 @@ class RouterStats:
 
     layer: int  # 0-based decoder layer index
     scores: torch.Tensor  # [m, n] sigmoid router scores (detached, fp32)
-    loads: torch.Tensor  # [n] tokens routed to each expert (float)
+    loads: torch.Tensor  # [n] tokens routed to each expert (float), by the experts actually used
+    ids: torch.Tensor  # [m, k] the experts each token used (a routing override's where it had one)
+    own_ids: torch.Tensor  # [m, k] the router's own top-k (the same tensor as ids without an override)
+
+
+@dataclass
+class RoutingOverride:
+    """Experts to use for some tokens of one MoE layer (routing replay): ``ids`` [M, k] (any integer dtype;
+    rows where ``mask`` is False are ignored) and ``mask`` [M] bool, over the flattened tokens."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
 
 
 class TopKRouter(nn.Module):
@@ -50,14 +67,25 @@ class TopKRouter(nn.Module):
         self.weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size))
         self.e_score_correction_bias = nn.Parameter(torch.zeros(cfg.num_experts), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [M, d] -> (scores [M, n] fp32, expert ids [M, k], weights [M, k] fp32)."""
+    def forward(
+        self, x: torch.Tensor, override: RoutingOverride | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [M, d] -> (scores [M, n] fp32, expert ids used [M, k], weights [M, k] fp32, own ids [M, k]).
+
+        ``override``: tokens whose experts are given (routing replay); their weights are this router's
+        scores at the given experts, renormalised as usual, so gradients reach the router as for its own
+        choice. The own ids are the router's top-k of ``scores + bias`` whether or not it was overridden.
+        """
         scores = torch.sigmoid(nn.functional.linear(x.float(), self.weight.float()))
-        ids = torch.topk(scores.detach() + self.e_score_correction_bias.float(), self.top_k, dim=-1).indices
+        own = torch.topk(scores.detach() + self.e_score_correction_bias.float(), self.top_k, dim=-1).indices
+        if override is None:
+            ids = own
+        else:
+            ids = torch.where(override.mask[:, None], override.ids.to(own.dtype), own)
         weights = scores.gather(1, ids)
         if self.renormalize:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return scores, ids, weights * self.routed_scaling_factor
+        return scores, ids, weights * self.routed_scaling_factor, own
 
     @torch.no_grad()
     def update_bias(self, new_bias: torch.Tensor) -> None:
@@ -101,11 +129,15 @@ class LatentMoE(nn.Module):
             self.routed_expert_norm = RMSNorm(width, cfg.rms_norm_eps) if cfg.latent_moe_use_norm else None
             self.routed_expert_up_proj = nn.Linear(width, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> tuple[torch.Tensor, RouterStats]:
-        """x [B, T, d], valid [B, T] bool (None = all real) -> (y [B, T, d], router stats of real tokens)."""
+    def forward(
+        self, x: torch.Tensor, valid: torch.Tensor | None = None, override: RoutingOverride | None = None
+    ) -> tuple[torch.Tensor, RouterStats]:
+        """x [B, T, d], valid [B, T] bool (None = all real) -> (y [B, T, d], router stats of real tokens).
+
+        ``override``: experts for some of the B*T tokens (flattened; see `TopKRouter.forward`)."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        scores, ids, weights = self.gate(flat)
+        scores, ids, weights, own = self.gate(flat, override)
         h = self.routed_expert_down_proj(flat) if self.cfg.uses_latent_moe else flat
         u = self._routed(h, ids, weights)
         if self.cfg.uses_latent_moe:
@@ -114,10 +146,13 @@ class LatentMoE(nn.Module):
             u = self.routed_expert_up_proj(u)
         y = u if self.shared_experts is None else u + self.shared_experts(flat)
         real = slice(None) if valid is None else valid.reshape(-1)
+        used = ids[real]
         stats = RouterStats(
             layer=self.layer_idx,
             scores=scores.detach()[real],
-            loads=expert_loads(ids[real], self.cfg.num_experts),
+            loads=expert_loads(used, self.cfg.num_experts),
+            ids=used,
+            own_ids=used if own is ids else own[real],
         )
         return y.reshape(shape), stats
 

@@ -30,6 +30,7 @@ import ray
 import torch
 
 from rl.config import RunConfig
+from rl.device import Placement
 from rl.episode import Episode
 from rl.errors import StaleWeights
 from rl.generation import build_engine
@@ -63,7 +64,8 @@ class RolloutWorker:
         self.cfg = cfg
         self.index = index
         self.tokenizer = build_tokenizer(cfg.tokenizer)
-        self.model = build_policy_shell(cfg.model)  # no random init: `load_weights` fills it
+        self.placement = Placement.of(cfg.trainer.device)  # on cuda: the policy in bf16 on the GPU
+        self.model = self._policy_shell()  # no random init: `load_weights` fills it
         self.engine = build_engine(cfg.rollout, self.model, self.tokenizer, cfg.env.action_vocabulary)
         self.runner = EpisodeRunner(cfg.env, cfg.rollout, self.engine, self.tokenizer, cfg.sandbox)
         self.version = NO_WEIGHTS
@@ -92,10 +94,14 @@ class RolloutWorker:
             if version <= max(self.version, self._standby_version):
                 return self._standby_version
             if self._standby is None:
-                self._standby = build_policy_shell(self.cfg.model)
+                self._standby = self._policy_shell()
             self._standby.load_state_dict(state_dict)
             self._standby_version = version
         return version
+
+    def _policy_shell(self):
+        """An uninitialised policy on this worker's device, in its compute dtype (`rl.device.Placement`)."""
+        return self.placement.inference_policy(build_policy_shell(self.cfg.model))
 
     def _turn_version(self) -> int:
         """Called by the runner before each turn: swap in newer standby weights if a finished copy is
@@ -211,8 +217,12 @@ class LearnerActor(Learner):
 
     def publish(self) -> tuple[int, ray.ObjectRef]:
         """Put the current weights in the object store (once: ``ray.put`` serialises a copy, so the
-        state dict is not cloned first); returns ``(version, reference)``."""
-        return self.version, ray.put(self.model.state_dict())
+        state dict is not cloned first; from a GPU it is copied to the CPU, so that any worker can read
+        it); returns ``(version, reference)``."""
+        state = self.model.state_dict()
+        if self.placement.device.type != "cpu":
+            state = {k: v.detach().cpu() for k, v in state.items()}
+        return self.version, ray.put(state)
 
     def train_step(self, *shares: list[Episode]) -> tuple[dict[str, Any], int, ray.ObjectRef]:
         """One `Learner.train_step` on the episode lists concatenated in order (the driver passes the

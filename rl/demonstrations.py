@@ -75,6 +75,7 @@ class Demonstration:
 
     def to_json(self) -> dict[str, Any]:
         record = dataclasses.asdict(self.episode)
+        record.pop("routes")  # an expert's play has no routing record (and a tensor is no JSON)
         record.update(actions=self.actions, reward=self.reward, expert=self.expert, tokenizer=self.tokenizer)
         return record
 

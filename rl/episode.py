@@ -10,10 +10,17 @@ for an action token that is the version that sampled it. In async training (``tr
 episode in flight across a weight update continues with the new weights, so one episode can mix
 versions; the trainer's staleness bound looks at the oldest action token (`Episode.oldest_version`).
 `collate` ignores the versions: the learner needs only the sampling log-probs they go with.
+
+Routing replay: ``routes`` holds, for every action token in order, the experts the engine's routers chose
+where that token was sampled (`rl.generation.Generation.routes`: ``[n_action_tokens, n_moe_layers,
+top_k]``), or None when no engine recorded any. Action tokens appended without a record get rows of -1
+(no record). `collate` lays them out beside the log-probs (`Batch.routes`). An episode pickled before
+the field existed (an older in-flight checkpoint) reads back with ``routes`` None.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +41,9 @@ class Episode:
     success: bool = False
     truncated: bool = False
     error: str | None = None
+    # [n_action_tokens, n_moe_layers, top_k] experts that sampled each action token (-1: none recorded);
+    # None: no record at all. See the module docstring.
+    routes: torch.Tensor | None = None
 
     @property
     def first_observation(self) -> str:
@@ -63,14 +73,38 @@ class Episode:
         return max(self._action_versions(), default=None)
 
     def append(
-        self, ids: list[int], trained: bool, logprobs: list[float] | None = None, version: int = 0
+        self,
+        ids: list[int],
+        trained: bool,
+        logprobs: list[float] | None = None,
+        version: int = 0,
+        routes: torch.Tensor | None = None,
     ) -> None:
-        """Add ``ids``: action tokens (``trained``, with their sampling log-probs) or trainer-written
-        ones; ``version`` is the weights version in use (the one that sampled them, for actions)."""
+        """Add ``ids``: action tokens (``trained``, with their sampling log-probs and, when the engine
+        recorded them, their ``routes`` [len(ids), n_moe_layers, top_k]) or trainer-written ones;
+        ``version`` is the weights version in use (the one that sampled them, for actions)."""
+        if trained:
+            self._append_routes(len(ids), routes)
+        elif routes is not None:
+            raise ValueError("routes are recorded for action tokens only (trained=True)")
         self.tokens.extend(ids)
         self.action_mask.extend([1 if trained else 0] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
         self.versions.extend([version] * len(ids))
+
+    def _append_routes(self, n: int, routes: torch.Tensor | None) -> None:
+        """Rows for ``n`` new action tokens: ``routes``, or -1 rows (no record) once any record exists."""
+        if routes is not None and routes.shape[0] != n:
+            raise ValueError(f"routes has {routes.shape[0]} rows for {n} action tokens")
+        if routes is None and self.routes is None:
+            return
+        if self.routes is None:  # the first record: earlier action tokens had none
+            self.routes = torch.full((sum(self.action_mask), *routes.shape[1:]), -1, dtype=routes.dtype)
+        if routes is None:
+            routes = torch.full((n, *self.routes.shape[1:]), -1, dtype=self.routes.dtype)
+        elif routes.shape[1:] != self.routes.shape[1:]:
+            raise ValueError(f"routes of shape {list(routes.shape[1:])} after {list(self.routes.shape[1:])}")
+        self.routes = torch.cat([self.routes, routes.to(self.routes.dtype)])
 
     def fail(self, error: BaseException | str) -> None:
         self.error = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
@@ -112,6 +146,16 @@ class Batch:
     token_rewards: torch.Tensor  # [B, T-1] step rewards on the last action token of each step
     rewards: torch.Tensor  # [B] episode rewards
     weights: torch.Tensor  # [B] 1 usable, 0 failed
+    # [B, T-1, n_moe_layers, top_k] long: the rollout's experts for each predicted token (so, the experts
+    # of input position t for entry t), -1 where none was recorded; None when no episode has a record
+    routes: torch.Tensor | None = None
+
+    def to(self, device: torch.device) -> Batch:
+        """The same batch with every tensor on ``device`` (itself when they are there already)."""
+        if self.input_ids.device == device:
+            return self
+        moved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return Batch(**{k: v if v is None else v.to(device) for k, v in moved.items()})
 
 
 def collate(episodes: list[Episode], pad_id: int) -> Batch:
@@ -142,4 +186,27 @@ def collate(episodes: list[Episode], pad_id: int) -> Batch:
         token_rewards=tok_rew[:, 1:],
         rewards=torch.tensor([e.reward for e in episodes]),
         weights=torch.tensor([e.weight for e in episodes]),
+        routes=collate_routes(episodes, width),
     )
+
+
+def collate_routes(episodes: list[Episode], width: int) -> torch.Tensor | None:
+    """`Batch.routes` of ``episodes`` padded to ``width`` tokens, or None when none has a record."""
+    recorded = [e.routes for e in episodes if e.routes is not None]
+    if not recorded:
+        return None
+    shape = recorded[0].shape[1:]
+    if any(r.shape[1:] != shape for r in recorded):
+        shapes = sorted({tuple(r.shape[1:]) for r in recorded})
+        raise ValueError(f"episodes recorded routes of different shapes [layers, top_k]: {shapes}")
+    routes = torch.full((len(episodes), width, *shape), -1, dtype=torch.long)
+    for row, ep in enumerate(episodes):
+        if ep.routes is None:
+            continue
+        actions = torch.nonzero(torch.tensor(ep.action_mask, dtype=torch.bool)).flatten()
+        if len(actions) != len(ep.routes):
+            raise ValueError(
+                f"episode (seed {ep.seed}) has {len(ep.routes)} route rows for {len(actions)} action tokens"
+            )
+        routes[row, actions] = ep.routes.long()
+    return routes[:, 1:]

@@ -3,7 +3,8 @@
 ``TorchEngine`` (default, CPU or one GPU) runs the K3 policy in inference mode: one left-padded prefill
 of every active episode's token ids, then token-by-token decoding with the model's cache until each row
 emits the end-of-turn token or ``max_new_tokens`` is reached. The exact sampled ids and their sampling
-log-probs are returned (token in, token out), with per-layer expert loads for balancing metrics.
+log-probs are returned (token in, token out), with the experts each sampled token was produced with
+(``Generation.routes``, for routing replay in the learner) and per-layer expert loads for balancing metrics.
 
 Each turn re-prefills the whole episode so far (the model's short convolutions cannot skip padding in the
 middle of a cached sequence, and episodes' observations differ in length). For the short contexts of
@@ -26,11 +27,43 @@ from rl.tokenizer import Tokenizer
 
 @dataclass
 class Generation:
-    """What the policy produced for one episode in one turn."""
+    """What the policy produced for one episode in one turn.
+
+    ``routes`` (routing replay, R3) is the contract every engine fills the same way: an integer tensor
+    (int16, or int32 for more than 32767 experts) on the CPU of shape ``[len(token_ids), n_moe_layers,
+    top_k]``. Row ``j`` holds, for every MoE layer of the model in layer order, the ``top_k`` expert ids
+    the router chose at the forward position whose logits sampled ``token_ids[j]``: the context's last
+    token for ``j = 0`` (its prefill), the previously generated token ``token_ids[j-1]`` after that (its
+    decode step). That is the position the learner computes the token's log-prob from, and the episode
+    keeps the row with the token (`rl.episode.Episode.routes`). The order of the ``top_k`` ids does not
+    matter (they are compared and replayed as a set). None: the engine recorded no routing (the learner
+    then routes those tokens itself and leaves them out of the routing-mismatch metric). An engine that
+    sees the whole sequence's routing at once (e.g. one that returns the routed experts of every
+    position, prompt included) takes the rows of positions ``len(context) - 1`` to
+    ``len(context) + len(token_ids) - 2``.
+    """
 
     token_ids: list[int]
     logprobs: list[float]
     ended: bool  # emitted the end-of-turn token (else it hit max_new_tokens)
+    routes: torch.Tensor | None = None  # [len(token_ids), n_moe_layers, top_k]; see the class docstring
+
+
+def route_dtype(num_experts: int) -> torch.dtype:
+    """The integer dtype of recorded expert ids: int16 while they fit, else int32."""
+    return torch.int16 if num_experts <= torch.iinfo(torch.int16).max else torch.int32
+
+
+def last_token_routes(router_stats, lengths: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The experts used at the last real token of each row: ``[rows, n_moe_layers, top_k]`` on the CPU.
+
+    ``router_stats`` are a forward's (real tokens only, rows one after another); ``lengths`` [rows] the
+    real tokens of each row (left padding, so each row's last token is its last real one)."""
+    last = torch.cumsum(lengths, 0) - 1
+    if not router_stats:
+        return torch.empty((len(lengths), 0, 0), dtype=dtype)
+    rows = [stats.ids[last.to(stats.ids.device)] for stats in router_stats]
+    return torch.stack(rows, dim=1).to("cpu", dtype)
 
 
 MASKED_LOGIT = -1e9  # finite, so that masked entries give exp() = 0 and 0 * logit = 0 (no NaN)
@@ -69,13 +102,15 @@ class TorchEngine:
         self.tokenizer = tokenizer
         self.temperature = temperature
         self.disallowed = disallowed_tokens(tokenizer, action_vocabulary, model.config.vocab_size)
+        self.route_dtype = route_dtype(model.config.num_experts)
         self.expert_loads: dict[int, torch.Tensor] = {}  # layer -> tokens routed to each expert
 
     @torch.inference_mode()
     def generate(
         self, contexts: list[list[int]], max_new_tokens: int, generator: torch.Generator
     ) -> list[Generation]:
-        """Sample up to ``max_new_tokens`` for each context (all run as one batch)."""
+        """Sample up to ``max_new_tokens`` for each context (all run as one batch), recording the experts
+        each sampled token was produced with (`Generation.routes`)."""
         if not contexts:
             return []
         self.model.eval()
@@ -87,15 +122,19 @@ class TorchEngine:
         for row, context in enumerate(contexts):
             ids[row, width - len(context) :] = torch.tensor(context, dtype=torch.long)
             mask[row, width - len(context) :] = 1
+        device = next(self.model.parameters()).device
         cache = self.model.new_cache(batch)
-        out = self.model(ids, attention_mask=mask, cache=cache)
+        out = self.model(ids.to(device), attention_mask=mask.to(device), cache=cache)
         self._record_loads(out.router_stats)
+        step_routes = last_token_routes(out.router_stats, mask.sum(1), self.route_dtype)
+        ones = torch.ones(batch, dtype=torch.long)
         tokens: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]
+        routes: list[list[torch.Tensor]] = [[] for _ in range(batch)]
         done = torch.zeros(batch, dtype=torch.bool)
         end = self.tokenizer.end_id
         for step in range(max_new_tokens):
-            logits = out.logits[:, -1].float() / self.temperature
+            logits = out.logits[:, -1].float().cpu() / self.temperature  # sampled on the CPU (its generator)
             if self.disallowed is not None:
                 logits = logits.masked_fill(self.disallowed, MASKED_LOGIT)
             logp = torch.log_softmax(logits, dim=-1)
@@ -104,12 +143,17 @@ class TorchEngine:
             for row in torch.nonzero(~done).flatten().tolist():
                 tokens[row].append(int(sampled[row]))
                 logprobs[row].append(float(chosen[row]))
+                routes[row].append(step_routes[row])
             done |= sampled == end
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
-            out = self.model(sampled[:, None], cache=cache)
+            out = self.model(sampled[:, None].to(device), cache=cache)
             self._record_loads(out.router_stats)
-        return [Generation(t, lp, bool(t and t[-1] == end)) for t, lp in zip(tokens, logprobs, strict=True)]
+            step_routes = last_token_routes(out.router_stats, ones, self.route_dtype)
+        return [
+            Generation(t, lp, bool(t and t[-1] == end), torch.stack(r) if r else step_routes[:0])
+            for t, lp, r in zip(tokens, logprobs, routes, strict=True)
+        ]
 
     def _record_loads(self, router_stats) -> None:
         for stats in router_stats:

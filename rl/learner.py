@@ -10,6 +10,12 @@ optional KL to a frozen reference, value loss, entropy bonus → optimizer step 
 balancing** of every MoE router's bias from the router scores of the tokens that step trained on, with
 the step's MaxVio per layer logged → a new weights version.
 
+Routing replay (``algo.routing_replay``, see ``rl.routing``): the forward passes route each generated
+token to the experts the rollout recorded for it; the routing mismatch against the record is logged
+every step, with or without replay, beside ``rollout_logprob_gap``. Device (``trainer.device``, see
+``rl.device``): on CUDA the fp32 weights and AdamW state live on the GPU and the forward runs under bf16
+autocast.
+
 `Learner` is a plain class (tested directly); ``rl.actors`` wraps it as a Ray actor.
 """
 
@@ -42,11 +48,13 @@ from rl.algos import (
 )
 from rl.checkpoints import LEARNER_STATE, POLICY
 from rl.config import AlgoConfig, RunConfig
+from rl.device import Placement
 from rl.episode import Batch, Episode, collate
 from rl.generation import MASKED_LOGIT, disallowed_tokens
 from rl.init_weights import load_init_weights
 from rl.optim import build_optimizer, optimizer_step
 from rl.policy import build_policy
+from rl.routing import recorded_routes, routing_mismatch
 from rl.seeds import maxvio_floor_seed
 from rl.tokenizer import build_tokenizer
 
@@ -55,10 +63,14 @@ class Learner:
     """Holds the policy, optimizer and schedule; see the module docstring.
 
     ``cfg`` is the whole checked run config (``algo``, ``model``, ``rollout``, ``tokenizer``, ``seed``).
+    ``placement``: where the policy runs and its compute dtype (default: `rl.device.Placement` of
+    ``trainer.device``).
     """
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, placement: Placement | None = None) -> None:
         self.cfg = cfg
+        self.placement = placement or Placement.of(cfg.trainer.device)
+        device = self.placement.device
         self.algo: AlgoConfig = cfg.algo
         tokenizer = build_tokenizer(cfg.tokenizer)
         self.pad_id = tokenizer.pad_id
@@ -66,11 +78,13 @@ class Learner:
         self.disallowed = disallowed_tokens(tokenizer, cfg.env.action_vocabulary, cfg.model.vocab_size)
         self.model = build_policy(cfg.model, cfg.seed)
         load_init_weights(self.model, cfg.model)  # model.init_from: a checkpoint's weights, if set
+        self.model.to(device)  # fp32 master weights (no-op on the CPU)
         self.value_head: nn.Linear | None = None
         if self.algo.advantage == "gae":
             self.value_head = nn.Linear(self.model.config.hidden_size, 1)
             nn.init.zeros_(self.value_head.weight)
             nn.init.zeros_(self.value_head.bias)
+            self.value_head.to(device)
         self.reference: K3ForCausalLM | None = None
         if self.algo.kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -120,17 +134,27 @@ class Learner:
         return logits.masked_fill(where, MASKED_LOGIT)
 
     def _forward(self, batch: Batch, rows: torch.Tensor | slice = slice(None)):
-        """Policy log-probs, values (PPO), logits and router stats of ``batch[rows]``."""
+        """Policy log-probs, values (PPO), logits and router stats of ``batch[rows]`` (with the rollout's
+        routing replayed where recorded, under ``algo.routing_replay``)."""
         mask = batch.action_mask[rows]
-        out = self.model(
-            batch.input_ids[rows],
-            attention_mask=batch.attention_mask[rows],
-            return_hidden=self.value_head is not None,
-        )
+        replay = self.algo.routing_replay and batch.routes is not None
+        with self.placement.autocast():
+            out = self.model(
+                batch.input_ids[rows],
+                attention_mask=batch.attention_mask[rows],
+                return_hidden=self.value_head is not None,
+                routes=recorded_routes(batch.routes[rows]) if replay else None,
+            )
+            values = None
+            if self.value_head is not None:
+                values = self.value_head(out.hidden[:, :-1]).squeeze(-1).float()
         logits = self.action_logits(out.logits[:, :-1], mask)
         logp = token_log_probs(logits, batch.input_ids[rows][:, 1:])
-        values = self.value_head(out.hidden[:, :-1]).squeeze(-1) if self.value_head is not None else None
         return logp, values, logits, out.router_stats
+
+    def _batch(self, episodes: list[Episode]) -> Batch:
+        """`collate` of ``episodes``, on the learner's device."""
+        return collate(episodes, self.pad_id).to(self.placement.device)
 
     def train_step(self, episodes: list[Episode]) -> dict[str, float]:
         """Optimizer step(s) on ``episodes`` (laid out group after group); returns metrics.
@@ -142,7 +166,7 @@ class Learner:
         """
         self.model.train()
         algo = self.algo
-        batch = collate(episodes, self.pad_id)
+        batch = self._batch(episodes)
         if algo.advantage != "gae" and algo.filter_zero_variance_groups:
             keep = ~zero_variance_groups(batch.rewards, algo.group_size)
             batch.action_mask = batch.action_mask * keep[:, None].float()
@@ -151,9 +175,13 @@ class Learner:
         if single:
             first = self._forward(batch)
             old_logp, old_values = first[0].detach(), None if first[1] is None else first[1].detach()
+            first_router_stats = first[3]
         else:
             with torch.no_grad():
-                old_logp, old_values, _, _ = self._forward(batch)
+                old_logp, old_values, _, first_router_stats = self._forward(batch)
+        routing = {}  # the learner's own routing vs the rollout's, before this batch's updates
+        if batch.routes is not None:
+            routing = routing_mismatch(first_router_stats, batch.attention_mask, batch.routes)
         advantages, returns = self.advantages(batch, old_values)
         is_weights = None
         if algo.tis_cap is not None:
@@ -187,6 +215,7 @@ class Learner:
         self.version += 1
         mask = batch.action_mask
         metrics["rollout_logprob_gap"] = masked_mean((old_logp - batch.rollout_logprobs).abs(), mask).item()
+        metrics.update(routing)
         if is_weights is not None:  # π_prox / π_behav: how far off-policy the batch was
             metrics["is_weight_mean"] = masked_mean(is_weights, mask).item()
             metrics["is_truncated_fraction"] = masked_mean((is_weights >= algo.tis_cap).float(), mask).item()
@@ -218,7 +247,7 @@ class Learner:
             metrics["value_loss"] = value_loss.item()
         kl = torch.zeros(())
         if self.reference is not None:
-            with torch.no_grad():
+            with torch.no_grad(), self.placement.autocast():
                 ref_logits = self.reference(
                     batch.input_ids[rows], attention_mask=batch.attention_mask[rows]
                 ).logits
@@ -249,7 +278,7 @@ class Learner:
         router would show on them, given that tokens with one shared prefix route together. Drawn from
         its own generator (seeded by run seed and step), so logging it leaves the run's RNG alone."""
         config = self.model.config
-        lumps = prefix_multiplicities(batch.input_ids[rows], batch.attention_mask[rows])
+        lumps = prefix_multiplicities(batch.input_ids[rows].cpu(), batch.attention_mask[rows].cpu())
         generator = torch.Generator().manual_seed(maxvio_floor_seed(self.cfg.seed, self.steps))
         return maxvio_floor(lumps, config.num_experts, config.num_experts_per_token, generator)
 

@@ -584,7 +584,9 @@ class EpisodeRunner:
             stats.generate_s += time.perf_counter() - t
             actions, last_action_token = [], {}
             for i, gen in zip(active, generations, strict=True):
-                episodes[i].append(gen.token_ids, trained=True, logprobs=gen.logprobs, version=version)
+                episodes[i].append(
+                    gen.token_ids, trained=True, logprobs=gen.logprobs, version=version, routes=gen.routes
+                )
                 last_action_token[i] = len(episodes[i].tokens) - 1
                 if not gen.ended:
                     episodes[i].append([tok.end_id], trained=False, version=version)

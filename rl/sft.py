@@ -32,7 +32,7 @@ from rl.algos import sft_loss
 from rl.checkpoints import TrainerState, read_checkpoint, write_checkpoint
 from rl.config import RunConfig
 from rl.demonstrations import Demonstration, read_demonstrations
-from rl.episode import Episode, collate
+from rl.episode import Episode
 from rl.generation import MASKED_LOGIT
 from rl.learner import Learner
 from rl.metrics import MetricsLogger
@@ -72,8 +72,9 @@ class SFTLearner(Learner):
     def sft_step(self, episodes: list[Episode]) -> dict[str, float]:
         """One optimizer step of cross-entropy on the action tokens of ``episodes``; returns metrics."""
         self.model.train()
-        batch = collate(episodes, self.pad_id)
-        out = self.model(batch.input_ids, attention_mask=batch.attention_mask)
+        batch = self._batch(episodes)
+        with self.placement.autocast():
+            out = self.model(batch.input_ids, attention_mask=batch.attention_mask)
         logits = self.masked_logits(out.logits[:, :-1], batch.action_mask)
         loss, stats = sft_loss(logits, batch.input_ids[:, 1:], batch.action_mask)
         lr = self.scheduler.get_last_lr()[0]  # the lr this step uses
@@ -96,8 +97,9 @@ class SFTLearner(Learner):
         self.model.eval()
         loss_sum = correct = tokens = 0.0
         for start in range(0, len(episodes), batch_size):
-            batch = collate(episodes[start : start + batch_size], self.pad_id)
-            out = self.model(batch.input_ids, attention_mask=batch.attention_mask)
+            batch = self._batch(episodes[start : start + batch_size])
+            with self.placement.autocast():
+                out = self.model(batch.input_ids, attention_mask=batch.attention_mask)
             logits = self.masked_logits(out.logits[:, :-1], batch.action_mask)
             loss, stats = sft_loss(logits, batch.input_ids[:, 1:], batch.action_mask)
             loss_sum += loss.item() * stats.tokens

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,8 @@ from rl.actors import LearnerActor
 from rl.async_rollout import AsyncRollouts
 from rl.checkpoints import TrainerState, read_checkpoint, write_checkpoint
 from rl.config import RunConfig
+from rl.config.checks import check_device
+from rl.device import learner_options, resolve_device
 from rl.errors import TooManyFailures
 from rl.inflight import load_record
 from rl.metrics import MetricsLogger
@@ -84,10 +86,23 @@ def rollout_balance_metrics(loads: dict[int, torch.Tensor]) -> dict[str, Any]:
     return out
 
 
+def with_resolved_device(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with ``trainer.device`` resolved to ``cpu`` or ``cuda`` (`rl.device.resolve_device`), so the
+    actors and Ray's GPU requests agree; an ``auto`` that resolves to cuda is checked as an explicit one."""
+    device = resolve_device(cfg.trainer.device)
+    if device == cfg.trainer.device:
+        return cfg
+    resolved = replace(cfg, trainer=replace(cfg.trainer, device=device))
+    if device == "cuda":
+        check_device(resolved)
+    return resolved
+
+
 class Trainer:
     """Runs one RL training job from a checked `RunConfig` (see ``rl.config``)."""
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path) -> None:
+        cfg = with_resolved_device(cfg)
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.rollout_cfg, self.tcfg = cfg.rollout, cfg.trainer
@@ -228,9 +243,7 @@ class Trainer:
 
             if orphans := close_orphans():
                 log.info("closed %d sandboxes left by a killed run's rollout workers", len(orphans))
-        learner_cls = ray.remote(LearnerActor).options(
-            num_cpus=self.tcfg.learner_cpus, resources=dict(self.tcfg.learner_resources)
-        )
+        learner_cls = ray.remote(LearnerActor).options(**learner_options(self.cfg))
         self.learner = learner_cls.remote(self.cfg)
         self.workers = RolloutWorkers.start(self.cfg)
 

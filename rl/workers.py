@@ -15,6 +15,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from rl.actors import NO_WEIGHTS, rollout_worker_actor
 from rl.config import RunConfig
+from rl.device import worker_options
 from rl.errors import RolloutWorkerLost, StaleWeights
 from rl.rollout import RolloutStats
 from rl.sandbox_hosts import worker_environment
@@ -58,15 +59,9 @@ class RolloutWorkers:
     @classmethod
     def start(cls, cfg: RunConfig) -> RolloutWorkers:
         """Create ``rollout.num_workers`` actors (Ray constructs them in parallel; they hold no weights until
-        `load`), placed as ``trainer.worker_resources``/``worker_placement`` say."""
-        options: dict[str, Any] = {
-            "num_cpus": cfg.rollout.worker_cpus,
-            "max_restarts": cfg.rollout.max_worker_restarts,
-            "resources": dict(cfg.trainer.worker_resources),
-        }
-        if cfg.trainer.worker_placement == "spread":
-            options["scheduling_strategy"] = "SPREAD"
-        actor_cls = rollout_worker_actor().options(**options)
+        `load`), placed as ``trainer.worker_resources``/``worker_placement`` say, with a GPU share on cuda
+        (`rl.device.worker_options`)."""
+        actor_cls = rollout_worker_actor().options(**worker_options(cfg))
         environment = worker_environment(cfg.sandbox)  # the sandbox hosts' key, if any
         actors = [actor_cls.remote(cfg, i, environment) for i in range(cfg.rollout.num_workers)]
         return cls(actors, cfg.rollout.max_worker_restarts)

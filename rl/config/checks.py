@@ -183,6 +183,31 @@ def check_resources(cfg) -> None:
         )
 
 
+def check_device(cfg) -> None:
+    """``trainer.device=cuda``: torch sees a GPU here and, with local Ray, as many as the learner's and the
+    workers' shares add up to. Torch is imported only for that setting (``auto`` resolves in the trainer,
+    which runs this check again with the resolved device)."""
+    trainer = cfg.trainer
+    if trainer.device != "cuda":
+        return
+    import torch
+
+    from rl.device import DeviceUnavailable, resolve_device
+
+    try:
+        resolve_device("cuda")
+    except DeviceUnavailable as exc:
+        raise ConfigError(f"trainer.device: {exc}") from None
+    needed = trainer.learner_gpus + cfg.rollout.num_workers * trainer.worker_gpus
+    have = torch.cuda.device_count()
+    if trainer.ray_address is None and needed > have:
+        _fail(
+            "trainer.worker_gpus",
+            f"the learner ({trainer.learner_gpus} GPU) and {cfg.rollout.num_workers} worker(s) of "
+            f"{trainer.worker_gpus} GPU need {needed} GPUs but this host has {have}",
+        )
+
+
 def check_trainer(cfg) -> None:
     """Async mode corrects for the behaviour policy with the truncated IS weight (``algo.tis_cap``)."""
     if cfg.trainer.mode == "async" and cfg.algo.tis_cap is None:
@@ -202,5 +227,6 @@ def check_run(cfg) -> None:
     check_rollout(cfg.rollout)
     check_sandbox_hosts(cfg)
     check_resources(cfg)
+    check_device(cfg)
     check_trainer(cfg)
     check_optim(cfg.sft.optim, "sft.optim")

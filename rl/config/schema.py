@@ -63,6 +63,9 @@ class AlgoConfig:
     minibatches: int = required(ge=1)
     optim: OptimConfig = MISSING
     balance_rate: float = required(gt=0, le=1)
+    # routing replay (R3): the learner's forward uses the experts the rollout engine recorded for each
+    # generated token instead of its own routing (the gate weights still come from its own router)
+    routing_replay: bool = required()
     # PPO (advantage: gae) only; required there (see checks.check_algo).
     gamma: float | None = optional(ge=0, le=1)
     lam: float | None = optional(ge=0, le=1)
@@ -149,6 +152,11 @@ class TrainerConfig:
     learner_resources: dict[str, float] = required()
     worker_resources: dict[str, float] = required()
     worker_placement: str = required(choices=("default", "spread"))  # Ray's DEFAULT or SPREAD scheduling
+    # where the learner and the rollout workers run the policy (rl.device): auto = cuda when torch sees a
+    # GPU, else cpu. On cuda each actor asks Ray for its share of a GPU and the policy runs in bf16
+    device: str = required(choices=("auto", "cpu", "cuda"))
+    learner_gpus: float = required(gt=0, le=1)  # GPUs Ray reserves for the learner (device cuda only)
+    worker_gpus: float = required(gt=0, le=1)  # GPUs Ray reserves for each rollout worker (device cuda only)
 
 
 @dataclass

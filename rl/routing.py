@@ -1,0 +1,68 @@
+"""Routing replay (R3) on the learner's side: the rollout's recorded experts as a forward's override, and
+how often the learner's own routing differs from them.
+
+MoE RL drifts apart when the rollout engine and the learner send the same token to different experts:
+the learner then trains a different computation than the one that sampled the token (Megatron-LM's and
+slime's "Rollout Routing Replay"). The rollout engine records, for every generated token, the experts of
+each MoE layer at the position that sampled it (`rl.generation.Generation.routes`); `Batch.routes` lays
+them out on the batch's input positions. With ``algo.routing_replay`` the learner's forward uses them
+(`recorded_routes`); either way the learner logs `routing_mismatch`: the share of generated tokens whose
+own top-k set differs from the record, per MoE layer (``routing_mismatch/layerN``), their mean over the
+layers (``routing_mismatch``) and the share that differ in any layer (``routing_mismatch_any``). With
+replay on, the router's own choice is still computed in the same forward (`RouterStats.own_ids`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from model.k3 import RecordedRoutes
+from model.moe import RouterStats
+
+
+def recorded_mask(routes: torch.Tensor) -> torch.Tensor:
+    """[B, T] bool: the positions of ``routes`` [B, T, n_moe_layers, top_k] that hold a record (no -1)."""
+    if not routes.shape[2]:  # a model without MoE layers
+        return torch.zeros(routes.shape[:2], dtype=torch.bool, device=routes.device)
+    return (routes >= 0).flatten(2).all(-1)
+
+
+def recorded_routes(routes: torch.Tensor) -> RecordedRoutes:
+    """The forward override of input ids [B, T] from `Batch.routes` [B, T-1, L, k] (records of input
+    positions 0..T-2; the last position predicts nothing and routes by itself)."""
+    last = torch.full_like(routes[:, :1], -1)
+    ids = torch.cat([routes, last], dim=1)
+    return RecordedRoutes(ids, recorded_mask(ids))
+
+
+def own_routing(router_stats: list[RouterStats], attention_mask: torch.Tensor) -> torch.Tensor:
+    """The learner's own top-k of every input position: [B, T, n_moe_layers, top_k] (-1 on padding).
+
+    ``router_stats`` hold the real tokens only, row after row; ``attention_mask`` [B, T] says which."""
+    real = attention_mask.bool().reshape(-1)
+    layers = []
+    for stats in router_stats:
+        ids = torch.full((real.numel(), stats.own_ids.shape[-1]), -1, dtype=torch.long, device=real.device)
+        ids[real] = stats.own_ids.to(real.device)
+        layers.append(ids.view(*attention_mask.shape, -1))
+    return torch.stack(layers, dim=2)
+
+
+def routing_mismatch(
+    router_stats: list[RouterStats], attention_mask: torch.Tensor, routes: torch.Tensor
+) -> dict[str, float]:
+    """The mismatch metrics (module docstring) of one forward over a batch with `Batch.routes` ``routes``;
+    {} when no token has a record (an engine that records none) or the model has no MoE layer."""
+    mask = recorded_mask(routes)
+    if not router_stats or not bool(mask.any()):
+        return {}
+    own = own_routing(router_stats, attention_mask)[:, :-1][mask]  # [n, L, k], the recorded positions
+    recorded = routes[mask].to(own.device)
+    differs = (own.sort(-1).values != recorded.sort(-1).values).any(-1)  # [n, L] top-k sets differ
+    per_layer = differs.float().mean(0)
+    layers = [stats.layer for stats in router_stats]
+    metrics = {f"routing_mismatch/layer{n}": float(v) for n, v in zip(layers, per_layer, strict=True)}
+    metrics["routing_mismatch"] = float(per_layer.mean())
+    metrics["routing_mismatch_any"] = float(differs.any(-1).float().mean())
+    metrics["routing_recorded_tokens"] = float(mask.sum())
+    return metrics
