@@ -51,7 +51,7 @@ def rollout_throughput(overrides: list[str], groups: int, repeats: int) -> dict:
     """Env steps/s of `EpisodeRunner` (after one warm-up run that creates the sandboxes)."""
     import torch
 
-    from rl.generation import build_engine
+    from rl.engines import build_engine
     from rl.policy import build_policy
     from rl.rollout import EpisodeRunner
     from rl.tokenizer import build_tokenizer

@@ -97,22 +97,38 @@ class KimiDeltaAttention(nn.Module):
         pre = self.g_proj(x) if hasattr(self, "g_proj") else self.g_b_proj(self.g_a_proj(x))
         return pre.unflatten(-1, (self.num_heads, self.head_dim))
 
+    def short_convs(
+        self, x: torch.Tensor, tails: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """(q, k, v [B, T, C] after projection, short conv and SiLU; the new conv tails "q"/"k"/"v"
+        [B, C, kernel-1]); ``tails`` holds the previous ones (missing = zeros: a fresh sequence)."""
+        q, tq = self.q_conv1d(self.q_proj(x), tails.get("q"))
+        k, tk = self.k_conv1d(self.k_proj(x), tails.get("k"))
+        v, tv = self.v_conv1d(self.v_proj(x), tails.get("v"))
+        return q, k, v, {"q": tq, "k": tk, "v": tv}
+
+    def kernel_inputs(
+        self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The KDA kernel's (q, k, v [B, T, H, d] with q, k L2-normalised; g [B, T, H, dk]; beta [B, T, H])
+        from the layer input x [B, T, d] and the conv outputs."""
+        heads = (self.num_heads, self.head_dim)
+        q = l2_normalize(q.unflatten(-1, heads))
+        k = l2_normalize(k.unflatten(-1, heads))
+        return q, k, v.unflatten(-1, heads), self.decay(x), torch.sigmoid(self.b_proj(x).float())
+
+    def output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The kernel output o [B, T, H, dv] -> y [B, T, d]: gated head norm, then o_proj."""
+        return self.o_proj(self.o_norm(o, self.output_gate(x)).flatten(-2))
+
     def forward(
         self, x: torch.Tensor, valid: torch.Tensor | None = None, cache: KDALayerCache | None = None
     ) -> torch.Tensor:
         """x [B, T, d]; valid [B, T] bool (None = no padding); cache updated in place when given."""
         if valid is not None:
             x = x * valid.unsqueeze(-1).to(x.dtype)
-        tails = cache.conv_tails if cache is not None else {}
-        q, tq = self.q_conv1d(self.q_proj(x), tails.get("q"))
-        k, tk = self.k_conv1d(self.k_proj(x), tails.get("k"))
-        v, tv = self.v_conv1d(self.v_proj(x), tails.get("v"))
-        heads = (self.num_heads, self.head_dim)
-        q = l2_normalize(q.unflatten(-1, heads))
-        k = l2_normalize(k.unflatten(-1, heads))
-        v = v.unflatten(-1, heads)
-        g = self.decay(x)
-        beta = torch.sigmoid(self.b_proj(x).float())
+        q, k, v, tails = self.short_convs(x, cache.conv_tails if cache is not None else {})
+        q, k, v, g, beta = self.kernel_inputs(x, q, k, v)
         if valid is not None:
             g = g * valid.unsqueeze(-1).unsqueeze(-1)
             beta = beta * valid.unsqueeze(-1)
@@ -121,6 +137,5 @@ class KimiDeltaAttention(nn.Module):
         o, final = kernel(q, k, v, g, beta, initial_state=state, output_final_state=cache is not None)
         if cache is not None:
             cache.state = final
-            cache.conv_tails = {"q": tq, "k": tk, "v": tv}
-        o = self.o_norm(o, self.output_gate(x))
-        return self.o_proj(o.flatten(-2))
+            cache.conv_tails = tails
+        return self.output(o, x)

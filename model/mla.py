@@ -83,6 +83,10 @@ class MultiHeadLatentAttention(nn.Module):
             o = self._attend_absorbed(q, latent, mask)
         else:
             o = self._attend_expanded(q, c_kv, k_extra, mask)
+        return self.output(o, x)
+
+    def output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Per-head attention output o [B, T, H, v] -> y [B, T, d]: the sigmoid output gate, then o_proj."""
         o = o.flatten(-2)  # [B, T, H*v]
         if self.g_proj is not None:
             o = o * torch.sigmoid(self.g_proj(x))
@@ -99,12 +103,19 @@ class MultiHeadLatentAttention(nn.Module):
         allowed = causal & (key_valid[:, None, :] | (kpos == qpos))  # [B, T, S]
         return allowed.unsqueeze(1)
 
-    def _attend_expanded(self, q, c_kv, k_extra, mask) -> torch.Tensor:
-        """Standard form: expand per-head keys and values from the latent. q [B,T,H,qk] -> [B,T,H,v]."""
-        B, S, _ = c_kv.shape
+    def expanded_keys_values(
+        self, c_kv: torch.Tensor, k_extra: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head keys [..., S, H, nope + extra] and values [..., S, H, v] from the latents
+        c_kv [..., S, kv_lora] and k_extra [..., S, extra] (the shared extra dims copied to every head)."""
         kv = self.kv_b_proj(c_kv).unflatten(-1, (self.num_heads, self.nope + self.v_dim))
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
-        k = torch.cat([k_nope, k_extra.unsqueeze(2).expand(B, S, self.num_heads, self.extra)], dim=-1)
+        extra = k_extra.unsqueeze(-2).expand(*k_nope.shape[:-1], self.extra)
+        return torch.cat([k_nope, extra], dim=-1), v
+
+    def _attend_expanded(self, q, c_kv, k_extra, mask) -> torch.Tensor:
+        """Standard form: expand per-head keys and values from the latent. q [B,T,H,qk] -> [B,T,H,v]."""
+        k, v = self.expanded_keys_values(c_kv, k_extra)
         o = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=self.scale
         )

@@ -18,6 +18,11 @@ version to `RolloutWorker.offer_weights`, which runs in the actor's own ``weight
 beside the running rollout: Ray fetches the state dict and it is copied into a standby policy there.
 Before each turn the rollout swaps the standby in if it is newer (a pointer swap, and never a wait on a
 copy in progress), so env stepping and generation are not stalled by weight loading at all.
+
+``rollout=vllm``: the worker's vLLM engine (`rl.vllm.engine.VllmEngine`) holds the weights, not a torch copy
+of the policy. Each version is pushed into the running engine (`load_weights`; in async mode the offered
+state dict is kept and pushed before the next turn, when no generation runs), and before a batch is
+accepted the worker asks the engine which version it really holds (`VllmEngine.require_version`).
 """
 
 from __future__ import annotations
@@ -31,9 +36,9 @@ import torch
 
 from rl.config import RunConfig
 from rl.device import Placement
+from rl.engines import build_engine
 from rl.episode import Episode
 from rl.errors import StaleWeights
-from rl.generation import build_engine
 from rl.inflight import InFlightRollout
 from rl.learner import Learner
 from rl.policy import build_policy_shell
@@ -67,6 +72,10 @@ class RolloutWorker:
         self.placement = Placement.of(cfg.trainer.device)  # on cuda: the policy in bf16 on the GPU
         self.model = self._policy_shell()  # no random init: `load_weights` fills it
         self.engine = build_engine(cfg.rollout, self.model, self.tokenizer, cfg.env.action_vocabulary)
+        # rollout=vllm: the engine holds the weights (pushed into it), not a torch copy of the policy
+        self.engine_holds_weights = cfg.rollout.engine == "vllm"
+        if self.engine_holds_weights:
+            self.model = None
         self.runner = EpisodeRunner(cfg.env, cfg.rollout, self.engine, self.tokenizer, cfg.sandbox)
         self.version = NO_WEIGHTS
         self._standby = None  # async: the policy copy newer weights are loaded into, off the rollout
@@ -81,7 +90,10 @@ class RolloutWorker:
             raise StaleWeights(
                 f"worker {self.index} holds weights v{self.version}; refusing older v{version}"
             )
-        self.model.load_state_dict(state_dict)
+        if self.engine_holds_weights:
+            self.engine.load_weights(version, state_dict)
+        else:
+            self.model.load_state_dict(state_dict)
         self.version = version
         return version
 
@@ -93,9 +105,12 @@ class RolloutWorker:
         with self._standby_lock:
             if version <= max(self.version, self._standby_version):
                 return self._standby_version
-            if self._standby is None:
-                self._standby = self._policy_shell()
-            self._standby.load_state_dict(state_dict)
+            if self.engine_holds_weights:  # kept as is: pushed into the engine between two turns
+                self._standby = state_dict
+            else:
+                if self._standby is None:
+                    self._standby = self._policy_shell()
+                self._standby.load_state_dict(state_dict)
             self._standby_version = version
         return version
 
@@ -108,7 +123,11 @@ class RolloutWorker:
         there (a copy in progress is not waited for: this turn keeps the current weights)."""
         if self._standby_version > self.version and self._standby_lock.acquire(blocking=False):
             try:
-                if self._standby_version > self.version:
+                if self._standby_version > self.version and self.engine_holds_weights:
+                    self.engine.load_weights(self._standby_version, self._standby)  # no generation runs now
+                    self._standby = None
+                    self.version = self._standby_version
+                elif self._standby_version > self.version:
                     self.model, self._standby = self._standby, self.model
                     self.engine.model = self.model
                     self.version = self._standby_version
@@ -149,6 +168,8 @@ class RolloutWorker:
     def _check_weights(self) -> None:
         if self.version == NO_WEIGHTS:
             raise StaleWeights(f"worker {self.index} holds no weights yet")
+        if self.engine_holds_weights:
+            self.engine.require_version(self.version)  # what the engine really holds, not what it was sent
 
     def _returned(self, episodes: list[Episode], stats: RolloutStats, group_size: int, call: int | None):
         """``((version, stats, expert loads), group 0, group 1, ...)`` of a finished rollout call."""

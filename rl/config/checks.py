@@ -104,12 +104,14 @@ def check_env(env) -> None:
 def check_rollout(rollout) -> None:
     """The engine can run here and the pool overrides are valid `PoolSettings` keys."""
     if rollout.engine == "vllm":
-        from rl.generation import EngineUnavailable, check_vllm_available
+        from rl.engines import EngineUnavailable, check_vllm_available
 
         try:
             check_vllm_available()
         except EngineUnavailable as exc:
             raise ConfigError(f"rollout.engine: {exc}") from None
+        if rollout.vllm is None:
+            _fail("rollout.vllm", "rollout.engine=vllm needs the vllm block of conf/rollout/vllm.yaml")
     from agentenv.pool import PoolSettings
 
     try:
@@ -208,6 +210,16 @@ def check_device(cfg) -> None:
         )
 
 
+def check_vllm_lengths(cfg) -> None:
+    """``rollout=vllm``: one request (an episode's context and its next action) fits the engine."""
+    if cfg.rollout.engine == "vllm" and cfg.rollout.vllm.max_model_len < cfg.env.max_episode_tokens:
+        _fail(
+            "rollout.vllm.max_model_len",
+            f"{cfg.rollout.vllm.max_model_len} tokens cannot hold an episode of env.max_episode_tokens="
+            f"{cfg.env.max_episode_tokens}",
+        )
+
+
 def check_trainer(cfg) -> None:
     """Async mode corrects for the behaviour policy with the truncated IS weight (``algo.tis_cap``)."""
     if cfg.trainer.mode == "async" and cfg.algo.tis_cap is None:
@@ -225,6 +237,7 @@ def check_run(cfg) -> None:
     check_env(cfg.env)
     check_sandbox(cfg.sandbox)
     check_rollout(cfg.rollout)
+    check_vllm_lengths(cfg)
     check_sandbox_hosts(cfg)
     check_resources(cfg)
     check_device(cfg)

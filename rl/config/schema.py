@@ -105,6 +105,17 @@ class SandboxPoolConfig:
 
 
 @dataclass
+class VllmEngineConfig:
+    """``rollout.vllm`` (``conf/rollout/vllm.yaml``): each rollout worker's in-process vLLM engine."""
+
+    dtype: str = required(choices=("float32", "bfloat16"))  # the model's compute dtype in vLLM
+    max_model_len: int = required(ge=2)  # longest context + generation of one request, in tokens
+    max_num_seqs: int = required(ge=1)  # requests one engine step may hold
+    kv_cache_mib: int = required(ge=1)  # memory for the MLA KV cache and the KDA states of all requests
+    enable_prefix_caching: bool = required()  # reuse the cached prefix of a request's earlier turns
+
+
+@dataclass
 class RolloutConfig:
     """``conf/rollout/*.yaml``: the generation engine and the rollout workers."""
 
@@ -120,6 +131,7 @@ class RolloutConfig:
     sandbox_pool: SandboxPoolConfig = MISSING
     max_failed_fraction: float = required(ge=0, le=1)
     max_worker_restarts: int = required(ge=0)
+    vllm: VllmEngineConfig | None = optional()  # engine vllm only (conf/rollout/vllm.yaml)
 
 
 @dataclass

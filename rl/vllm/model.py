@@ -1,0 +1,142 @@
+"""`K3VllmForCausalLM`: the K3 policy as a vLLM 0.32 model class (registered by `rl.vllm.plugin`).
+
+The module tree is `model.k3.K3Model` itself (embedding, decoder layers with their dense FFN or LatentMoE
+with SiTU-GLU, Block AttnRes depth mixtures, final norm) plus `lm_head`, so the parameter names are the
+checkpoint's and `K3Model.forward` runs unchanged: each decoder layer's ``self_attn`` is swapped for its
+vLLM-aware subclass (`rl.vllm.layers`), and the step's tokens, which vLLM packs without padding, go
+through as one batch row [1, N]. The MoE experts stay plain parameters of `model.moe.LatentMoE` (vLLM's
+fused CPU MoE prepacks its experts, which then cannot be reloaded), and every linear layer is a plain
+`torch.nn.Linear`, so vLLM never repacks (and empties) a weight after loading: `load_weights` copies in
+place, at start-up from the ``save_pretrained`` folder and later for every pushed version.
+
+Side buffers the worker extension (`rl.vllm.worker`) reads: ``weights_version`` (the learner's counter of
+the weights held), the expert loads per MoE layer of the real (non-profiling) forwards.
+
+Config: vLLM reads the folder's ``config.json`` (``model_type: kimi_linear``); the engine overrides a few
+of its keys for vLLM's own bookkeeping (`vllm_config_overrides`); the model itself is built from the same
+``config.json`` read by `model.checkpoint.read_config`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
+from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
+
+from model.checkpoint import CheckpointMismatch, read_config
+from model.config import K3Config
+from model.k3 import K3Model
+from rl.policy import build_policy_shell
+from rl.vllm.layers import VllmKDA, VllmMLA, attention_head_size, kda_state_dtypes, kda_state_shapes
+from rl.vllm.plugin import ARCHITECTURE
+
+
+def vllm_config_overrides(cfg: K3Config) -> dict[str, Any]:
+    """``hf_overrides`` for vLLM's view of the checkpoint's config: our architecture, not vLLM's Kimi
+    model; ``model_type`` k3rl so that vLLM does not treat the full-attention layers as MLA (its CPU_MLA
+    backend cannot run them, see `rl.vllm.layers`); the head size and KV heads its attention layers
+    really have (for vLLM's page-size arithmetic); the layer types of a hybrid model."""
+    layers = range(cfg.num_hidden_layers)
+    kinds = ["linear_attention" if cfg.is_kda_layer(i) else "full_attention" for i in layers]
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "k3rl",
+        "head_dim": attention_head_size(cfg),
+        "num_key_value_heads": cfg.num_attention_heads,
+        "layer_types": kinds,
+    }
+
+
+def _k3_config(vllm_config: VllmConfig) -> K3Config:
+    return read_config(vllm_config.model_config.model)
+
+
+class K3VllmForCausalLM(nn.Module, HasInnerState, IsHybrid):
+    """The K3 policy on vLLM's model interface (see the module docstring)."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        cfg = _k3_config(vllm_config)
+        self.config = cfg
+        shell = build_policy_shell(cfg)  # allocated, not randomly initialised: load_weights fills it
+        self.model: K3Model = shell.model
+        self.lm_head = shell.lm_head
+        for i, layer in enumerate(self.model.layers):
+            name = f"model.layers.{i}.self_attn"
+            kind = VllmKDA if layer.is_kda else VllmMLA
+            layer.self_attn = kind(cfg, i, name, vllm_config)
+        self.weights_version = -1
+        self.expert_loads: dict[int, torch.Tensor] = {}
+
+    # ------------------------------------------------------------------ vLLM's model interface
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> torch.Tensor:
+        """The final hidden states [N, d] of the step's N tokens (positions unused: NoPE)."""
+        if input_ids is None:
+            raise ValueError("K3VllmForCausalLM takes token ids (prompt embeddings are not supported)")
+        hidden, stats = self.model(input_ids.unsqueeze(0), None, None, None)
+        if get_forward_context().attn_metadata is not None:  # a real step, not a profiling run
+            for st in stats:
+                previous = self.expert_loads.get(st.layer)
+                self.expert_loads[st.layer] = st.loads if previous is None else previous + st.loads
+        return hidden[0]
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden_states).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint-named tensors into the parameters in place (names and shapes checked);
+        returns the names loaded. ``lm_head.weight`` of a tied model is the embedding and is skipped."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            param = params.get(name)
+            if param is None:
+                raise CheckpointMismatch(f"weights have tensor {name!r} that the K3 model does not have")
+            if tuple(param.shape) != tuple(tensor.shape):
+                raise CheckpointMismatch(
+                    f"tensor {name!r} has shape {tuple(tensor.shape)} but the model's is {tuple(param.shape)}"
+                )
+            param.copy_(tensor)
+            loaded.add(name)
+        for layer in self.model.layers:
+            if layer.is_moe:
+                layer.block_sparse_moe.invalidate_weight_cache()
+        return loaded
+
+    # ------------------------------------------------------------------ hybrid state (IsHybrid)
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig):
+        return kda_state_shapes(_k3_config(vllm_config))
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig):
+        return kda_state_dtypes(vllm_config.model_config.dtype)
+
+    @classmethod
+    def get_mamba_state_copy_func(cls):
+        return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
+
+    # ------------------------------------------------------------------ side buffers
+    def take_expert_loads(self) -> dict[int, torch.Tensor]:
+        """Tokens routed to each expert per MoE layer since the last call (then reset)."""
+        loads, self.expert_loads = self.expert_loads, {}
+        return {layer: t.detach().float().cpu() for layer, t in loads.items()}

