@@ -68,8 +68,11 @@ def made_on(home: Path) -> int:
 
 
 def owners(home: Path) -> set[str]:
-    """The processes (`agentenv.owner` labels) that made the sandboxes ever made with this home."""
-    return {r.labels.get(OWNER_LABEL, "") for r in Registry(home).list_sandboxes(include_closed=True)}
+    """The processes (`agentenv.owner` labels) that made the sandboxes ever made with this home. A sandbox
+    that an in-flight checkpoint kept has traded its owner label for a keeper label (`SandboxPool.keep`):
+    whether one was in flight at a checkpoint depends on timing, so it is not counted."""
+    records = Registry(home).list_sandboxes(include_closed=True)
+    return {r.labels[OWNER_LABEL] for r in records if OWNER_LABEL in r.labels}
 
 
 def metrics(run_dir: Path) -> list[dict]:
