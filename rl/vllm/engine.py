@@ -5,7 +5,8 @@ ids (no tokenizer in vLLM), eager mode, a small ``max_model_len``. Sampling foll
 temperature, top-p 1, no top-k, the action-vocabulary mask (``allowed_token_ids``), stop at the
 end-of-turn token (kept in the output, as the torch engine keeps it), and each token's log-prob after
 temperature and mask (``logprobs_mode=processed_logprobs``). Every context gets its own sampling seed,
-drawn from the worker's generator, so a run replays exactly.
+drawn from the worker's generator, so a run replays exactly. Each generation carries the experts its
+tokens were sampled with (``Generation.routes``, recorded inside the model, `rl.vllm.model`).
 
 Weights: the engine starts from a ``save_pretrained`` folder; `load_weights` pushes each new version into
 the running engine (no restart) through the worker extension (`rl.vllm.worker`), and `weights_version`
@@ -94,6 +95,7 @@ class VllmEngine:
             )
         finally:
             torch.set_num_threads = set_threads  # vLLM's CPU worker made it a no-op (module docstring)
+        self.llm.collective_rpc("k3_record_routes")
 
     @classmethod
     def from_policy(
@@ -142,13 +144,18 @@ class VllmEngine:
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(context)) for context in contexts]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        routes = self.llm.collective_rpc("k3_take_routes", args=([o.request_id for o in outputs],))[0]
         generations = []
-        for output in outputs:
+        for context, output in zip(contexts, outputs, strict=True):
             completion = output.outputs[0]
             tokens = list(completion.token_ids)
             steps = zip(completion.logprobs, tokens, strict=True)
             logprobs = [float(step[token].logprob) for step, token in steps]
-            generations.append(Generation(tokens, logprobs, bool(tokens) and tokens[-1] == end))
+            rows = routes[output.request_id]  # position -> experts; token j was sampled at len(context)-1+j
+            sampled_at = [rows[len(context) - 1 + j] for j in range(len(tokens))]
+            generations.append(
+                Generation(tokens, logprobs, bool(tokens) and tokens[-1] == end, torch.stack(sampled_at))
+            )
         return generations
 
     def take_expert_loads(self) -> dict[int, torch.Tensor]:

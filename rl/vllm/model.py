@@ -10,7 +10,9 @@ fused CPU MoE prepacks its experts, which then cannot be reloaded), and every li
 place, at start-up from the ``save_pretrained`` folder and later for every pushed version.
 
 Side buffers the worker extension (`rl.vllm.worker`) reads: ``weights_version`` (the learner's counter of
-the weights held), the expert loads per MoE layer of the real (non-profiling) forwards.
+the weights held), the expert loads per MoE layer of the real (non-profiling) forwards and, once
+`record_routes` is on, the experts chosen at the last token of each request in each step (routing replay:
+the position whose logits sample the request's next token), keyed by request id and token position.
 
 Config: vLLM reads the folder's ``config.json`` (``model_type: kimi_linear``); the engine overrides a few
 of its keys for vLLM's own bookkeeping (`vllm_config_overrides`); the model itself is built from the same
@@ -19,7 +21,7 @@ of its keys for vLLM's own bookkeeping (`vllm_config_overrides`); the model itse
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -32,6 +34,7 @@ from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 from model.checkpoint import CheckpointMismatch, read_config
 from model.config import K3Config
 from model.k3 import K3Model
+from rl.generation import route_dtype
 from rl.policy import build_policy_shell
 from rl.vllm.layers import VllmKDA, VllmMLA, attention_head_size, kda_state_dtypes, kda_state_shapes
 from rl.vllm.plugin import ARCHITECTURE
@@ -73,6 +76,9 @@ class K3VllmForCausalLM(nn.Module, HasInnerState, IsHybrid):
             layer.self_attn = kind(cfg, i, name, vllm_config)
         self.weights_version = -1
         self.expert_loads: dict[int, torch.Tensor] = {}
+        self.request_ids: Callable[[], list[str]] | None = None  # the batch's request ids, in token order
+        self.routes: dict[str, dict[int, torch.Tensor]] = {}  # request -> position -> [moe layers, top_k]
+        self.route_dtype = route_dtype(cfg.num_experts)
 
     # ------------------------------------------------------------------ vLLM's model interface
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -90,11 +96,25 @@ class K3VllmForCausalLM(nn.Module, HasInnerState, IsHybrid):
         if input_ids is None:
             raise ValueError("K3VllmForCausalLM takes token ids (prompt embeddings are not supported)")
         hidden, stats = self.model(input_ids.unsqueeze(0), None, None, None)
-        if get_forward_context().attn_metadata is not None:  # a real step, not a profiling run
+        metadata = get_forward_context().attn_metadata
+        if metadata is not None:  # a real step, not a profiling run
             for st in stats:
                 previous = self.expert_loads.get(st.layer)
                 self.expert_loads[st.layer] = st.loads if previous is None else previous + st.loads
+            if self.request_ids is not None and stats:
+                self._record_routes(stats, positions, metadata)
         return hidden[0]
+
+    def _record_routes(self, stats, positions: torch.Tensor, metadata: dict[str, Any]) -> None:
+        """Keep the experts of every MoE layer at each request's last token of this step, by position."""
+        starts = next(
+            m.non_spec_query_start_loc if hasattr(m, "non_spec_query_start_loc") else m.query_start_loc
+            for m in metadata.values()
+        )
+        last = (starts[1:] - 1).long()
+        ids = torch.stack([st.ids[last] for st in stats], dim=1).to("cpu", self.route_dtype)
+        for request, row, position in zip(self.request_ids(), ids, positions[last].tolist(), strict=False):
+            self.routes.setdefault(request, {})[position] = row
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden_states).float()
@@ -136,6 +156,17 @@ class K3VllmForCausalLM(nn.Module, HasInnerState, IsHybrid):
         return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
 
     # ------------------------------------------------------------------ side buffers
+    def take_routes(self, requests: list[str]) -> dict[str, dict[int, torch.Tensor]]:
+        """The recorded routes of the finished ``requests`` (vLLM's external ids; its internal ones add
+        ``-<8 random characters>``), removed from the buffer."""
+        wanted = set(requests)
+        taken = {}
+        for internal in list(self.routes):
+            external = internal.rsplit("-", 1)[0]
+            if external in wanted:
+                taken[external] = self.routes.pop(internal)
+        return taken
+
     def take_expert_loads(self) -> dict[int, torch.Tensor]:
         """Tokens routed to each expert per MoE layer since the last call (then reset)."""
         loads, self.expert_loads = self.expert_loads, {}

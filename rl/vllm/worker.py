@@ -40,3 +40,14 @@ class K3WorkerExtension:
     def k3_take_expert_loads(self) -> dict[int, torch.Tensor]:
         """Tokens routed to each expert per MoE layer since the last call (then reset)."""
         return self._k3_model().take_expert_loads()
+
+    def k3_record_routes(self) -> None:
+        """Make the model record each step's routing per request (`Generation.routes`): it is given the
+        model runner's view of the batch's request ids, in the order of the step's tokens."""
+        runner = self.model_runner  # type: ignore[attr-defined]
+        self._k3_model().request_ids = lambda: runner.input_batch.req_ids
+
+    def k3_take_routes(self, requests: list[str]) -> dict[str, dict[int, torch.Tensor]]:
+        """The routes recorded for the finished ``requests``: request id -> token position -> experts
+        [moe layers, top_k] at that position."""
+        return self._k3_model().take_routes(requests)

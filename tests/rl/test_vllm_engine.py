@@ -76,12 +76,16 @@ def vllm_greedy(engine, prompts: list[list[int]], steps: int) -> list[list[int]]
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
-def torch_logprobs(model, context: list[int], tokens: list[int], temperature: float, mask) -> torch.Tensor:
-    """Teacher-forced log-probs of ``tokens`` after ``context``, after temperature and the action mask."""
+def teacher_forced(model, context: list[int], tokens: list[int], temperature: float, mask):
+    """The torch model on ``context + tokens``: the log-probs of ``tokens`` after temperature and the action
+    mask, and the experts [len(tokens), moe layers, top_k] (sorted) at the positions that sampled them."""
+    sampled_at = slice(len(context) - 1, len(context) + len(tokens) - 1)
     with torch.no_grad():
-        logits = model(torch.tensor([context + tokens])).logits[0, len(context) - 1 : -1] / temperature
-    logits = logits.masked_fill(mask, MASKED_LOGIT)
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+        out = model(torch.tensor([context + tokens]))
+    logits = (out.logits[0, sampled_at] / temperature).masked_fill(mask, MASKED_LOGIT)
+    logprobs = torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+    routes = torch.stack([st.ids[sampled_at] for st in out.router_stats], dim=1)
+    return logprobs, routes.sort(-1).values
 
 
 def test_the_plugin_registers_the_k3_class_through_vllms_entry_point():
@@ -109,7 +113,7 @@ def test_greedy_tokens_are_the_torch_models(engine, policy):
     assert vllm_greedy(engine, prompts, 12) == [torch_greedy(policy, p, 12) for p in prompts]
 
 
-def test_sampling_log_probs_match_the_torch_model_and_replay(engine, policy, cfg):
+def test_sampling_log_probs_and_routes_match_the_torch_model_and_replay(engine, policy, cfg):
     prompts = contexts()
     generations = engine.generate(prompts, 10, torch.Generator().manual_seed(7))
     mask = disallowed_tokens(TOK, DIGITS, cfg.vocab_size)
@@ -119,8 +123,10 @@ def test_sampling_log_probs_match_the_torch_model_and_replay(engine, policy, cfg
         assert gen.token_ids and set(gen.token_ids) <= allowed  # the action vocabulary (+ end of turn)
         assert gen.ended == (gen.token_ids[-1] == TOK.end_id) and TOK.end_id not in gen.token_ids[:-1]
         assert gen.ended or len(gen.token_ids) == 10
-        expected = torch_logprobs(policy, context, gen.token_ids, 0.8, mask)
+        expected, routes = teacher_forced(policy, context, gen.token_ids, 0.8, mask)
         worst = max(worst, float((expected - torch.tensor(gen.logprobs)).abs().max()))
+        assert gen.routes.dtype == torch.int16 and gen.routes.shape == (len(gen.token_ids), 3, 2)
+        assert torch.equal(gen.routes.long().sort(-1).values, routes)  # routing replay's records
     print(f"max |logprob vLLM - torch| = {worst:.2e}")
     assert worst < LOGPROB_TOLERANCE
     assert any(g.ended for g in generations) and any(not g.ended for g in generations)
