@@ -12,12 +12,15 @@ VLLM = ("rollout=vllm", "rollout.vllm.kv_cache_mib=32", "rollout.vllm.max_num_se
 
 
 def test_sync_training_samples_with_vllm_and_pushes_every_version(local_ray, tmp_path):
-    result = Trainer(compose(*TINY, *VLLM), tmp_path / "sync").run()
+    result = Trainer(compose(*TINY, *VLLM, "algo.routing_replay=true"), tmp_path / "sync").run()
     records = result.history
     assert [r["weights_version"] for r in records] == [1.0, 2.0]  # each batch sampled by the pushed version
     for record in records:
         assert record["episodes"] == 4 and record["failed_episodes"] == 0 and record["worker_restarts"] == 0
         assert record["loss"] == record["loss"]  # finite
+        # routing replay: vLLM recorded every action token's experts, and the learner, holding the same
+        # version, routes them the same way before its update (fp32 on both sides)
+        assert record["routing_recorded_tokens"] > 0 and record["routing_mismatch"] < 0.02
         for layer in (1, 2, 3):  # expert loads measured inside the vLLM engine
             loads = record[f"rollout_expert_load/layer{layer}"]
             assert len(loads) == 16 and abs(sum(loads) - 1.0) < 1e-4
