@@ -51,6 +51,15 @@ class RoutingOverride:
     mask: torch.Tensor
 
 
+def _fp32_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` in fp32, also inside a bf16 autocast region (the learner's on CUDA): the router
+    scores stay fp32 as in a rollout worker's bf16 policy, so both pick experts from the same precision."""
+    if torch.is_autocast_enabled(x.device.type):
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return nn.functional.linear(x.float(), weight.float())
+    return nn.functional.linear(x.float(), weight.float())
+
+
 class TopKRouter(nn.Module):
     """Sigmoid router with a selection-only bias (`e_score_correction_bias`, a frozen nn.Parameter).
 
@@ -76,7 +85,7 @@ class TopKRouter(nn.Module):
         scores at the given experts, renormalised as usual, so gradients reach the router as for its own
         choice. The own ids are the router's top-k of ``scores + bias`` whether or not it was overridden.
         """
-        scores = torch.sigmoid(nn.functional.linear(x.float(), self.weight.float()))
+        scores = torch.sigmoid(_fp32_linear(x, self.weight))
         own = torch.topk(scores.detach() + self.e_score_correction_bias.float(), self.top_k, dim=-1).indices
         if override is None:
             ids = own

@@ -338,7 +338,8 @@ class Learner:
             raise FileNotFoundError(f"{directory} is not a learner checkpoint (no {LEARNER_STATE})")
         checkpoint.read_config(directory / POLICY)  # both files present, or a clear error
         checkpoint.load_pretrained(self.model, directory / POLICY)
-        state = torch.load(directory / LEARNER_STATE, weights_only=False)
+        # read on the CPU (the RNG states must be CPU tensors); the optimizer moves its state to the params
+        state = torch.load(directory / LEARNER_STATE, weights_only=False, map_location="cpu")
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.value_head is not None and state["value_head"] is not None:

@@ -243,6 +243,7 @@ class Trainer:
 
             if orphans := close_orphans():
                 log.info("closed %d sandboxes left by a killed run's rollout workers", len(orphans))
+        log.info("device: %s (trainer.device resolved; rl/device.py)", self.tcfg.device)
         learner_cls = ray.remote(LearnerActor).options(**learner_options(self.cfg))
         self.learner = learner_cls.remote(self.cfg)
         self.workers = RolloutWorkers.start(self.cfg)

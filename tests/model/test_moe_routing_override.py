@@ -50,7 +50,8 @@ def test_recorded_routes_replay_through_the_whole_model_and_a_masked_out_record_
     with torch.no_grad():
         plain = model(ids)
         n, k = moe_layers(cfg), cfg.num_experts_per_token
-        recorded = torch.stack([torch.randperm(cfg.num_experts)[:k] for _ in range(2 * 7 * n)]).view(2, 7, n, k)
+        picks = [torch.randperm(cfg.num_experts)[:k] for _ in range(2 * 7 * n)]
+        recorded = torch.stack(picks).view(2, 7, n, k)
         mask = torch.zeros(2, 7, dtype=torch.bool)
         mask[1, 2:] = True
         replayed = model(ids, routes=RecordedRoutes(recorded, mask))
@@ -70,7 +71,8 @@ def test_bad_recorded_routes_are_one_line_errors(cfg):
     ids = torch.zeros(1, 3, dtype=torch.long)
     n, k = moe_layers(cfg), cfg.num_experts_per_token
     with pytest.raises(ValueError, match=r"routes: ids must be \[1, 3, 3, 2\]"):
-        model(ids, routes=RecordedRoutes(torch.zeros(1, 3, n, k + 1, dtype=torch.long), torch.ones(1, 3).bool()))
+        wide = torch.zeros(1, 3, n, k + 1, dtype=torch.long)
+        model(ids, routes=RecordedRoutes(wide, torch.ones(1, 3, dtype=torch.bool)))
     bad = torch.full((1, 3, n, k), cfg.num_experts)
     with pytest.raises(ValueError, match=rf"expert ids must be in \[0, {cfg.num_experts}\), got 16..16"):
         model(ids, routes=RecordedRoutes(bad, torch.ones(1, 3, dtype=torch.bool)))

@@ -43,7 +43,8 @@ def play(cfg, weights: dict, turns: int = 2) -> list[Episode]:
     generator = torch.Generator().manual_seed(0)
     episodes = [Episode("agentenv/GuessNumber-v0", seed=i // 2, group=i // 2) for i in range(4)]
     for i, e in enumerate(episodes):
-        e.append([tok.bos_id, tok.observation_id, *tok.encode(f"guess 0-{i + 4}"), tok.end_id, tok.action_id], False)
+        prompt = [tok.bos_id, tok.observation_id, *tok.encode(f"guess 0-{i + 4}"), tok.end_id, tok.action_id]
+        e.append(prompt, trained=False)
     for _turn in range(turns):
         for e, gen in zip(episodes, engine.generate([e.tokens for e in episodes], 3, generator), strict=True):
             assert gen.routes.shape == (len(gen.token_ids), 3, 2) and gen.routes.dtype == torch.int16
@@ -88,7 +89,8 @@ def test_perturbed_routers_mismatch_and_replay_takes_the_recorded_experts(cfg, r
         with torch.no_grad():
             stats = other._forward(batch)[3]
         own = routing_mismatch(stats, batch.attention_mask, batch.routes)
-        used = routing_mismatch([replace(s, own_ids=s.ids) for s in stats], batch.attention_mask, batch.routes)
+        as_used = [replace(s, own_ids=s.ids) for s in stats]  # the experts the forward used, as "own"
+        used = routing_mismatch(as_used, batch.attention_mask, batch.routes)
         results[replay] = own, used
     (own_plain, used_plain), (own_replay, used_replay) = results[False], results[True]
     assert own_plain["routing_mismatch"] > 0 and used_plain == own_plain  # no replay: it routes by itself

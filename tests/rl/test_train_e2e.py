@@ -1,5 +1,6 @@
 """End to end: local Ray, real sandboxes, the tiny K3 policy. GRPO survives a dead rollout worker; PPO
-with a KL reference model trains through the user's gymnasium wrappers; and exact resume for both,
+with a KL reference model and routing replay trains through the user's gymnasium wrappers; and exact
+resume for both,
 so for every kind of learner state (policy, value head, frozen reference, AdamW moments): N iterations
 straight == N/2 + resume + N/2, bit for bit."""
 
@@ -33,9 +34,10 @@ LEARNING_METRICS = (
     "lr",
     "weights_version",
 )
-PPO = (  # PPO's value head and GAE, a frozen KL reference, forked group starts and a reward wrapper
+PPO = (  # PPO's value head and GAE, a KL reference, routing replay, forked group starts, a reward wrapper
     "algo=ppo",
     "algo.kl_coef=0.05",
+    "algo.routing_replay=true",
     "algo.group_size=2",
     "env.group_start=fork",
     "env.wrappers=[{cls: 'user_wrappers:BonusReward', kwargs: {bonus: 10.0}}]",
@@ -100,6 +102,9 @@ def test_grpo_two_iterations_survive_a_dead_rollout_worker(grpo_run):
     assert records[0]["worker_restarts"] == 0 and records[1]["worker_restarts"] == 1  # batch retried
     assert all(r["episodes"] == 4 and r["failed_episodes"] == 0 for r in records)
     assert records[1]["weights_version"] == 2 and "maxvio/layer1" in records[1]
+    # the learner's own routing of every generated token is the rollout's (same weights, sync mode)
+    assert all(r["routing_recorded_tokens"] == r["generated_tokens"] for r in records)
+    assert all(r["routing_mismatch_any"] == 0.0 and r["rollout_logprob_gap"] < 1e-4 for r in records)
     assert result.plot.is_file() and (result.run_dir / "tb").is_dir()
     assert (result.checkpoint / "policy" / "model.safetensors").is_file()
 
@@ -111,6 +116,8 @@ def test_ppo_trains_on_the_wrapped_env_and_balances_every_optimizer_step(ppo_run
     # BonusReward (+10 per step) is what the learner saw: rewards, and the value head's targets.
     assert all(r["reward"] >= 9.0 * r["turns"] for r in records) and records[1]["value_loss"] > 1.0
     assert all(r["optimizer_steps"] == 4.0 for r in records)  # 2 epochs x 2 minibatches, each balanced
+    assert all(r["routing_recorded_tokens"] == r["generated_tokens"] for r in records)  # replayed, measured
+    assert all(r["routing_mismatch"] == 0.0 for r in records)
     for layer in (1, 2, 3):  # rollout-side expert loads, per layer
         loads = records[0][f"rollout_expert_load/layer{layer}"]
         assert len(loads) == 16 and abs(sum(loads) - 1.0) < 1e-4
