@@ -44,7 +44,7 @@ WORKER_EXTENSION = "rl.vllm.worker.K3WorkerExtension"
 SEED_BOUND = 2**31 - 1
 _ENVIRONMENT = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "VLLM_LOGGING_LEVEL": "WARNING",
+    "VLLM_LOGGING_LEVEL": "ERROR",  # its CPU start-up warnings are expected here (docs/training.md)
     "TOKENIZERS_PARALLELISM": "false",
 }
 
