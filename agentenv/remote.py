@@ -256,8 +256,8 @@ class SandboxHost:
     def _listed(self) -> list[dict[str, Any]]:
         rows, token = [], None
         for _ in range(10_000):  # pages of list_limit; bounded
-            resp = self.request("GET", "/v2/sandboxes", params={"limit": 1000, **(
-                {"nextToken": token} if token else {})})
+            resp = self.request("GET", "/v2/sandboxes", params={"limit": 1000, "order": "asc", **(
+                {"nextToken": token} if token else {})})  # oldest first, as the local registry lists
             rows += resp.json()
             token = resp.headers.get("x-next-token")
             if not token:

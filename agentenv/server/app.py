@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentenv.errors import AgentEnvError
+from agentenv.errors import AgentEnvError, SandboxNotFound
 from agentenv.server.envd_fs import files_router, filesystem_app
 from agentenv.server.envd_process import process_app
 from agentenv.server.errors import ApiError, classify, e2b_json
@@ -159,16 +159,20 @@ def create_api(state: ServerState, reaper: bool = True) -> FastAPI:
     @api.get("/health", status_code=204, include_in_schema=False)
     def health(request: Request) -> Response:
         """envd's health probe: 204 when the sandbox named by E2b-Sandbox-Id runs (or none is named),
-        502 when it is paused or gone, as E2B's proxy answers (the SDK's `is_running`)."""
+        502 when it is paused or gone, as E2B's proxy answers (the SDK's `is_running`). A sandbox that is
+        gone (killed, TTL) gets the proxy's "... was not found", from which the SDK concludes, after a
+        stream broke off, that the sandbox was killed rather than unreachable."""
         sid = request.headers.get(SANDBOX_ID_HEADER)
         if sid:
             try:
                 sb, _rec = state.sandbox(sid)
-                running = sb.status == "running"
-            except AgentEnvError:
-                running = False
-            if not running:
-                return e2b_json(502, f"sandbox {sid} is not running")
+                status = sb.status
+            except SandboxNotFound:
+                return e2b_json(502, f"sandbox {sid} was not found (killed, or its time to live ran out)")
+            except AgentEnvError as e:
+                return e2b_json(502, f"sandbox {sid} is not running: {e}")
+            if status != "running":
+                return e2b_json(502, f"sandbox {sid} is not running: it is {status}")
         return Response(status_code=204)
 
     from agentenv.server.control import control_router

@@ -173,8 +173,25 @@ def _meminfo() -> dict[str, int]:
     return out
 
 
+def _when(ts: float) -> datetime:
+    """A registry time (seconds since the epoch) as the UTC datetime the API reports."""
+    return datetime.fromtimestamp(min(ts, NEVER), UTC)
+
+
 def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(min(ts, NEVER), UTC).isoformat().replace("+00:00", "Z")
+    return _when(ts).isoformat().replace("+00:00", "Z")
+
+
+def _cursor(token: str) -> tuple[float, str]:
+    """The (start time, sandbox id) key a list page's `x-next-token` names, or a 400 for anything else."""
+    when, _, sandbox_id = token.partition("_")
+    try:
+        key = (float(when), sandbox_id)
+    except ValueError:
+        key = (math.nan, "")
+    if not (math.isfinite(key[0]) and sandbox_id):
+        raise ApiError(400, f"invalid nextToken {token!r}: pass the x-next-token of the previous page")
+    return key
 
 
 def control_router(state: ServerState) -> APIRouter:
@@ -248,49 +265,65 @@ def control_router(state: ServerState) -> APIRouter:
                     summary="Create a sandbox (v2 path of the same call)")
 
     # ---- list / get ------------------------------------------------------------------------------
-    def select(metadata: str | None, states: set[str]) -> list[dict[str, Any]]:
+    def select(metadata: str | None, states: set[str], template: str | None = None,
+               started_after: datetime | None = None) -> list[tuple[tuple[float, str], dict[str, Any]]]:
+        """(sort key, listed sandbox) of the served sandboxes that pass the filters, oldest first; the key
+        (start time, id) orders them and is what a page's `x-next-token` continues after."""
         want: dict[str, str] = {}
         if metadata:
             try:
                 want = dict(urllib.parse.parse_qsl(metadata, keep_blank_values=True, strict_parsing=True))
             except ValueError:
                 raise ApiError(400, f"metadata filter {metadata!r} is not key=value&key=value") from None
+        if started_after is not None and started_after.tzinfo is None:
+            started_after = started_after.replace(tzinfo=UTC)  # a time without a zone is taken as UTC
         out = []
         for sid in state.store.ids():
             try:
                 sb, rec = state.sandbox(sid)
             except AgentEnvError:
                 continue
+            if template is not None and rec.template_id != template:
+                continue
+            # compared as reported (startedAt, to the microsecond), so a sandbox's own start is "after"
+            if started_after is not None and _when(rec.started_at) < started_after:
+                continue
             status = sb.status
             if status not in states or any(rec.metadata.get(k) != v for k, v in want.items()):
                 continue
-            out.append(listed(sb, rec, status))
-        return sorted(out, key=lambda s: (s["startedAt"], s["sandboxID"]))
+            out.append(((rec.started_at, sb.id), listed(sb, rec, status)))
+        return sorted(out, key=lambda kv: kv[0])
 
     @r.get("/v2/sandboxes", response_model=list[ListedSandbox], summary="List sandboxes (paginated)")
     def list_v2(response: Response, metadata: str | None = None,
                 state_: str | None = Query(None, alias="state"),
                 limit: int | None = Query(None, ge=1, le=1000), nextToken: str | None = None,
-                order: Literal["asc", "desc"] = "asc") -> list[dict[str, Any]]:
+                order: Literal["asc", "desc"] = Query(
+                    "desc", description="by start time: `desc` (the default, as E2B's) lists the newest "
+                            "first"),
+                startedAfter: datetime | None = Query(
+                    None, description="only sandboxes started at or after this time (ISO 8601)"),
+                template: str | None = Query(None, description="only sandboxes of this template id"),
+                ) -> list[dict[str, Any]]:
         states = {s.strip() for s in (state_ or "running,paused").split(",") if s.strip()}
         if not states <= {"running", "paused"}:
             raise ApiError(400, f"state must be running and/or paused, got {state_!r}")
-        rows = select(metadata, states)
+        rows = select(metadata, states, template, startedAfter)
         if order == "desc":
             rows.reverse()
-        try:
-            start = int(nextToken) if nextToken else 0
-        except ValueError:
-            raise ApiError(400, f"invalid nextToken {nextToken!r}") from None
+        if nextToken:  # the rows after the last one of the previous page (its key), in this order
+            after = _cursor(nextToken)
+            rows = [kv for kv in rows if (kv[0] < after if order == "desc" else kv[0] > after)]
         size = limit or settings.list_limit
-        page = rows[start:start + size]
-        if start + size < len(rows):
-            response.headers["x-next-token"] = str(start + size)
-        return page
+        page = rows[:size]
+        if len(rows) > size:
+            key = page[-1][0]
+            response.headers["x-next-token"] = f"{key[0]!r}_{key[1]}"
+        return [row for _key, row in page]
 
     @r.get("/sandboxes", response_model=list[ListedSandbox], summary="List running sandboxes (v1)")
     def list_v1(metadata: str | None = None) -> list[dict[str, Any]]:
-        return select(metadata, {"running"})
+        return [row for _key, row in select(metadata, {"running"})]
 
     @r.get("/sandboxes/{sandbox_id}", response_model=SandboxDetail, summary="Get a sandbox")
     def get(sandbox_id: str) -> dict[str, Any]:
@@ -321,19 +354,26 @@ def control_router(state: ServerState) -> APIRouter:
     def connect(sandbox_id: str, response: Response, body: ConnectBody | None = None) -> CreatedSandbox:
         timeout = ttl(body.timeout if body else None)
         sb, rec, status = served(sandbox_id, "running", "paused")
+        resumed = False
         if status == "paused":
             try:
                 sb.resume()
+                resumed = True
                 response.status_code = 201
             except SandboxStateError:
                 if sb.status != "running":  # another request resumed it meanwhile: fine
                     raise
-        state.store.set_end(sb.id, time.time() + timeout)
+        end = time.time() + timeout
+        if not resumed:  # running: E2B only ever extends its time to live, never cuts it
+            now_rec = state.store.get(sb.id) or rec  # as set by whoever resumed it, if someone did
+            end = max(end, now_rec.end_at)
+        state.store.set_end(sb.id, end)
         return created(sb, rec)
 
     for path in ("/sandboxes/{sandbox_id}/connect", "/v2/sandboxes/{sandbox_id}/connect"):
         r.add_api_route(path, connect, methods=["POST"], status_code=200, response_model=CreatedSandbox,
-                        summary="Connect: resume a paused sandbox (201) or extend a running one (200)",
+                        summary="Connect: resume a paused sandbox (201, TTL `timeout` from now) or extend a "
+                                "running one (200; its TTL becomes `timeout` from now if that is later)",
                         responses={201: {"model": CreatedSandbox}})
 
     @r.post("/sandboxes/{sandbox_id}/resume", status_code=201, response_model=CreatedSandbox, deprecated=True,

@@ -17,10 +17,11 @@ from connectrpc.request import RequestContext
 from e2b.envd.process import process_pb as pb
 from e2b.envd.process.process_connect import ProcessASGIApplication
 from protobuf import Oneof
+from protobuf.wkt.google.protobuf.wrappers_pb import StringValue
 
 from agentenv.sandbox import Sandbox
-from agentenv.server.errors import to_connect
-from agentenv.server.procs import OutputEvent
+from agentenv.server.errors import classify, to_connect
+from agentenv.server.procs import OutputEvent, SandboxKilled
 from agentenv.server.state import ServerState
 
 T = TypeVar("T")
@@ -113,6 +114,12 @@ class ProcessService:
                                                        "it was killed") from None
         except ConnectError:
             raise
+        except SandboxKilled as e:
+            # envd's stream breaks off when its sandbox dies: `unavailable`, which sends the SDK to the
+            # health probe (GET /health: 502 "... was not found"), so it raises its not-running error.
+            _status, _code, name = classify(e)  # our type name still travels, for agentenv.remote
+            details = [StringValue(value=name)] if name else []
+            raise ConnectError(Code.UNAVAILABLE, str(e), details=details) from None
         except (GeneratorExit, asyncio.CancelledError):
             # The client went away. At (about) its deadline that is the command's timeout running out
             # on the client's clock first: kill it as above, without awaiting (the stream is closing).

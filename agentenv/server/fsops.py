@@ -1,6 +1,9 @@
 """Filesystem operations for envd's `filesystem.Filesystem` (stat, list, mkdir, move, remove), each one
 `Sandbox.exec` of a small script confined to the sandbox's work dir exactly like `Sandbox.write_file`
-(same path normalisation and the same symlink-resolving check), reporting entries with GNU find."""
+(same path normalisation and the same symlink-resolving check), reporting entries with GNU find.
+
+`home_dir` is the one place that says which directory E2B's "user home" is in a sandbox: where commands
+start when no `cwd` is given and what relative paths (of files and of `cwd`) are resolved against."""
 
 from __future__ import annotations
 
@@ -22,8 +25,11 @@ from agentenv.sandbox import _EXIT_REFUSED, Sandbox, _confine
 _EXIT_MISSING = 5
 _EXIT_EXISTS = 6
 _EXIT_NOT_DIR = 7
-# type, target type, size, mode (octal), permissions, owner, group, mtime, link target, path
-_FORMAT = r"%y\t%Y\t%s\t%m\t%M\t%u\t%g\t%T@\t%l\t%p\0"
+# type, target type, size, mode (octal), permissions, owner, group, mtime, path; each entry is then
+# followed by its symlink target (resolved by realpath, as envd reports it) or nothing, NUL-terminated
+_FORMAT = r"%y\t%Y\t%s\t%m\t%M\t%u\t%g\t%T@\t%p\0"
+_PRINT = (rf"\( -type l -printf '{_FORMAT}' \( -exec realpath -m -z -- {{}} \; -o -printf '\0' \) \) "
+          rf"-o -printf '{_FORMAT}\0'")
 _MAX_DEPTH = 16
 _TIMEOUT_S = 60.0
 
@@ -43,14 +49,28 @@ class Entry:
     symlink_target: str | None
 
 
+def home_dir(sb: Sandbox) -> str:
+    """The sandbox's default working directory, E2B's user home: commands start there and relative paths
+    are resolved against it. Today the sandbox's work dir (`config.workspace`, `/workspace`)."""
+    return sb.config.workspace.rstrip("/") or "/"
+
+
+def resolve(sb: Sandbox, path: str) -> str:
+    """`path` made absolute (a relative one is taken from `home_dir`) and normalised; no confinement."""
+    return posixpath.normpath(path if path.startswith("/") else posixpath.join(home_dir(sb), path))
+
+
 def sandbox_path(sb: Sandbox, path: str) -> str:
-    """The absolute path in the sandbox (relative paths are relative to the work dir), or refused."""
+    """The absolute path in the sandbox (relative paths are relative to `home_dir`), or refused when it
+    leaves the work dir."""
     ws = sb.config.workspace.rstrip("/")
     if isinstance(path, str) and path and "\0" not in path:
-        full = posixpath.normpath(path if path.startswith("/") else posixpath.join(ws, path))
-        if full == ws:
-            return ws
-    return workspace_path(path, ws)
+        full = resolve(sb, path)
+        if full == ws or full.startswith(ws + "/"):
+            return full
+        raise PathOutsideWorkspace(f"path {path!r} is outside the sandbox work dir {ws}; give a path "
+                                   f"relative to {home_dir(sb)} or below {ws}/")
+    return workspace_path(path, ws)  # refuses it, saying why
 
 
 def _run(sb: Sandbox, script: str, *args: str, what: str):
@@ -80,14 +100,14 @@ def _exists(var: str = "p") -> str:
 
 
 def _entries(stdout: str) -> list[Entry]:
+    """Entries of `find ... _PRINT` output: pairs of NUL-terminated (fields and path, symlink target)."""
     out = []
-    for rec in stdout.split("\0"):
-        if not rec:
+    parts = stdout.split("\0")
+    for rec, link in zip(parts[0::2], parts[1::2], strict=False):
+        f = rec.split("\t", 8)
+        if len(f) != 9:
             continue
-        f = rec.split("\t", 9)
-        if len(f) != 10:
-            continue
-        ftype, target, size, mode, perms, owner, group, mtime, link, path = f
+        ftype, target, size, mode, perms, owner, group, mtime, path = f
         kind = ftype if ftype != "l" else target
         out.append(Entry(name=posixpath.basename(path.rstrip("/")) or path,
                          type={"f": "file", "d": "dir"}.get(kind, "other"), is_symlink=ftype == "l",
@@ -98,7 +118,7 @@ def _entries(stdout: str) -> list[Entry]:
 
 def stat(sb: Sandbox, path: str) -> Entry:
     full = sandbox_path(sb, path)
-    r = _run(sb, _confined(sb) + _exists() + f'exec find "$p" -maxdepth 0 -printf \'{_FORMAT}\'', full,
+    r = _run(sb, _confined(sb) + _exists() + f'exec find "$p" -maxdepth 0 {_PRINT}', full,
              what=f"stat {path!r}")
     entries = _entries(r.stdout)
     if not entries:
@@ -111,7 +131,7 @@ def list_dir(sb: Sandbox, path: str, depth: int) -> list[Entry]:
         raise InvalidArgument(f"depth must be from 1 to {_MAX_DEPTH}, got {depth}")
     full = sandbox_path(sb, path)
     r = _run(sb, _confined(sb) + _exists() + f'[ -d "$p" ] || exit {_EXIT_NOT_DIR}; '
-             f'exec find "$p" -mindepth 1 -maxdepth {depth} -printf \'{_FORMAT}\'', full,
+             f'exec find "$p" -mindepth 1 -maxdepth {depth} {_PRINT}', full,
              what=f"list {path!r}")
     return sorted(_entries(r.stdout), key=lambda e: e.path)
 
@@ -131,7 +151,8 @@ def move(sb: Sandbox, source: str, destination: str) -> Entry:
 
 
 def remove(sb: Sandbox, path: str) -> None:
+    """Remove a file or a directory tree; a path with nothing there is fine (envd's remove succeeds)."""
     full = sandbox_path(sb, path)
     if full == sb.config.workspace.rstrip("/"):
         raise PathOutsideWorkspace(f"refusing to remove the work dir {full} itself")
-    _run(sb, _confined(sb) + _exists() + 'rm -rf -- "$p"', full, what=f"remove {path!r}")
+    _run(sb, _confined(sb) + 'rm -rf -- "$p"', full, what=f"remove {path!r}")

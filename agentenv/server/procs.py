@@ -31,8 +31,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentenv.backend import docker_client
-from agentenv.errors import AgentEnvError, ProcessNotFound, SandboxStateError
-from agentenv.sandbox import Sandbox
+from agentenv.errors import (
+    AgentEnvError,
+    InvalidArgument,
+    ProcessNotFound,
+    SandboxBusy,
+    SandboxNotFound,
+    SandboxStateError,
+)
+from agentenv.locks import sandbox_lock
+from agentenv.sandbox import Sandbox, runtime
+from agentenv.server import fsops
 
 PROC_ROOT = "/tmp/.agentenv-e2b"
 CHUNK = 32 * 1024            # bytes per data event
@@ -111,6 +120,33 @@ def _container_root(sb: Sandbox) -> Path:
     return root
 
 
+class SandboxKilled(SandboxStateError):
+    """The sandbox was killed (or its time to live ran out) while one of its processes was followed: the
+    process is gone with it, so the stream ends as E2B's does then (Connect `unavailable`)."""
+
+
+def _stopped(sb: Sandbox, pid: int) -> SandboxStateError:
+    """The error for a follower whose sandbox stopped under it: `SandboxKilled` when it was killed, a plain
+    `SandboxStateError` when it was paused (the process lives on in the checkpoint). The pause or kill
+    that stopped the container holds the sandbox's lock until the registry says which it was, so this
+    waits for that lock (at most the sandbox's `lock_timeout_s`) before reading the state."""
+    with contextlib.suppress(SandboxBusy):
+        with sandbox_lock(runtime().registry.lock_dir, sb.id, sb.config.lock_timeout_s, "follow a process"):
+            pass
+    try:
+        status = sb.status
+    except SandboxNotFound:
+        status = "closed"
+    if status == "closed":
+        return SandboxKilled(f"sandbox {sb.id} was killed while process {pid} was followed; the stream "
+                             "ended before the process did")
+    if status == "paused":
+        return SandboxStateError(f"sandbox {sb.id} was paused while process {pid} was followed; the process "
+                                 "continues after a resume (connect)")
+    return SandboxStateError(f"sandbox {sb.id} was stopped while process {pid} was followed (it is {status} "
+                             "now, e.g. after the pause of a fork or snapshot); follow the process again")
+
+
 def _proc_dir(root: Path, pid: int) -> Path:
     return root / PROC_ROOT.lstrip("/") / f"p.{pid}"
 
@@ -125,13 +161,17 @@ class ProcessManager:
     # ---- start / list -------------------------------------------------------------------------
     def start(self, sb: Sandbox, cmd: str, args: Sequence[str], envs: Mapping[str, str], cwd: str | None,
               stdin: bool, tag: str | None) -> int:
-        """Start `cmd args...` detached in the sandbox; returns its PID (inside the sandbox)."""
+        """Start `cmd args...` detached in the sandbox; returns its PID (inside the sandbox). It starts in
+        `cwd`, a relative one taken from the sandbox's home (`fsops.home_dir`, as envd resolves it against
+        the user's home), or in the home itself when `cwd` is empty."""
         if not cmd:
             raise AgentEnvError("process.cmd is empty: give the program to run")
+        if cwd is not None and "\0" in cwd:
+            raise InvalidArgument(f"process.cwd must not contain NUL bytes, got {cwd!r}")
         tag_dir = secrets.token_hex(8)
         argv = ["sh", "-c", _LAUNCHER, "launcher", PROC_ROOT, tag_dir, "1" if stdin else "0", cmd, *args]
         env = {**envs, "W": _WRAPPER}
-        workdir = cwd or sb.config.workspace
+        workdir = fsops.resolve(sb, cwd) if cwd else fsops.home_dir(sb)
         r = sb.exec(argv, timeout=LAUNCH_TIMEOUT_S, env=env, workdir=workdir)
         if r.exit_code != 0 or not r.stdout.strip().isdigit():
             detail = (r.stderr or r.stdout).strip()[:300] or f"exit {r.exit_code}"
@@ -227,9 +267,13 @@ class ProcessManager:
     # ---- output -------------------------------------------------------------------------------
     async def follow(self, sb: Sandbox, pid: int, from_start: bool) -> AsyncIterator[OutputEvent]:
         """Output of the process as it is written, then its exit code. `from_start=False` skips what
-        was written before the call (envd's Connect). Raises SandboxStateError when the sandbox stops
-        (pause or kill) while following: the process itself lives on in the checkpoint."""
-        root = await asyncio.to_thread(_container_root, sb)
+        was written before the call (envd's Connect). Raises SandboxStateError when the sandbox is paused
+        while following (the process itself lives on in the checkpoint), SandboxKilled when it is killed."""
+        try:
+            root = await asyncio.to_thread(_container_root, sb)
+        except SandboxStateError as e:  # not running: killed meanwhile is told apart, the rest as it was
+            stopped = await asyncio.to_thread(_stopped, sb, pid)
+            raise (stopped if isinstance(stopped, SandboxKilled) else e) from None
         d = _proc_dir(root, pid)
         offsets = {"stdout": 0, "stderr": 0}
         files = {"stdout": d / "out", "stderr": d / "err"}
@@ -255,8 +299,7 @@ class ProcessManager:
                     raise FileNotFoundError(d)
             except (FileNotFoundError, ProcessLookupError, NotADirectoryError, ValueError):
                 if not root.exists() or not os.path.exists(root / "proc"):
-                    raise SandboxStateError(f"sandbox {sb.id} stopped (paused or killed) while process "
-                                             f"{pid} was followed; it continues after a resume") from None
+                    raise await asyncio.to_thread(_stopped, sb, pid) from None
                 raise ProcessNotFound(f"process {pid}'s files vanished from sandbox {sb.id}") from None
             await asyncio.sleep(self.poll_s)
 

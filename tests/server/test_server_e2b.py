@@ -10,17 +10,20 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
-from e2b import Sandbox, SandboxQuery
+from e2b import Sandbox, SandboxQuery, SandboxState
 from e2b.exceptions import (
     AuthenticationException,
     FileNotFoundException,
     InvalidArgumentException,
     SandboxException,
     SandboxNotFoundException,
+    SandboxNotRunningException,
     TimeoutException,
 )
 from e2b.sandbox.commands.command_handle import CommandExitException
@@ -126,6 +129,17 @@ def test_files_through_the_sdk(sdk_sandbox):
     assert moved.path == "/workspace/dir/sub/c.txt" and sb.files.get_info("dir/sub/c.txt").size == 10
     sb.files.remove("dir/sub")
     assert not sb.files.exists("dir/sub/c.txt") and sb.files.exists("dir/b.bin")
+    sb.files.remove("dir/sub")  # nothing there any more: succeeds, as envd's remove does
+    with pytest.raises(InvalidArgumentException, match="outside the sandbox work dir"):
+        sb.files.remove("../etc")  # still confined
+    # A relative cwd starts from the sandbox's home (its work dir); a symlink's target is reported
+    # resolved (absolute), as envd does.
+    r = sb.commands.run("ln -s b.bin link && ln -s ../dir up && pwd", cwd="dir")
+    assert r.stdout == "/workspace/dir\n"
+    link = sb.files.get_info("dir/link")
+    assert (link.type.value, link.symlink_target) == ("symlink", "/workspace/dir/b.bin")
+    listed = {e.name: e for e in sb.files.list("dir")}
+    assert listed["up"].symlink_target == "/workspace/dir" and listed["b.bin"].symlink_target is None
     with pytest.raises(FileNotFoundException):
         sb.files.read("missing.txt")
     with pytest.raises(InvalidArgumentException, match="outside the sandbox work dir"):
@@ -133,7 +147,8 @@ def test_files_through_the_sdk(sdk_sandbox):
 
 
 def test_pause_connect_fork_kill(server, sdk_sandbox, monkeypatch):
-    sb = sdk_sandbox(timeout=300)
+    tag = {"lifecycle": uuid.uuid4().hex}  # this test's sandboxes (the source and its forks) in lists
+    sb = sdk_sandbox(timeout=300, metadata=tag)
     sb.files.write("note.txt", "kept")
     counter = sb.commands.run(COUNTER, background=True)
     before = _poll(lambda: _n(sb) >= 3 and _n(sb), 20, "the counter to count")
@@ -149,6 +164,8 @@ def test_pause_connect_fork_kill(server, sdk_sandbox, monkeypatch):
     assert (stats.pids, stats.rss_bytes) == (0, 0) and stats.checkpoint_bytes > 0
     assert sb.pause() is False  # 409: already paused
     assert not sb.is_running()
+    paused = Sandbox.list(query=SandboxQuery(metadata=tag, state=[SandboxState.PAUSED])).next_items()
+    assert [s.sandbox_id for s in paused] == [sb.sandbox_id]
 
     sb = Sandbox.connect(sb.sandbox_id, timeout=300)  # resumes it
     assert sb.is_running() and _container_state(sb.sandbox_id)[0]
@@ -164,7 +181,11 @@ def test_pause_connect_fork_kill(server, sdk_sandbox, monkeypatch):
             break
     follow.disconnect()
     assert lines[0] > after and lines == list(range(lines[0], lines[0] + len(lines))), lines
-    assert Sandbox.connect(sb.sandbox_id).sandbox_id == sb.sandbox_id  # running: 200, no-op
+    end = Sandbox.get_info(sb.sandbox_id).end_at
+    assert Sandbox.connect(sb.sandbox_id, timeout=10).sandbox_id == sb.sandbox_id  # running: 200
+    assert Sandbox.get_info(sb.sandbox_id).end_at == end, "connect shortened a running sandbox's TTL"
+    Sandbox.connect(sb.sandbox_id, timeout=600)
+    assert Sandbox.get_info(sb.sandbox_id).end_at > end, "connect did not extend the TTL"
 
     forks = sb.fork(count=2)
     assert len(forks) == 2 and not [f for f in forks if isinstance(f, Exception)], forks
@@ -174,15 +195,44 @@ def test_pause_connect_fork_kill(server, sdk_sandbox, monkeypatch):
             assert _n(f) >= after and counter.pid in [p.pid for p in f.commands.list()]
             f.commands.run("echo mine > note.txt")
         assert sb.files.read("note.txt") == "kept"
+        _check_list(tag, sb, forks)
     finally:
         for f in forks:
             f.kill()
 
+    # A command followed while its sandbox is killed: the stream breaks off (`unavailable`), the SDK's
+    # health probe finds the sandbox gone and raises its not-running error.
+    sleeper = sb.commands.run("sleep 60", background=True)
     assert sb.kill() is True
+    with pytest.raises(SandboxNotRunningException, match="killed or reached its end of life"):
+        sleeper.wait()
     assert sb.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]
     with pytest.raises(SandboxNotFoundException):
         Sandbox.connect(sb.sandbox_id)
     assert Sandbox.kill(sb.sandbox_id) is False  # 404
+
+
+def _check_list(tag: dict[str, str], sb, forks) -> None:
+    """`Sandbox.list` of a source `sb` and its later `forks` (all running, metadata `tag`): newest first
+    by default, page by page; `order="asc"`; `started_after` (inclusive) and `template` filter."""
+    start = {s.sandbox_id: Sandbox.get_info(s.sandbox_id).started_at for s in (sb, *forks)}
+    newest_first = sorted(start, key=lambda i: start[i], reverse=True)
+    assert newest_first[-1] == sb.sandbox_id, start
+
+    def ids(**kw) -> list[str]:
+        return [s.sandbox_id for s in Sandbox.list(**kw).next_items()]
+    pager = Sandbox.list(query=SandboxQuery(metadata=tag, state=[SandboxState.RUNNING]), limit=1)
+    pages = []
+    while pager.has_next and len(pages) <= len(start):  # bounded: a wrong token must not loop forever
+        pages.append([s.sandbox_id for s in pager.next_items()])
+    assert pages == [[i] for i in newest_first]
+    assert ids(query=SandboxQuery(metadata=tag), order="asc") == newest_first[::-1]
+    first = start[sb.sandbox_id]
+    assert ids(query=SandboxQuery(metadata=tag, started_after=first)) == newest_first
+    later = ids(query=SandboxQuery(metadata=tag, started_after=first + timedelta(microseconds=1)))
+    assert later == newest_first[:-1]
+    assert ids(query=SandboxQuery(metadata=tag, template="base")) == newest_first
+    assert ids(query=SandboxQuery(metadata=tag, template="unknown-template")) == []
 
 
 def test_snapshots(sdk_sandbox):
