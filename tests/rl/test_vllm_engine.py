@@ -20,7 +20,7 @@ from rl.policy import build_policy
 from rl.tokenizer import ByteTokenizer
 from rl.vllm.plugin import ARCHITECTURE, MODEL_CLASS
 
-from rl_testutil import ROOT  # isort: skip
+from rl_testutil import ROOT, compose  # isort: skip
 
 TOK = ByteTokenizer()
 DIGITS = "0123456789"
@@ -176,3 +176,27 @@ def test_the_version_check_refuses_stale_weights(engine):
     engine.require_version(held)
     with pytest.raises(StaleWeights, match=rf"engine holds weights v{held} but the batch needs v{held + 1}"):
         engine.require_version(held + 1)
+
+
+def test_a_rollout_worker_pushes_each_version_into_its_engine_and_checks_what_it_holds(cfg):
+    """The worker's side of rollout=vllm, in this process (no Ray, no sandboxes): a loaded version is
+    pushed into the worker's own running engine; an async offer is kept and pushed at the next turn
+    boundary; a rollout refuses to start when the engine does not hold the worker's version."""
+    from rl.actors import RolloutWorker
+
+    worker = RolloutWorker(compose("rollout=vllm", "rollout.vllm.kv_cache_mib=16"), index=0)
+    try:
+        assert worker.model is None  # the engine holds the weights
+        first, second = (build_policy(cfg, seed=s).state_dict() for s in (2, 3))
+        assert worker.load_weights(0, first) == 0 and worker.engine.weights_version() == 0
+        worker._check_weights()
+        assert worker.offer_weights(1, second) == 1 and worker.engine.weights_version() == 0  # kept only
+        with worker._standby_lock:  # an offer being stored: this turn keeps the weights it has
+            assert worker._turn_version() == 0
+        assert worker._turn_version() == 1 and worker.engine.weights_version() == 1  # pushed between turns
+        worker._check_weights()
+        worker.engine.load_weights(0, first)  # the engine no longer holds what the worker thinks it does
+        with pytest.raises(StaleWeights, match=r"engine holds weights v0 but the batch needs v1"):
+            worker.rollout([0], 2, 0, sample_seed=0, expected_version=1)
+    finally:
+        worker.close()

@@ -1,6 +1,8 @@
 """rollout=vllm end to end (local Ray, real sandboxes, the tiny K3 policy): the rollout worker samples with
 its in-process vLLM engine, receives every new version as a push into that running engine, and the
-learner trains on what it sampled, in sync and in async mode."""
+learner trains on what it sampled. (Async mode's vLLM-specific path, an offer pushed between turns, is
+tested on a worker in tests/rl/test_vllm_engine.py: a second end-to-end run would cost ~20 s, most of it
+vLLM's start in a new worker process.)"""
 
 import pytest
 from rl_testutil import TINY, compose
@@ -25,9 +27,3 @@ def test_sync_training_samples_with_vllm_and_pushes_every_version(local_ray, tmp
             loads = record[f"rollout_expert_load/layer{layer}"]
             assert len(loads) == 16 and abs(sum(loads) - 1.0) < 1e-4
 
-
-def test_async_training_with_vllm_keeps_within_the_staleness_bound(local_ray, tmp_path):
-    cfg = compose(*TINY, *VLLM, "trainer.mode=async", "trainer.checkpoint_every=0", "trainer.max_staleness=1")
-    records = Trainer(cfg, tmp_path / "async").run().history
-    assert [r["weights_version"] for r in records] == [1.0, 2.0]
-    assert all(r["staleness_max"] <= 1 and r["episodes"] >= 4 for r in records)
