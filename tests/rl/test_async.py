@@ -67,7 +67,8 @@ def test_tokens_record_their_version_and_collate_ignores_it():
     same = Episode(e.env_id, 0, 0, tokens=e.tokens, action_mask=e.action_mask, logprobs=e.logprobs)
     assert same.oldest_version is None
     a, b = collate([e], TOK.pad_id), collate([same], TOK.pad_id)
-    assert all(torch.equal(getattr(a, k), getattr(b, k)) for k in vars(a))
+    assert vars(a).keys() == vars(b).keys() and a.routes is None and b.routes is None  # no engine records
+    assert all(torch.equal(getattr(a, k), getattr(b, k)) for k in vars(a) if k != "routes")
 
 
 @pytest.fixture(scope="module")
