@@ -22,7 +22,8 @@ if ! docker_info; then
     echo "dockerd: no daemon answers; starting 'dockerd --experimental' (log: $LOG_DIR/dockerd.log)"
     # A stale pid file from a killed daemon blocks the start.
     rm -f /var/run/docker.pid
-    setsid nohup dockerd --experimental >>"$LOG_DIR/dockerd.log" 2>&1 </dev/null &
+    # Started from / : the daemon outlives this checkout, which may be a CI clone deleted afterwards.
+    (cd / && setsid nohup dockerd --experimental >>"$LOG_DIR/dockerd.log" 2>&1 </dev/null &)
   fi
   for _ in $(seq 1 60); do
     docker_info && break

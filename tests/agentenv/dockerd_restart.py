@@ -96,6 +96,8 @@ def restart_dockerd(pid: int, ensure_script: Path) -> list[str]:
     The daemon is brought back even when stopping it fails half-way."""
     cmdline, exe = _cmdline(pid), os.readlink(f"/proc/{pid}/exe")
     cwd = os.readlink(f"/proc/{pid}/cwd")
+    if not os.path.isdir(cwd):  # started from a folder deleted since (e.g. an earlier CI clone)
+        cwd = "/"
     env = dict(kv.split("=", 1) for kv in
                Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0") if "=" in kv)
     log_dir = Path(os.environ.get("K3RL_LOG_DIR", "/var/log/k3rl"))
@@ -108,8 +110,13 @@ def restart_dockerd(pid: int, ensure_script: Path) -> list[str]:
         assert not os.path.exists(f"/proc/{pid}"), "dockerd did not stop within 60 s"
     finally:
         with open(log_dir / "dockerd.log", "ab") as log:
-            subprocess.Popen(cmdline, executable=exe, cwd=cwd, env=env, stdout=log, stderr=log,
-                             stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                subprocess.Popen(cmdline, executable=exe, cwd=cwd, env=env, stdout=log, stderr=log,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+            except OSError as exc:  # fall back to the project's own `dockerd --experimental` at once
+                log.write(f"restart_dockerd: could not start {cmdline}: {exc}\n".encode())
+                log.flush()
+                subprocess.run(["bash", str(ensure_script)], check=True, timeout=120)
         deadline = time.monotonic() + 60
         while subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
             if time.monotonic() > deadline:  # last resort: the project's own `dockerd --experimental`
