@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: bootstrap lock test test-fast train bench bench-sandbox bench-restore-paths bench-model bench-kernels bench-train bench-learning bench-teacher image lint
+.PHONY: bootstrap lock test test-fast train bench bench-sandbox bench-restore-paths bench-model bench-kernels bench-train bench-learning bench-teacher bench-engines image lint
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -24,7 +24,7 @@ train: bootstrap
 image: bootstrap
 	$(VENV)/bin/agentenv images build
 
-bench: bench-model bench-kernels bench-sandbox bench-restore-paths bench-train bench-learning bench-teacher
+bench: bench-model bench-kernels bench-sandbox bench-restore-paths bench-train bench-learning bench-teacher bench-engines
 
 bench-model: bootstrap
 	$(PY) bench/model.py $(ARGS)
@@ -46,6 +46,9 @@ bench-learning: bootstrap
 
 bench-teacher: bootstrap
 	$(PY) bench/teacher.py $(ARGS)
+
+bench-engines: bootstrap
+	$(PY) bench/engines.py $(ARGS)
 
 lint: bootstrap
 	$(VENV)/bin/ruff check .

@@ -220,6 +220,15 @@ class RolloutWorker:
         """`node_address` of this worker (and so of its sandboxes, which this process creates)."""
         return node_address()
 
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def engine_stats(self) -> dict[str, Any]:
+        """This worker's engine as it is now (runs beside a rollout): ``worker``, ``engine`` (its
+        ``rollout.engine``) and, for vLLM, `rl.vllm.engine.VllmEngine.stats` (engines this process built,
+        each push's version and seconds, generation calls per version): how a benchmark sees that a run
+        pushed every version into one running engine."""
+        extra = self.engine.stats() if self.engine_holds_weights else {}
+        return {"worker": self.index, "engine": self.cfg.rollout.engine, **extra}
+
     def close(self) -> None:
         self.runner.close()
 

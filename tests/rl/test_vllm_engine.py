@@ -178,6 +178,21 @@ def test_the_version_check_refuses_stale_weights(engine):
         engine.require_version(held + 1)
 
 
+def test_stats_count_the_engines_built_each_push_and_the_calls_per_version(engine, policy):
+    """`VllmEngine.stats`, which bench/engines.py reads to show that a run never restarted its engine."""
+    before = engine.stats()
+    version = engine.weights_version() + 1
+    engine.load_weights(version, policy.state_dict())
+    engine.generate(contexts()[:2], 2, torch.Generator().manual_seed(0))
+    after = engine.stats()
+    assert (after["pid"], after["serial"], after["engines_built"]) == (
+        before["pid"], before["serial"], before["engines_built"]
+    )
+    assert after["pushes"][:-1] == before["pushes"] and after["pushes"][-1][0] == version
+    assert 0 < after["pushes"][-1][1] < 5  # seconds
+    assert after["calls_by_version"] == {**before["calls_by_version"], version: 1}
+
+
 def test_a_rollout_worker_pushes_each_version_into_its_engine_and_checks_what_it_holds(cfg):
     """The worker's side of rollout=vllm, in this process (no Ray, no sandboxes): a loaded version is
     pushed into the worker's own running engine; an async offer is kept and pushed at the next turn
