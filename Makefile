@@ -15,7 +15,7 @@ lock:
 
 ## The whole test suite (real dockerd, CRIU, Ray; Triton interpreter on CPU).
 test: bootstrap
-	$(VENV)/bin/pytest tests --durations=30
+	$(VENV)/bin/pytest tests -n 2 --durations=30
 
 ## The main job: the tiny K3 policy learns the default task (override with ARGS="key=value ...").
 train: bootstrap
