@@ -7,7 +7,7 @@ Three parts, one run, one after the other on this machine:
 1. **Speed** (per model of ``--models``): one policy (``build_policy(seed=0)``), a `TorchEngine` on it and a
    `VllmEngine` started from it (``rollout.vllm``'s settings, fp32), both at ``rollout.torch_threads``
    threads as in a rollout worker; ``--contexts`` episode-like prompts x ``--new-tokens`` sampled tokens
-   (temperature 1, no action mask, stop at end-of-turn as in training), one warm-up call each, then
+   (temperature 1, no action mask, stop at end-of-turn as in training), one warm-up call each (timed), then
    ``--repeats`` calls each, alternated (the order flips every repeat). Generated tokens/s per call:
    median, min-max, and the vLLM/torch ratio (of the medians, and the median of each repeat's pair,
    which a load change during the run moves less).
@@ -109,8 +109,11 @@ def speed(engines: dict[str, Any], batch: list[list[int]], new_tokens: int, repe
     import torch
 
     names = list(engines)
-    for name in names:  # warm-up: first-call allocations, vLLM's first schedule
+    first: dict[str, float] = {}
+    for name in names:  # warm-up: first-call allocations, vLLM's first schedule (timed: `first_call_s`)
+        start = time.perf_counter()
         engines[name].generate(batch, new_tokens, torch.Generator().manual_seed(10_000))
+        first[name] = time.perf_counter() - start
     rates: dict[str, list[float]] = {name: [] for name in names}
     tokens: dict[str, list[int]] = {name: [] for name in names}
     load = OtherLoad()
@@ -130,6 +133,7 @@ def speed(engines: dict[str, Any], batch: list[list[int]], new_tokens: int, repe
         "paired_ratio": statistics.median(paired),
         "paired_range": (min(paired), max(paired)),
         "other_cores": load.cores(),
+        "first_call_s": first,
     }
 
 
@@ -252,6 +256,8 @@ def check_training(log: list[dict[str, Any]], result, mode: str) -> dict:
         "first_push_s": [e["pushes"][0][1] for e in final],
         "push_s": push_s,
         "weight_sync_s": [r["weight_sync_s"] for r in records],
+        "iteration_s": [r["iteration_s"] for r in records],
+        "pauses": [int(r["sandbox_pauses"]) for r in records],
         "versions": (int(log[1]["batch_version"]), int(records[-1]["weights_version"])),
         "batches_checked": batches_checked,
         "problems": problems,
@@ -329,13 +335,15 @@ def main(argv: list[str] | None = None) -> None:
         f"it, the same batch: {args.contexts} episode-like prompts ({prompt_tokens} tokens) x up to "
         f"{args.new_tokens} "
         "sampled tokens (temperature 1, no action mask, stopping at end-of-turn as in training), "
-        f"{args.repeats} calls per engine after one warm-up each, alternated. Tokens/s: generated tokens "
+        f"{args.repeats} calls per engine after one warm-up call each (its seconds in the table: a new "
+        "vLLM engine's first call is slow), alternated. Tokens/s: generated tokens "
         "over the call's wall time, median (min-max); ratio: vLLM/torch of the medians, and the median "
         "(min-max) of each repeat's pair.",
         "",
         "| model | torch threads | TorchEngine tokens/s | VllmEngine tokens/s | vLLM/torch (medians) | "
-        "vLLM/torch (paired) | tokens per call (torch / vLLM) | other processes' cores during it |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "vLLM/torch (paired) | tokens per call (torch / vLLM) | first (warm-up) call s (torch / vLLM) | "
+        "other processes' cores during it |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for model, threads, s in speed_rows:
         low, high = s["paired_range"]
@@ -343,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
             f"| {model} | {threads} | {spread(s['rates']['torch'])} | {spread(s['rates']['vllm'])} | "
             f"{s['ratio_of_medians']:.2f} | {s['paired_ratio']:.2f} ({low:.2f}-{high:.2f}) | "
             f"{statistics.median(s['tokens']['torch']):.0f} / {statistics.median(s['tokens']['vllm']):.0f} | "
-            f"{s['other_cores']:.2f} |"
+            f"{s['first_call_s']['torch']:.2f} / {s['first_call_s']['vllm']:.2f} | {s['other_cores']:.2f} |"
         )
     lines += [
         "",
@@ -395,6 +403,11 @@ def main(argv: list[str] | None = None) -> None:
             f"| largest `rollout_logprob_gap` (learner vs vLLM log-probs of the batch) | "
             f"{run['logprob_gap']:.1e} |",
             f"| generated tokens/s in the rollouts, median over iterations | {run['tokens_per_s']:.0f} |",
+            f"| seconds per iteration: first, then median (min-max) of the others | "
+            f"{run['iteration_s'][0]:.1f}, {statistics.median(run['iteration_s'][1:] or [0]):.1f} "
+            f"({min(run['iteration_s'][1:] or [0]):.1f}-{max(run['iteration_s'][1:] or [0]):.1f}) |",
+            f"| sandbox pauses by the cost model (`rollout.sandbox_pool.pause_policy`) per iteration | "
+            f"{' '.join(map(str, run['pauses']))} |",
             f"| success, first / last iteration | {run['success'][0]:.2f} / {run['success'][1]:.2f} |",
             f"| wall time (Ray, vLLM and sandbox start-up included) | {run['wall_s']:.0f} s |",
         ]
