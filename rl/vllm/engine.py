@@ -110,6 +110,7 @@ class VllmEngine:
         finally:
             torch.set_num_threads = set_threads  # vLLM's CPU worker made it a no-op (module docstring)
         self.llm.collective_rpc("k3_record_routes")
+        self._warm_up()
         VllmEngine.built += 1
         self.serial = VllmEngine.built  # which of this process's engines this one is
         self.held = -1  # the version the last push left in the model (its own answer), -1: none yet
@@ -134,6 +135,24 @@ class VllmEngine:
             return cls(settings, folder, tokenizer, temperature, action_vocabulary)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+    def _warm_up(self) -> None:
+        """One short sampled generation at start-up (the sampling settings of `generate`), its routes and
+        expert loads dropped: a new engine's first sampled call takes seconds (3.5 s against 0.9 s for
+        the next ones, k3_tiny, 16 contexts here; a greedy warm-up does not help), which the first rollout
+        turn would otherwise pay, long enough for the sandbox pool's pause rule to freeze every waiting
+        sandbox. Nothing the run samples depends on it: the seed is its own."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(
+            temperature=self.temperature, top_p=1.0, top_k=0, max_tokens=2, logprobs=0, seed=0,
+            allowed_token_ids=self.allowed, detokenize=False,
+        )
+        prompt = TokensPrompt(prompt_token_ids=[self.tokenizer.end_id] * 8)
+        outputs = self.llm.generate([prompt], params, use_tqdm=False)
+        self.llm.collective_rpc("k3_take_routes", args=([o.request_id for o in outputs],))
+        self.take_expert_loads()
 
     # ------------------------------------------------------------------ the engine interface
     def generate(
