@@ -29,3 +29,15 @@ def local_ray(task_home) -> str:  # noqa: F811  (the fixture imported above)
         os.environ.pop("PYTHONPATH", None)
     else:
         os.environ["PYTHONPATH"] = old_path
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """The learner's thread count (trainer.learner_threads) for a module's tests: a second torch thread
+    on busy cores only waits (a module opts in with ``pytestmark = pytest.mark.usefixtures(...)``)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

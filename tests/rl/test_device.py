@@ -20,13 +20,7 @@ from rl.trainer import with_resolved_device
 CUDA = torch.cuda.is_available()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """The learner's thread count (trainer.learner_threads): a second thread on busy cores only waits."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def on(cfg, device: str):

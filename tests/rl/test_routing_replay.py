@@ -16,14 +16,7 @@ from rl.policy import build_policy_shell
 from rl.routing import routing_mismatch
 from rl.tokenizer import build_tokenizer
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """The learner's thread count (trainer.learner_threads): a second thread on busy cores only waits."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
