@@ -146,7 +146,10 @@ class VllmKDA(KimiDeltaAttention, MambaBase):
             new_tails.append(tails)
         q, k, v = (torch.cat(acc, dim=1) for acc in convs)
         q, k, v, g, beta = self.kernel_inputs(x[None], q, k, v)
-        state = self.kv_cache[1][slots] * continued.view(-1, 1, 1, 1).to(self.kv_cache[1].dtype)
+        # A new request's slot holds whatever the cache memory held (never zeroed; NaN possible): select,
+        # do not multiply by 0 (NaN * 0 is NaN).
+        held = self.kv_cache[1][slots]
+        state = torch.where(continued.view(-1, 1, 1, 1).bool(), held, torch.zeros_like(held))
         cu_seqlens = torch.tensor(offsets, dtype=torch.long, device=x.device)
         o, final = chunk_kda(
             q, k, v, g, beta, initial_state=state, output_final_state=True, cu_seqlens=cu_seqlens

@@ -113,6 +113,22 @@ def test_greedy_tokens_are_the_torch_models(engine, policy):
     assert vllm_greedy(engine, prompts, 12) == [torch_greedy(policy, p, 12) for p in prompts]
 
 
+def test_a_new_request_ignores_what_its_state_slot_held(engine, policy):
+    """vLLM hands a new request a state slot it never zeroes: the KDA layers must not read it (NaN in the
+    recurrent states of every slot leaves the greedy tokens the torch model's)."""
+    from rl.vllm.layers import VllmKDA
+
+    def poison(model) -> int:
+        layers = [layer.self_attn for layer in model.model.layers if isinstance(layer.self_attn, VllmKDA)]
+        for kda in layers:
+            kda.kv_cache[1].fill_(float("nan"))
+        return len(layers)
+
+    assert engine.llm.apply_model(poison)[0] > 0
+    prompts = contexts()[:3]
+    assert vllm_greedy(engine, prompts, 6) == [torch_greedy(policy, p, 6) for p in prompts]
+
+
 def test_sampling_log_probs_and_routes_match_the_torch_model_and_replay(engine, policy, cfg):
     prompts = contexts()
     generations = engine.generate(prompts, 10, torch.Generator().manual_seed(7))
