@@ -63,14 +63,16 @@ def _free_port() -> int:
 class Server:
     """`agentenv serve` on a free loopback port, with this process's $AGENTENV_HOME and config."""
 
-    def __init__(self, home: Path) -> None:
-        self.key = "e2b_" + secrets.token_hex(20)
-        self.port = _free_port()
+    def __init__(self, home: Path, key: str | None = None, port: int | None = None) -> None:
+        """A new server; `key` and `port` given: the same server started again (after `kill9`)."""
+        self.home = home
+        self.key = key or "e2b_" + secrets.token_hex(20)
+        self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = home / "server.log"
         env = {**os.environ, "AGENTENV_API_KEY": self.key}
         env.pop("AGENTENV_SERVER", None)
-        with open(self.log, "wb") as out:
+        with open(self.log, "ab") as out:
             argv = [sys.executable, "-m", "agentenv.cli", "serve", "--port", str(self.port)]
             self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
@@ -86,6 +88,15 @@ class Server:
             time.sleep(0.2)
         os.environ.update(E2B_API_URL=self.url, E2B_SANDBOX_URL=self.url, E2B_API_KEY=self.key)
         os.environ.pop("E2B_DOMAIN", None)
+
+    def kill9(self) -> None:
+        """SIGKILL the server (no shutdown of any kind), as a crash would."""
+        self.proc.kill()
+        self.proc.wait(timeout=20)
+
+    def restart(self) -> Server:
+        """The same server (home, key, port) started again."""
+        return Server(self.home, self.key, self.port)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -1,0 +1,373 @@
+"""`agentenv serve` under load: N concurrent clients of the real `e2b` SDK (`AsyncSandbox`), then a crash.
+
+Load (for each N of `--clients`, default 8, 32, 64): N asyncio clients in this process, each looping
+create -> `commands.run` -> `files.write` / `files.read` -> pause -> connect (one resume) ->
+`commands.run` -> kill for `--duration` seconds (and at most `--max-loops` loops). Every SDK call is
+bounded by `OP_TIMEOUT_S`; a failed loop kills what it made and goes on. Reported per operation: p50 /
+p99 latency and operations/s; errors by kind (5xx: an HTTP status >= 500, or a Connect code a server
+only sends for its own failures); the server's RSS and open file descriptors sampled once a second;
+and what is left at the end (sandboxes not closed in the registry, Docker containers labelled with
+the bench's home, checkpoint folders in the store) before anything is cleaned: it must be zero.
+
+Crash (`--crash N`, default 50): N sandboxes, half paused, then `kill -9` of the server and a
+restart on the same home and port; how many are listed again with their state, and how many answer
+`connect` + `commands.run` afterwards.
+
+Every sandbox lives in the bench's private $AGENTENV_HOME, closed at the end also on failure
+(`sandbox_server.run`'s rule). Writes section `server-load` of docs/benchmarks.md unless `--no-write`.
+Usage: python bench/sandbox_server_load.py [--clients 8,32,64] [--duration 180] [--crash 50] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_report import busy_cores_before, other_load_text, write_section  # noqa: E402
+from sandbox_server import PROFILE, Server, close_all, rss_mib  # noqa: E402
+
+OP_TIMEOUT_S = 60.0    # one SDK call; past it the call counts as an error of kind `timeout`
+SANDBOX_TTL_S = 900    # TTL given at create: longer than any run, so the reaper never acts mid-loop
+OPS = ("create", "run", "write", "read", "pause", "connect", "run_resumed", "kill")
+TARGETS = {"clients": 32, "duration_s": 180, "run_p99_s": 1.0, "rss_mib": 300}
+# Connect codes an RPC error carries when the server itself failed (the 5xx of the data plane)
+SERVER_CODES = ("INTERNAL", "UNKNOWN", "DATA_LOSS", "UNIMPLEMENTED")
+
+
+def _q(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))] if s else float("nan")
+
+
+def error_kind(e: BaseException) -> tuple[str, bool]:
+    """(a short kind for the table, whether it is a server failure: 5xx or its Connect equivalent)."""
+    if isinstance(e, (asyncio.TimeoutError, TimeoutError)) and not str(e):
+        return "timeout (bench limit)", False
+    status = getattr(e, "status_code", None)
+    text = str(e)
+    code = re.match(r"Code\.([A-Z_]+)", text)
+    where = f"HTTP {status}" if status else (code.group(1).lower() if code else "")
+    kind = f"{type(e).__name__}" + (f" ({where})" if where else "")
+    five = bool(status and status >= 500) or bool(code and code.group(1) in SERVER_CODES)
+    return kind, five
+
+
+@dataclass
+class LoadResult:
+    clients: int
+    duration_s: float
+    loops: int = 0
+    lat: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    errors: Counter = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)
+    five_xx: int = 0
+    samples: list[tuple[float, float, int]] = field(default_factory=list)  # (t, RSS MiB, fds)
+    leftover: dict[str, int] = field(default_factory=dict)
+    tracebacks: int = 0
+
+
+class Sampler:
+    """The server process's RSS and open fds once a second, in a thread, until `stop()`."""
+
+    def __init__(self, pid: int, every_s: float = 1.0) -> None:
+        self.pid, self.every_s = pid, every_s
+        self.samples: list[tuple[float, float, int]] = []
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                fds = len(os.listdir(f"/proc/{self.pid}/fd"))
+                self.samples.append((time.monotonic() - self._t0, rss_mib(self.pid), fds))
+            except (FileNotFoundError, ProcessLookupError):
+                return
+            if self._stop.wait(self.every_s):
+                return
+
+    def stop(self) -> list[tuple[float, float, int]]:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        return self.samples
+
+
+async def _timed(res: LoadResult, op: str, coro):
+    t = time.perf_counter()
+    out = await asyncio.wait_for(coro, OP_TIMEOUT_S)
+    res.lat[op].append(time.perf_counter() - t)
+    return out
+
+
+async def client_loop(res: LoadResult, idx: int, deadline: float, max_loops: int) -> None:
+    """One client's loops until `deadline` (each loop bounded: every call by OP_TIMEOUT_S)."""
+    from e2b import AsyncSandbox
+
+    for n in range(max_loops):
+        if time.monotonic() >= deadline:
+            return
+        sbx = None
+        try:
+            sbx = await _timed(res, "create", AsyncSandbox.create("base", timeout=SANDBOX_TTL_S))
+            out = await _timed(res, "run", sbx.commands.run(f"echo client-{idx}"))
+            assert out.stdout == f"client-{idx}\n", out.stdout
+            payload = f"loop {n} of client {idx}\n"
+            await _timed(res, "write", sbx.files.write("load.txt", payload))
+            got = await _timed(res, "read", sbx.files.read("load.txt"))
+            assert got == payload, got
+            await _timed(res, "pause", sbx.pause())
+            sbx = await _timed(res, "connect", AsyncSandbox.connect(sbx.sandbox_id, timeout=SANDBOX_TTL_S))
+            out = await _timed(res, "run_resumed", sbx.commands.run("cat load.txt"))
+            assert out.stdout == payload, out.stdout
+            await _timed(res, "kill", sbx.kill())
+            sbx = None
+            res.loops += 1
+        except Exception as e:  # noqa: BLE001 - counted by kind; the loop goes on
+            kind, five = error_kind(e)
+            res.errors[kind] += 1
+            res.five_xx += five
+            res.examples.setdefault(kind, str(e).splitlines()[0][:200] if str(e) else repr(e))
+        finally:
+            if sbx is not None:
+                try:
+                    await asyncio.wait_for(AsyncSandbox.kill(sbx.sandbox_id), OP_TIMEOUT_S)
+                except Exception as e:  # noqa: BLE001
+                    res.errors[f"cleanup kill: {error_kind(e)[0]}"] += 1
+
+
+def leftovers(home: Path) -> dict[str, int]:
+    """What the runs left: live registry sandboxes, containers labelled with `home`, checkpoint folders
+    (in the store) of any container this home ever had."""
+    from agentenv import Sandbox
+    from agentenv.backend.base import LABEL_HOME
+    from agentenv.sandbox import runtime
+
+    rt = runtime()
+    live = Sandbox.list()
+    ps = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={LABEL_HOME}={home.resolve()}"],
+                        capture_output=True, text=True, timeout=60).stdout.split()
+    store = Path(rt.backend.describe()["checkpoint_store"])
+    containers = {r.container for r in rt.registry.list_sandboxes(include_closed=True) if r.container}
+    checkpoints = sum(1 for c in containers if (store / c).is_dir() and any((store / c).iterdir()))
+    return {"sandboxes": len(live), "containers": len(ps), "checkpoints": checkpoints}
+
+
+async def load_phase(server: Server, clients: int, duration_s: float, max_loops: int) -> LoadResult:
+    res = LoadResult(clients, duration_s)
+    sampler = Sampler(server.proc.pid)
+    t0 = time.monotonic()
+    deadline = t0 + duration_s
+    tasks = [asyncio.create_task(client_loop(res, i, deadline, max_loops)) for i in range(clients)]
+    # bounded: the last loop may start just before the deadline and take at most 8 calls' limits
+    await asyncio.wait_for(asyncio.gather(*tasks), duration_s + 10 * OP_TIMEOUT_S)
+    res.duration_s = time.monotonic() - t0
+    res.samples = sampler.stop()
+    res.leftover = leftovers(server.home)
+    return res
+
+
+async def crash_phase(server: Server, n: int) -> tuple[Server, dict[str, object]]:
+    """n sandboxes (half paused), kill -9, restart: listed again with their state, then usable?"""
+    from e2b import AsyncSandbox
+
+    sem = asyncio.Semaphore(8)
+
+    async def make(i: int) -> tuple[str, str]:
+        async with sem:
+            sbx = await asyncio.wait_for(AsyncSandbox.create("base", timeout=SANDBOX_TTL_S), OP_TIMEOUT_S)
+            await asyncio.wait_for(sbx.files.write("mark.txt", f"sandbox {i}\n"), OP_TIMEOUT_S)
+            if i % 2:
+                await asyncio.wait_for(sbx.pause(), OP_TIMEOUT_S)
+            return sbx.sandbox_id, "paused" if i % 2 else "running"
+
+    t = time.perf_counter()
+    made = dict(await asyncio.gather(*(make(i) for i in range(n))))
+    populate_s = time.perf_counter() - t
+    server.kill9()
+    t = time.perf_counter()
+    server = server.restart()
+    restart_s = time.perf_counter() - t
+    listed: dict[str, str] = {}
+    pages = AsyncSandbox.list(limit=100)  # running and paused
+    for _ in range(20):  # bounded: 20 pages of 100
+        for info in await pages.next_items():
+            listed[info.sandbox_id] = str(getattr(info.state, "value", info.state))
+        if not pages.has_next:
+            break
+    same_state = sum(1 for sid, st in made.items() if listed.get(sid) == st)
+
+    async def usable(i: int, sid: str) -> bool:
+        async with sem:
+            try:
+                sbx = await asyncio.wait_for(AsyncSandbox.connect(sid, timeout=SANDBOX_TTL_S), OP_TIMEOUT_S)
+                out = await asyncio.wait_for(sbx.commands.run("cat mark.txt"), OP_TIMEOUT_S)
+                await asyncio.wait_for(sbx.kill(), OP_TIMEOUT_S)
+                return out.stdout == f"sandbox {i}\n"
+            except Exception as e:  # noqa: BLE001 - counted as not usable
+                print(f"crash phase: {sid}: {error_kind(e)[0]}: {e}", file=sys.stderr)
+                return False
+
+    t = time.perf_counter()
+    ok = await asyncio.gather(*(usable(i, sid) for i, sid in enumerate(made)))
+    return server, {"n": n, "paused": sum(1 for s in made.values() if s == "paused"),
+                    "populate_s": populate_s, "restart_s": restart_s, "listed": len(listed),
+                    "same_state": same_state, "usable": sum(ok), "reach_s": time.perf_counter() - t,
+                    "leftover": leftovers(server.home)}
+
+
+def run(args: argparse.Namespace) -> tuple[list[LoadResult], dict[str, object] | None]:
+    """Every phase on one server in a private home and config; everything closed at the end."""
+    from agentenv import SandboxConfig
+
+    saved = {k: os.environ.get(k) for k in ("AGENTENV_HOME", "AGENTENV_CONFIG", "E2B_API_URL",
+                                            "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN")}
+    home = Path(tempfile.mkdtemp(prefix="agentenv-bench-load-"))
+    config = home / "sandbox.yaml"
+    config.write_text(yaml.safe_dump(SandboxConfig.load(**PROFILE).to_dict()))
+    os.environ.update(AGENTENV_HOME=str(home), AGENTENV_CONFIG=str(config))
+    server = None
+    results: list[LoadResult] = []
+    crash = None
+    try:
+        server = Server(home)
+        for n in args.clients:
+            print(f"== {n} clients for {args.duration:g} s", flush=True)
+            res = asyncio.run(load_phase(server, n, args.duration, args.max_loops))
+            res.tracebacks = server.log.read_text(errors="replace").count("Traceback")
+            print(summary(res), flush=True)
+            results.append(res)
+            if any(res.leftover.values()):
+                print(f"cleanup after {n} clients: closed {close_all()} sandboxes", flush=True)
+        if args.crash:
+            print(f"== kill -9 with {args.crash} sandboxes (half paused)", flush=True)
+            server, crash = asyncio.run(crash_phase(server, args.crash))
+            print(crash, flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+        print(f"load bench: closed {close_all()} sandboxes", flush=True)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        subprocess.run(["rm", "-rf", str(home)], check=False)
+    return results, crash
+
+
+def summary(r: LoadResult) -> str:
+    run = r.lat.get("run", []) + r.lat.get("run_resumed", [])
+    rss = max((s[1] for s in r.samples), default=0.0)
+    return (f"{r.clients} clients: {r.loops} loops, run p99 {_q(run, 0.99) * 1e3:.0f} ms, errors "
+            f"{dict(r.errors)}, 5xx {r.five_xx}, RSS max {rss:.0f} MiB, leftover {r.leftover}")
+
+
+def _ms(v: float) -> str:
+    return f"{v * 1e3:.0f}" if v == v else "–"
+
+
+def render(results: list[LoadResult], crash: dict[str, object] | None, cmd: str, busy: float) -> str:
+    from importlib.metadata import version
+
+    def verdict(good: bool) -> str:
+        return "met" if good else "**missed**"
+
+    lines = [
+        f"Command: `{cmd}`  ",
+        f"Machine: {os.cpu_count()} cores, Python {platform.python_version()}, e2b SDK {version('e2b')}, "
+        f"uvicorn {version('uvicorn')}; {other_load_text(busy)} Load average at the end "
+        f"{os.getloadavg()[0]:.2f}. The clients (one asyncio process) and `agentenv serve` share these "
+        "cores with dockerd, containerd and CRIU. Sandbox profile: memory 64m, pids 32, image `base`.",
+        "",
+        "Each client loops create → `commands.run` → `files.write` + `files.read` → `pause` → `connect` "
+        "(a resume) → `commands.run` → `kill`; p50 / p99 in ms, per operation.",
+        "",
+        "| clients | s | loops | ops/s | " + " | ".join(OPS) + " | errors | 5xx "
+        "| server RSS MiB (start → max → end) | fds (start → max → end) "
+        "| left over (sandboxes / containers / checkpoints) |",
+        "|---" * (len(OPS) + 9) + "|",
+    ]
+    for r in results:
+        ops = sum(len(v) for v in r.lat.values())
+        rss = [s[1] for s in r.samples] or [0.0]
+        fds = [s[2] for s in r.samples] or [0]
+        cells = [f"{_ms(_q(r.lat.get(op, []), 0.5))} / {_ms(_q(r.lat.get(op, []), 0.99))}" for op in OPS]
+        errs = sum(r.errors.values())
+        lo = r.leftover
+        lines.append(f"| {r.clients} | {r.duration_s:.0f} | {r.loops} | {ops / r.duration_s:.1f} | "
+                     + " | ".join(cells) + f" | {errs} | {r.five_xx} | {rss[0]:.0f} → {max(rss):.0f} → "
+                     f"{rss[-1]:.0f} | {fds[0]} → {max(fds)} → {fds[-1]} | {lo['sandboxes']} / "
+                     f"{lo['containers']} / {lo['checkpoints']} |")
+    lines.append("")
+    for r in results:
+        if r.errors:
+            kinds = "; ".join(f"{k}: {v} (e.g. “{r.examples.get(k, '')}”)" for k, v in r.errors.most_common())
+            lines.append(f"Errors at {r.clients} clients: {kinds}.  ")
+        if r.tracebacks:
+            lines.append(f"The server logged {r.tracebacks} tracebacks by the end of the {r.clients}-client "
+                         "run.  ")
+    target = next((r for r in results if r.clients == TARGETS["clients"]), None)
+    if target is not None:
+        run = target.lat.get("run", []) + target.lat.get("run_resumed", [])
+        p99 = _q(run, 0.99)
+        rss = max((s[1] for s in target.samples), default=0.0)
+        leaks = sum(target.leftover.values())
+        full = target.duration_s >= TARGETS["duration_s"]
+        lines += ["", f"Targets at {target.clients} clients for {target.duration_s:.0f} s"
+                  + ("" if full else f" (shorter than the target's {TARGETS['duration_s']} s)") + ": "
+                  f"zero 5xx ({target.five_xx}: {verdict(target.five_xx == 0)}), zero leaks ({leaks}: "
+                  f"{verdict(leaks == 0)}), p99 of `commands.run` ≤ {TARGETS['run_p99_s']:g} s "
+                  f"({p99:.2f} s: {verdict(p99 <= TARGETS['run_p99_s'])}), server RSS ≤ "
+                  f"{TARGETS['rss_mib']} MiB ({rss:.0f} MiB: {verdict(rss <= TARGETS['rss_mib'])})."]
+    if crash is not None:
+        lo = crash["leftover"]
+        lines += ["", f"`kill -9` of the server holding {crash['n']} sandboxes ({crash['paused']} paused; "
+                  f"made in {crash['populate_s']:.0f} s), restarted on the same home and port "
+                  f"(healthy after {crash['restart_s']:.1f} s): {crash['listed']} listed, "
+                  f"{crash['same_state']} of {crash['n']} with the state they had, {crash['usable']} of "
+                  f"{crash['n']} usable (`connect` + `commands.run` read the file each was given before the "
+                  f"crash; {crash['reach_s']:.0f} s for all, 8 at a time), then killed: left over "
+                  f"{lo['sandboxes']} / {lo['containers']} / {lo['checkpoints']} (target {crash['n']} of "
+                  f"{crash['n']}: {verdict(crash['usable'] == crash['n'])})."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", default="8,32,64", help="comma-separated client counts, one run each")
+    ap.add_argument("--duration", type=float, default=180.0, help="seconds of load per client count")
+    ap.add_argument("--max-loops", type=int, default=10_000, help="loops per client at most")
+    ap.add_argument("--crash", type=int, default=50, help="sandboxes held at the kill -9 (0 = skip)")
+    ap.add_argument("--quick", action="store_true", help="8 clients for 20 s, crash with 6")
+    ap.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.clients, args.duration, args.crash = "8", 20.0, 6
+    args.clients = [int(c) for c in args.clients.split(",") if c.strip()]
+    given = argv if argv is not None else sys.argv[1:]
+    cmd = ("python bench/sandbox_server_load.py " + " ".join(given)).strip()
+    busy = busy_cores_before()
+    results, crash = run(args)
+    text = render(results, crash, cmd, busy)
+    print(text)
+    if not args.no_write:
+        write_section("server-load", text)
+
+
+if __name__ == "__main__":
+    main()
