@@ -3,7 +3,9 @@
 Token layout (see ``rl.tokenizer``): observation turns are written by the trainer (``action_mask`` 0),
 action tokens are the sampled ids (``action_mask`` 1, with their sampling log-probs). Rewards of each
 step sit on the last token of the action that earned them. A failed episode (exception in the task,
-dead sandbox, failed resume) keeps its tokens for inspection but has ``error`` set and weight 0.
+dead sandbox, failed resume, the platform's exec timeout: the infrastructure, not the task's rules,
+ended it) keeps its tokens for inspection but has ``error`` and ``failure`` (its kind, see
+``rl.failures``) set and weight 0: it is out of its group's statistics and of the loss.
 
 Every token also records the weights version of the policy in use when it was written (``versions``):
 for an action token that is the version that sampled it. In async training (``trainer.mode=async``) an
@@ -25,6 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rl.failures import failure_kind
+
 
 @dataclass
 class Episode:
@@ -41,6 +45,7 @@ class Episode:
     success: bool = False
     truncated: bool = False
     error: str | None = None
+    failure: str | None = None  # the kind of failure (rl.failures.FAILURE_KINDS) when ``error`` is set
     # [n_action_tokens, n_moe_layers, top_k] experts that sampled each action token (-1: none recorded);
     # None: no record at all. See the module docstring.
     routes: torch.Tensor | None = None
@@ -106,8 +111,13 @@ class Episode:
             raise ValueError(f"routes of shape {list(routes.shape[1:])} after {list(self.routes.shape[1:])}")
         self.routes = torch.cat([self.routes, routes.to(self.routes.dtype)])
 
-    def fail(self, error: BaseException | str) -> None:
-        self.error = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    def fail(self, error: BaseException | str, kind: str | None = None) -> None:
+        """Mark the episode failed by ``error``; ``kind`` (default: `rl.failures.failure_kind` of the
+        exception, ``runtime_error`` for a message) says which infrastructure failure it was."""
+        if isinstance(error, str):
+            self.error, self.failure = error, kind or "runtime_error"
+        else:
+            self.error, self.failure = f"{type(error).__name__}: {error}", kind or failure_kind(error)
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,7 @@ class Outcome:
     failed: bool
     oldest_version: int | None = None  # of its action tokens (see `Episode.oldest_version`)
     newest_version: int | None = None
+    failure: str | None = None  # the kind of failure of a failed episode (`Episode.failure`)
 
     @classmethod
     def of(cls, episode: Episode) -> Outcome:
@@ -132,6 +143,7 @@ class Outcome:
             bool(episode.error),
             episode.oldest_version,
             episode.newest_version,
+            episode.failure,
         )
 
 

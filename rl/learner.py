@@ -44,6 +44,7 @@ from rl.algos import (
     rloo_advantages,
     token_log_probs,
     truncated_is_weights,
+    usable_episodes,
     zero_variance_groups,
 )
 from rl.checkpoints import LEARNER_STATE, POLICY
@@ -118,9 +119,11 @@ class Learner:
                 adv = (adv - mean) / (std + 1e-6) * batch.action_mask
             return adv, returns
         if kind == "grpo":
-            per_episode = grpo_advantages(batch.rewards, group, scale_by_std=self.algo.scale_by_std)
+            per_episode = grpo_advantages(
+                batch.rewards, group, scale_by_std=self.algo.scale_by_std, valid=batch.weights > 0
+            )
         elif kind == "rloo":
-            per_episode = rloo_advantages(batch.rewards, group)
+            per_episode = rloo_advantages(batch.rewards, group, valid=batch.weights > 0)
         else:
             raise ValueError(f"algo.advantage={kind!r} is unknown; use grpo, rloo or gae")
         return broadcast_to_tokens(per_episode, batch.action_mask), None
@@ -167,9 +170,13 @@ class Learner:
         self.model.train()
         algo = self.algo
         batch = self._batch(episodes)
+        # failed episodes (weight 0) are out of the group statistics and the loss; a group with fewer
+        # than algo.min_valid_members valid members is left out whole (rl.algos.usable_episodes)
+        valid = batch.weights > 0
+        keep = usable_episodes(valid, algo.group_size, algo.min_valid_members)
         if algo.advantage != "gae" and algo.filter_zero_variance_groups:
-            keep = ~zero_variance_groups(batch.rewards, algo.group_size)
-            batch.action_mask = batch.action_mask * keep[:, None].float()
+            keep = keep & ~zero_variance_groups(batch.rewards, algo.group_size, valid=valid)
+        batch.action_mask = batch.action_mask * keep[:, None].float()
         single = algo.epochs * algo.minibatches == 1
         first = None
         if single:

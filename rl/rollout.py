@@ -726,7 +726,7 @@ class EpisodeRunner:
                 continue
             if isinstance(sandbox_id, BaseException):
                 log.warning("in-flight episode (seed %d) not kept: %s", episode.seed, sandbox_id)
-                copied.fail(f"its sandbox could not be kept at the checkpoint: {sandbox_id}")
+                copied.fail(f"its sandbox could not be kept at the checkpoint: {sandbox_id}", "sandbox_lost")
             records.append(InFlightEpisode(copied, playing=False))
         return records
 
@@ -779,7 +779,8 @@ class EpisodeRunner:
         playing = [i for i, r in enumerate(recorded) if r.playing]
         for i, env in zip(playing, self.threads.map(restore, playing), strict=True):
             if isinstance(env, BaseException):
-                episodes[i].fail(f"could not restore its kept sandbox {recorded[i].sandbox_id}: {env}")
+                episodes[i].fail(f"could not restore its kept sandbox {recorded[i].sandbox_id}: {env}",
+                                 "sandbox_lost")
             else:
                 envs[i] = env
         unstarted = [

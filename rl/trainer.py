@@ -30,6 +30,7 @@ from rl.config import RunConfig
 from rl.config.checks import check_device
 from rl.device import learner_options, resolve_device
 from rl.errors import TooManyFailures
+from rl.failures import failure_metrics
 from rl.inflight import load_record
 from rl.metrics import MetricsLogger
 from rl.rollout import RolloutStats
@@ -322,6 +323,7 @@ class Trainer:
             "episode_tokens": float(np.mean([o.tokens for o in usable])),
             "episodes": stats.episodes,
             "failed_episodes": stats.failed,
+            **failure_metrics([g.outcomes for g in batch.groups], self.cfg.algo.min_valid_members),
             "env_steps": stats.env_steps,
             "generated_tokens": stats.generated_tokens,
             "generated_tokens_per_s": stats.generated_tokens / max(stats.generate_s, 1e-9),

@@ -31,6 +31,7 @@ COMPUTE_MODULES = (
     "tests/rl/test_async.py",
     "tests/rl/test_checkpoints.py",
     "tests/rl/test_device.py",
+    "tests/rl/test_failed_episodes.py",
     "tests/rl/test_learner.py",
     "tests/rl/test_policy.py",
     "tests/rl/test_rl_config.py",

@@ -220,7 +220,10 @@ class SandboxTask(gym.Env[str, str]):
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
         """Run a shell command line in the sandbox, stderr merged into its output (the session's shell, or
-        one exec); at ``timeout`` (default ``command_timeout_s``) its whole process group is killed."""
+        one exec). At ``timeout`` (default ``command_timeout_s``), the platform's limit, its whole process
+        group is killed and `agentenv.errors.ExecTimeout` (carrying the result) is raised: the episode
+        fails as an infrastructure failure (``rl.failures``). A limit that is part of the game goes
+        inside the command (``timeout 5 sh -c ...``): its exit code 124 is an ordinary result."""
         timeout = timeout or self.command_timeout_s
         started = time.perf_counter()
         self.hold_sandbox()
@@ -230,7 +233,17 @@ class SandboxTask(gym.Env[str, str]):
             sandbox.exec(line, timeout=timeout)
         self.command_count += 1
         self.command_seconds += time.perf_counter() - started
-        return CommandResult(r.exit_code, r.stdout, r.duration_s, r.timed_out, r.truncated)
+        result = CommandResult(r.exit_code, r.stdout, r.duration_s, r.timed_out, r.truncated)
+        if r.timed_out:
+            from agentenv.errors import ExecTimeout
+
+            raise ExecTimeout(
+                f"the platform's command timeout ({timeout} s) killed {command[:120]!r} "
+                f"(exit {r.exit_code}); "
+                "raise the task's command_timeout_s if the command is meant to run that long",
+                result,
+            )
+        return result
 
     def _session_in(self, sandbox: SandboxHandle) -> ShellSession:
         """This env's session in ``sandbox`` (a new one when the env moved to another sandbox)."""

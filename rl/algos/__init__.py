@@ -5,6 +5,7 @@ from rl.algos.advantages import (
     gae,
     grpo_advantages,
     rloo_advantages,
+    usable_episodes,
     zero_variance_groups,
 )
 from rl.algos.losses import (
@@ -33,5 +34,6 @@ __all__ = [
     "sft_loss",
     "token_log_probs",
     "truncated_is_weights",
+    "usable_episodes",
     "zero_variance_groups",
 ]

@@ -4,6 +4,11 @@ Each is a small pure function over tensors so that it can be checked against han
 Episode-level estimators (GRPO, RLOO) take one scalar reward per episode, laid out group after group
 (``rewards[g * G + i]`` is member ``i`` of group ``g``); the trainer broadcasts the result over the
 episode's action tokens. GAE works per token over the action tokens of a multi-turn sequence.
+
+Failed episodes (``valid`` False: the infrastructure ended them, see ``rl.failures``) have no reward by
+the task's rules, so they must not move their group's baseline: with ``valid`` the group statistics are
+taken over the valid members only, and an invalid member's advantage is 0. `usable_episodes` is the
+group rule: a group trains only when at least ``min_valid`` members are valid (``algo.min_valid_members``).
 """
 
 from __future__ import annotations
@@ -19,38 +24,85 @@ def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return rewards.float().view(-1, group_size)
 
 
+def _valid(valid: torch.Tensor | None, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``valid`` as a float ``[groups, G]`` mask (every member valid when None)."""
+    if valid is None:
+        return torch.ones_like(_grouped(rewards, group_size))
+    if valid.shape != rewards.shape:
+        raise ValueError(f"valid has shape {tuple(valid.shape)}, rewards {tuple(rewards.shape)}")
+    return valid.float().view(-1, group_size)
+
+
 def grpo_advantages(
-    rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6
+    rewards: torch.Tensor,
+    group_size: int,
+    scale_by_std: bool = True,
+    eps: float = 1e-6,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GRPO (Shao et al. 2024): ``(r - mean_group) / (std_group + eps)``.
 
     ``scale_by_std=False`` is Dr.GRPO's variant (Liu et al. 2025), which drops the division because it
     up-weights groups whose rewards barely differ. The std is the population std (``unbiased=False``).
+    ``valid`` (``[B]`` bool): the mean and std are over the valid members only; invalid members get 0.
     """
     grouped = _grouped(rewards, group_size)
-    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    if valid is None or bool(valid.all()):  # every member valid: torch's mean and std, as always
+        centred = grouped - grouped.mean(dim=1, keepdim=True)
+        if scale_by_std:
+            centred = centred / (grouped.std(dim=1, unbiased=False, keepdim=True) + eps)
+        return centred.reshape(-1)
+    mask = _valid(valid, rewards, group_size)
+    count = mask.sum(dim=1, keepdim=True).clamp_min(1.0)
+    mean = (grouped * mask).sum(dim=1, keepdim=True) / count
+    centred = (grouped - mean) * mask
     if scale_by_std:
-        centred = centred / (grouped.std(dim=1, unbiased=False, keepdim=True) + eps)
+        std = ((centred**2).sum(dim=1, keepdim=True) / count).sqrt()
+        centred = centred / (std + eps)
     return centred.reshape(-1)
 
 
-def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """REINFORCE leave-one-out (Ahmadian et al. 2024): ``r_i - mean_{j != i} r_j``."""
+def rloo_advantages(
+    rewards: torch.Tensor, group_size: int, valid: torch.Tensor | None = None
+) -> torch.Tensor:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024): ``r_i - mean_{j != i} r_j``.
+
+    ``valid`` (``[B]`` bool): the baseline is the mean of the other *valid* members; invalid members, and
+    a valid member with no other valid one, get 0."""
     if group_size < 2:
         raise ValueError("RLOO needs group_size >= 2 (the baseline is the mean of the other members)")
     grouped = _grouped(rewards, group_size)
-    others_mean = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
-    return (grouped - others_mean).reshape(-1)
+    mask = _valid(valid, rewards, group_size)
+    others = mask.sum(dim=1, keepdim=True) - mask  # valid members besides each one
+    others_mean = ((grouped * mask).sum(dim=1, keepdim=True) - grouped * mask) / others.clamp_min(1.0)
+    return ((grouped - others_mean) * mask * (others > 0)).reshape(-1)
 
 
-def zero_variance_groups(rewards: torch.Tensor, group_size: int, tol: float = 1e-8) -> torch.Tensor:
-    """DAPO's dynamic-sampling filter: True for every episode whose group has identical rewards.
+def zero_variance_groups(
+    rewards: torch.Tensor, group_size: int, tol: float = 1e-8, valid: torch.Tensor | None = None
+) -> torch.Tensor:
+    """DAPO's dynamic-sampling filter: True for every episode whose group has identical rewards (among
+    its ``valid`` members, when given; a group with fewer than two valid members counts as identical).
 
     Such groups carry no GRPO signal (all advantages are zero); DAPO drops them from the batch.
     """
     grouped = _grouped(rewards, group_size)
-    flat = (grouped.max(dim=1).values - grouped.min(dim=1).values) <= tol
+    mask = _valid(valid, rewards, group_size).bool()
+    high = grouped.masked_fill(~mask, float("-inf")).max(dim=1).values
+    low = grouped.masked_fill(~mask, float("inf")).min(dim=1).values
+    flat = (mask.sum(dim=1) < 2) | ((high - low) <= tol)
     return flat.repeat_interleave(group_size)
+
+
+def usable_episodes(valid: torch.Tensor, group_size: int, min_valid: int) -> torch.Tensor:
+    """The group rule for failed episodes: True for each valid episode of a group with at least
+    ``min_valid`` valid members; False for failed episodes and for every member of a smaller group
+    (its baseline would rest on too few samples, so the whole group is left out of the loss)."""
+    if min_valid < 1:
+        raise ValueError(f"min_valid must be >= 1, got {min_valid}")
+    mask = _valid(valid, valid.float(), group_size).bool()
+    enough = mask.sum(dim=1, keepdim=True) >= min_valid
+    return (mask & enough).reshape(-1)
 
 
 def gae(

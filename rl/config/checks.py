@@ -54,6 +54,12 @@ def check_algo(algo) -> None:
             "algo.group_size",
             f"{algo.advantage.upper()} needs groups of at least 2 episodes to compare, got {group}",
         )
+    if algo.min_valid_members > group:
+        _fail(
+            "algo.min_valid_members",
+            f"{algo.min_valid_members} valid members can never be reached in groups of "
+            f"algo.group_size={group}",
+        )
     if episodes % group:
         _fail(
             "algo.episodes_per_step",

@@ -49,6 +49,9 @@ class AlgoConfig:
     name: str = required(choices=("grpo", "rloo", "ppo"))
     advantage: str = required(choices=("grpo", "rloo", "gae"))
     group_size: int = required(ge=1)
+    # a group trains only when at least this many members ended by the task's rules (not failed by the
+    # infrastructure); failed members are out of the group's statistics and the loss (rl.algos)
+    min_valid_members: int = required(ge=1)
     episodes_per_step: int = required(ge=1)
     scale_by_std: bool = required()
     filter_zero_variance_groups: bool = required()
