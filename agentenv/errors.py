@@ -128,10 +128,11 @@ ERROR_TABLE: tuple[WireError, ...] = (
     WireError(ImageError, 400, "invalid_argument"),
     WireError(ConfigError, 400, "invalid_argument"),
     WireError(ExecTimeout, 504, "deadline_exceeded"),
+    # a refusal for want of room (the sandbox keeps running), not a server failure: 507 Insufficient Storage
+    WireError(DiskCapExceeded, 507, "resource_exhausted"),
     WireError(PoolBudgetExceeded, 429, "resource_exhausted"),
     WireError(HostUnavailable, 502, "unavailable"),
     WireError(BackendUnavailable, 503, "unavailable"),
-    WireError(DiskCapExceeded, 500, "internal"),
     WireError(RestoreNotVerified, 500, "internal"),
     WireError(CheckpointError, 500, "internal"),
     WireError(AgentEnvError, 400, "invalid_argument"),

@@ -111,7 +111,8 @@ def create_api(state: ServerState, reaper: bool = True) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        r = Reaper(state.store, state.settings.ttl_check_interval_s) if reaper else None
+        r = Reaper(state.store, state.settings.ttl_check_interval_s,
+                   state.settings.liveness_check_interval_s) if reaper else None
         if r:
             r.start()
         try:
@@ -165,7 +166,7 @@ def create_api(state: ServerState, reaper: bool = True) -> FastAPI:
         sid = request.headers.get(SANDBOX_ID_HEADER)
         if sid:
             try:
-                sb, _rec = state.sandbox(sid)
+                sb, _rec = state.sandbox(sid, probe=True)  # a dead container reads as gone
                 status = sb.status
             except SandboxNotFound:
                 return e2b_json(502, f"sandbox {sid} was not found (killed, or its time to live ran out)")

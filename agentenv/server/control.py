@@ -225,7 +225,7 @@ def control_router(state: ServerState) -> APIRouter:
                     envdVersion=settings.envd_version, metadata=rec.metadata)
 
     def served(sandbox_id: str, *states: str) -> tuple[Sandbox, E2BRecord, str]:
-        sb, rec = state.sandbox(sandbox_id)
+        sb, rec = state.sandbox(sandbox_id, probe=True)  # a dead container: 404 saying why, not a 500
         status = sb.status
         if states and status not in states:
             raise SandboxStateError(f"sandbox {sandbox_id} is {status}" +
@@ -328,8 +328,8 @@ def control_router(state: ServerState) -> APIRouter:
     @r.get("/sandboxes/{sandbox_id}", response_model=SandboxDetail, summary="Get a sandbox")
     def get(sandbox_id: str) -> dict[str, Any]:
         sb, rec, status = served(sandbox_id)
-        if status not in ("running", "paused"):
-            raise ApiError(500, f"sandbox {sandbox_id} is {status}: {sb.reason or 'unknown reason'}")
+        if status not in ("running", "paused"):  # e.g. broken by another request meanwhile: not a 500
+            raise SandboxStateError(f"sandbox {sandbox_id} is {status}: {sb.reason or 'unknown reason'}")
         return {**listed(sb, rec, status), "envdAccessToken": rec.envd_token, "allowInternetAccess": False,
                 "lifecycle": {"autoResume": False, "onTimeout": "pause" if rec.auto_pause else "kill"}}
 
@@ -347,7 +347,8 @@ def control_router(state: ServerState) -> APIRouter:
         sb, _rec, status = served(sandbox_id)
         if status == "paused":
             raise SandboxStateError(f"sandbox {sandbox_id} is already paused")
-        sb.pause()
+        with state.gone_if_broken(sb):
+            sb.pause()
         state.store.set_end(sb.id, time.time())
         return Response(status_code=204)
 
@@ -357,7 +358,8 @@ def control_router(state: ServerState) -> APIRouter:
         resumed = False
         if status == "paused":
             try:
-                sb.resume()
+                with state.gone_if_broken(sb):
+                    sb.resume()
                 resumed = True
                 response.status_code = 201
             except SandboxStateError:
@@ -383,7 +385,8 @@ def control_router(state: ServerState) -> APIRouter:
         sb, rec, status = served(sandbox_id, "running", "paused")
         if status == "running":
             raise SandboxStateError(f"sandbox {sandbox_id} is already running")
-        sb.resume()
+        with state.gone_if_broken(sb):
+            sb.resume()
         state.store.set_end(sb.id, time.time() + timeout)
         return created(sb, rec)
 

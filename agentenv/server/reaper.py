@@ -1,5 +1,6 @@
 """The time-to-live reaper: a running sandbox whose TTL ran out is paused (created with `autoPause`)
-or killed, as E2B does. One daemon thread; every action holds the sandbox's lock through `Sandbox`."""
+or killed, as E2B does; and, less often, the liveness sweep (`agentenv.server.reconcile.sweep`). One daemon
+thread; every action holds the sandbox's lock."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 
 from agentenv.errors import AgentEnvError, SandboxNotFound
 from agentenv.sandbox import Sandbox
+from agentenv.server.reconcile import sweep
 from agentenv.server.store import E2BStore
 
 log = logging.getLogger(__name__)
@@ -49,11 +51,14 @@ def reap_once(store: E2BStore, now: float | None = None) -> list[tuple[str, str]
 
 
 class Reaper:
-    """Runs `reap_once` every `interval_s` seconds until `stop()`."""
+    """Runs `reap_once` every `interval_s` seconds, and `reconcile.sweep` (running sandboxes whose
+    container died: forgotten, so lists stop showing them) every `liveness_s` seconds, until `stop()`."""
 
-    def __init__(self, store: E2BStore, interval_s: float) -> None:
+    def __init__(self, store: E2BStore, interval_s: float, liveness_s: float | None = None) -> None:
         self.store = store
         self.interval_s = interval_s
+        self.liveness_s = liveness_s
+        self._next_sweep = time.monotonic() + (liveness_s or 0.0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentenv-ttl-reaper", daemon=True)
 
@@ -71,3 +76,11 @@ class Reaper:
                     log.info("sandbox %s: time to live ran out, %s", sid, what)
             except Exception:  # keep reaping after an unexpected error (e.g. dockerd restarting)
                 log.exception("TTL reaper round failed")
+            if self.liveness_s is not None and time.monotonic() >= self._next_sweep:
+                self._next_sweep = time.monotonic() + self.liveness_s
+                try:
+                    sweep(self.store)
+                except AgentEnvError as e:  # dockerd restarting: the next round looks again
+                    log.warning("liveness check skipped: %s", e)
+                except Exception:
+                    log.exception("liveness check failed")

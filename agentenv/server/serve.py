@@ -1,15 +1,22 @@
-"""Run the server: settings from conf/agentenv/server.yaml, the API key, uvicorn on loopback."""
+"""Run the server: settings from conf/agentenv/server.yaml, the API key, one server per $AGENTENV_HOME
+(a lock), start-up recovery of what an earlier server left (`agentenv.server.reconcile`), then uvicorn."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import socket
 import sys
+from pathlib import Path
 
 from agentenv.errors import ConfigError
 from agentenv.sandbox import runtime
 from agentenv.server.auth import load_api_key
+from agentenv.server.reconcile import Recovery, recover
 from agentenv.server.settings import ServerSettings
 from agentenv.server.state import ServerState
+
+SERVER_LOCK = "server.lock"
 
 
 def build(host: str | None = None, port: int | None = None) -> tuple[ServerSettings, ServerState, str]:
@@ -27,6 +34,11 @@ def serve(host: str | None = None, port: int | None = None) -> int:
 
     settings, state, source = build(host, port)
     _check_bindable(settings.host, settings.port)
+    lock_fd = hold_home(state.home)  # noqa: F841 - held (flock) until this process ends, however it ends
+    done = recover(state.store)
+    if done.any() or done.busy:
+        print(f"agentenv serve: recovered after an earlier server's end: {_recovery_text(done)}",
+              file=sys.stderr)
     url = f"http://{settings.host}:{settings.port}"
     print(f"agentenv serve: E2B API and envd on {url} (registry {state.home})\n"
           f"  API key: {source}\n"
@@ -37,6 +49,34 @@ def serve(host: str | None = None, port: int | None = None) -> int:
     uvicorn.run(create_app(state), host=settings.host, port=settings.port, log_level="warning",
                 http="h11", ws="none", lifespan="on", timeout_graceful_shutdown=5)
     return 0
+
+
+def hold_home(home: Path) -> int:
+    """Lock `$AGENTENV_HOME/server.lock` for this process's life (flock: the kernel drops it when the
+    process dies, kill -9 included), or a clear error naming the server that holds it: start-up recovery
+    (`agentenv.server.reconcile.recover`) may only run where no other server is serving these sandboxes."""
+    path = home / SERVER_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ConfigError(f"another agentenv serve (pid {holder}) already serves the sandboxes of {home}; "
+                          "stop it, or give this one another $AGENTENV_HOME") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def _recovery_text(done: Recovery) -> str:
+    parts = [f"{len(ids)} {what}" for what, ids in (
+        ("sandboxes it made without answering removed", done.unanswered),
+        ("interrupted resumes rolled back (paused)", done.rolled_back),
+        ("finished resumes recorded (running)", done.resumed),
+        ("sandboxes whose container is gone removed", done.gone),
+        ("sandboxes busy in another process left alone", done.busy)) if ids]
+    return "; ".join(parts)
 
 
 def _check_bindable(host: str, port: int) -> None:

@@ -23,6 +23,7 @@ class ServerSettings:
     max_timeout_s: int = setting(above=0)
     max_body_bytes: Size
     ttl_check_interval_s: float = setting(above=0)
+    liveness_check_interval_s: float = setting(above=0)
     output_poll_s: float = setting(above=0)
     list_limit: int = setting(min=1)
     envd_version: str

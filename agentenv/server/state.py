@@ -14,12 +14,13 @@ from typing import TypeVar
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 
-from agentenv.errors import SandboxNotFound
+from agentenv.errors import CheckpointError, SandboxNotFound, SandboxStateError
 from agentenv.locks import sandbox_lock
 from agentenv.sandbox import Sandbox, runtime
 from agentenv.server.auth import same_secret
 from agentenv.server.errors import to_connect
 from agentenv.server.procs import ProcessManager
+from agentenv.server.reconcile import gone_reason, settle
 from agentenv.server.settings import ServerSettings
 from agentenv.server.store import E2BRecord, E2BStore
 
@@ -53,14 +54,23 @@ class ServerState:
             raise Unauthorized("invalid API key" if given else
                                "missing API key: send it in the X-API-Key header (E2B_API_KEY for the SDK)")
 
-    def sandbox(self, sandbox_id: str) -> tuple[Sandbox, E2BRecord]:
-        """A sandbox served by this API (created through it), or SandboxNotFound."""
+    def sandbox(self, sandbox_id: str, probe: bool = False) -> tuple[Sandbox, E2BRecord]:
+        """A sandbox served by this API (created through it), or SandboxNotFound. One whose container
+        died behind the server's back (marked broken; with `probe`, also a running one whose container
+        is not running) is removed here, and the error says why it is gone, as does every later one."""
         rec = self.store.get(sandbox_id) if sandbox_id else None
         if rec is None:
-            raise SandboxNotFound(f"sandbox {sandbox_id!r} not found")
+            why = gone_reason(sandbox_id)
+            raise SandboxNotFound(f"sandbox {sandbox_id!r} not found" +
+                                  (f": it is gone ({why}); the server removed it" if why else ""))
         sb = Sandbox.get(sandbox_id)
-        if sb.status == "closed":
+        status = sb.status
+        if status == "closed":
             raise SandboxNotFound(f"sandbox {sandbox_id!r} not found (it was killed)")
+        if status == "broken" or (probe and status == "running"):
+            why = settle(self.store, sandbox_id, probe)
+            if why is not None:
+                raise SandboxNotFound(f"sandbox {sandbox_id!r} is gone: {why}; the server removed it")
         return sb, rec
 
     def envd_sandbox(self, headers: Mapping[str, str]) -> tuple[Sandbox, E2BRecord]:
@@ -77,6 +87,19 @@ class ServerState:
         return self.sandbox(sid)
 
     @contextlib.contextmanager
+    def gone_if_broken(self, sb: Sandbox) -> Iterator[None]:
+        """Around an operation on `sb`: when it fails because the sandbox's container died under it (the
+        sandbox is then marked broken), the sandbox is removed and SandboxNotFound says why it is gone,
+        instead of a state or checkpoint error (409, 500) that would read as a refusal or a server bug."""
+        try:
+            yield
+        except (SandboxStateError, CheckpointError):
+            why = settle(self.store, sb.id) if sb.status == "broken" else None
+            if why is None:
+                raise
+            raise SandboxNotFound(f"sandbox {sb.id!r} is gone: {why}; the server removed it") from None
+
+    @contextlib.contextmanager
     def serialised(self, sb: Sandbox, action: str) -> Iterator[None]:
         """Hold the sandbox's registry lock (agentenv.locks) around a data-plane operation, so that it
         never overlaps a pause, fork or kill of the same sandbox, nor another request on it."""
@@ -90,7 +113,7 @@ class ServerState:
 
         def run() -> T:
             sb, _rec = self.envd_sandbox(headers)
-            with self.serialised(sb, action):
+            with self.gone_if_broken(sb), self.serialised(sb, action):
                 return fn(sb)
         try:
             return await asyncio.to_thread(run)
