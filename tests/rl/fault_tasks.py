@@ -22,7 +22,21 @@ class KillsItsSandbox(GuessNumber):
     """GuessNumber whose sandbox container is killed from outside during the first step."""
 
     def act(self, action: str) -> Outcome:
-        docker_client.api().kill(self.sandbox.container_id)
+        sandbox = getattr(self.sandbox, "sandbox", self.sandbox)  # a pool member wraps its Sandbox
+        docker_client.api().kill(sandbox.container_id)
+        return super().act(action)
+
+
+class HangsOnOddSeeds(GuessNumber):
+    """GuessNumber whose step, for odd seeds, runs a command past the platform's command timeout (a hung
+    sandbox: an infrastructure failure); for even seeds a command ends by its own ``timeout`` (exit 124,
+    an ordinary result that is part of the game)."""
+
+    def act(self, action: str) -> Outcome:
+        if self.episode_seed % 2:
+            self.run("sleep 30", timeout=1.0)
+        elif self.run("timeout 0.2 sleep 30", timeout=10.0).exit_code != 124:
+            raise RuntimeError("the command's own timeout did not end it")
         return super().act(action)
 
 
@@ -44,6 +58,7 @@ class RandomStart(GuessNumber):
 for _name, _cls in {
     "RaisesOnOddSeeds": RaisesOnOddSeeds,
     "KillsItsSandbox": KillsItsSandbox,
+    "HangsOnOddSeeds": HangsOnOddSeeds,
     "RandomStart": RandomStart,
 }.items():
     if f"faults/{_name}-v0" not in gymnasium.registry:

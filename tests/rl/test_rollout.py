@@ -10,6 +10,7 @@ from rl_testutil import compose
 import agentenv.tasks
 from rl.episode import Outcome, collate
 from rl.errors import TooManyFailures
+from rl.failures import failure_metrics
 from rl.generation import TorchEngine
 from rl.policy import build_policy
 from rl.rollout import EpisodeRunner
@@ -135,6 +136,7 @@ def test_an_exception_in_a_task_step_fails_only_that_episode(policy, sandbox_con
         runner.close()
     assert [e.error is not None for e in episodes] == [False, False, True, True]
     assert "task bug on purpose" in episodes[2].error and episodes[2].weight == 0.0
+    assert [e.failure for e in episodes] == [None, None, "runtime_error", "runtime_error"]
     # what the driver reads instead of the episodes: one outcome per episode, in order
     assert stats.outcomes == [Outcome.of(e) for e in episodes]
     assert [o.failed for o in stats.outcomes] == [False, False, True, True]
@@ -155,6 +157,24 @@ def test_a_sandbox_killed_mid_episode_fails_the_episode_and_is_replaced(policy, 
         assert stats.failed == 2 and all(e.error for e in episodes) and runner.free_envs == []
     finally:
         runner.close()
+    assert [e.failure for e in episodes] == ["sandbox_lost"] * 2, [e.error for e in episodes]
+
+
+def test_the_platforms_command_timeout_fails_the_episode_and_its_group_is_left_out(policy, sandbox_config):
+    """Odd seeds hang past the platform's command timeout: an exec_timeout failure, counted per kind, and
+    a group left with one valid member (below algo.min_valid_members=2) is left out; an even seed's
+    command that ends by its own `timeout` is an ordinary step."""
+    runner = make_runner(policy, sandbox_config, env_id="faults/HangsOnOddSeeds-v0")
+    try:
+        episodes, stats = runner.run([2, 3], group_size=1, generator=torch.Generator().manual_seed(0))
+    finally:
+        runner.close()
+    assert [e.failure for e in episodes] == [None, "exec_timeout"], [e.error for e in episodes]
+    assert "command timeout (1.0 s)" in episodes[1].error and episodes[0].turns >= 1
+    ok, hung = stats.outcomes
+    metrics = failure_metrics([[ok, ok], [ok, hung]], min_valid=compose().algo.min_valid_members)
+    counted = (metrics["failed_exec_timeout"], metrics["excluded_groups"], metrics["excluded_episodes"])
+    assert counted == (1, 1, 2)
 
 
 def test_a_failed_resume_fails_the_episode_not_the_run(policy, sandbox_config):
@@ -177,7 +197,7 @@ def test_a_failed_resume_fails_the_episode_not_the_run(policy, sandbox_config):
     assert second.resumes >= 1 and second.failed == 1
     assert sum(e.error is not None for e in episodes) == 1
     failed = next(e for e in episodes if e.error)
-    assert "checkpoint" in failed.error.lower()
+    assert "checkpoint" in failed.error.lower() and failed.failure == "sandbox_lost"
 
 
 def test_a_long_wait_on_the_policy_pauses_the_waiting_sandboxes_and_a_short_one_does_not(
