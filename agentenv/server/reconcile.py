@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass, field
 
 from agentenv.backend import docker_client
-from agentenv.backend.base import LABEL_HOME, ContainerRef, ContainerState
+from agentenv.backend.base import LABEL_HOME, LABEL_SANDBOX, ContainerRef, ContainerState
 from agentenv.errors import SandboxBusy
 from agentenv.locks import sandbox_lock
 from agentenv.registry import SandboxRecord
@@ -127,7 +127,12 @@ def _recover_one(store: E2BStore, rec: SandboxRecord, served: bool, out: Recover
     rt = runtime()
     ref = ContainerRef(rec.container or "", rec.volume or "")
     if rec.state == "creating" or not served:
-        # a create or fork whose answer never left the dead server: nobody knows its id
+        # a create or fork whose answer never left the dead server: nobody knows its id. Its container
+        # may exist without the registry knowing it yet (Docker finished the create the server asked for)
+        flt = {"label": f"{LABEL_SANDBOX}={rec.id}"}
+        for c in docker_client.api().containers(all=True, filters=flt):
+            rt.backend.remove(ContainerRef(c["Id"], ""))
+        rt.backend.remove(ContainerRef("", rec.volume or f"agentenv-{rec.id}-ws"))
         remove_sandbox(rt, rec, reason="made by a server that died before answering")
         store.delete(rec.id)
         out.unanswered.append(rec.id)
@@ -137,11 +142,14 @@ def _recover_one(store: E2BStore, rec: SandboxRecord, served: bool, out: Recover
     st = rt.backend.state(ref) if ref.container else None
     if rec.state == "running":
         if st is None or not st.running:
-            forget(store, rec, why_dead(st) + " (found when the server restarted)")
+            why = why_dead(st) if st is not None else "its container is gone (a kill in progress when the " \
+                "server died, or removed outside AgentENV)"
+            forget(store, rec, why + " (found when the server restarted)")
             out.gone.append(rec.id)
         return
     if st is None:
-        forget(store, rec, CONTAINER_REMOVED + " (found when the server restarted)")
+        forget(store, rec, "its container is gone (a kill in progress when the server died, or removed "
+                           "outside AgentENV; found when the server restarted)")
         out.gone.append(rec.id)
     elif st.running:  # paused in the registry, yet running: a resume outlived its server
         if rt.registry.latest_checkpoint(rec.id) is not None:

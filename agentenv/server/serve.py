@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import socket
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from agentenv.errors import ConfigError
@@ -46,9 +48,22 @@ def serve(host: str | None = None, port: int | None = None) -> int:
     if settings.host not in ("127.0.0.1", "::1", "localhost"):
         print(f"agentenv serve: warning: listening on {settings.host}, not loopback: anyone who can reach "
               "it and holds the API key controls these sandboxes", file=sys.stderr)
-    uvicorn.run(create_app(state), host=settings.host, port=settings.port, log_level="warning",
-                http="h11", ws="none", lifespan="on", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(create_app(state), host=settings.host, port=settings.port, log_level="warning",
+                            http="h11", ws="none", lifespan="on", timeout_graceful_shutdown=5)
+    asyncio.run(_serve(uvicorn.Server(config), settings.worker_threads))
     return 0
+
+
+async def _serve(server, threads: int) -> None:
+    """uvicorn's `Server.serve` with `threads` worker threads for the blocking work of requests: the data
+    plane's (`asyncio.to_thread`: the loop's default executor, else min(32, cores + 4): 6 on 2 cores, which
+    queued every command behind 6 others under load) and the control plane's (anyio's limiter, else 40)."""
+    import anyio.to_thread
+
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(threads, thread_name_prefix="agentenv-serve"))
+    anyio.to_thread.current_default_thread_limiter().total_tokens = threads
+    await server.serve()
 
 
 def hold_home(home: Path) -> int:

@@ -26,6 +26,7 @@ class ServerSettings:
     liveness_check_interval_s: float = setting(above=0)
     output_poll_s: float = setting(above=0)
     list_limit: int = setting(min=1)
+    worker_threads: int = setting(min=1, max=1024)
     envd_version: str
 
     def __post_init__(self) -> None:
