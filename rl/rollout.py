@@ -124,6 +124,7 @@ class RolloutStats:
     sandbox_paused_s: float = 0.0  # ... and paused
     pause_waits: list[float] = field(default_factory=list)  # the expected wait that triggered each pause
     slot_wait_s: float = 0.0  # seconds envs waited for a sandbox slot (rl.admission), summed over envs
+    close_errors: int = 0  # envs whose close raised (logged; the sandbox may be left behind)
     errors: list[str] = field(default_factory=list)
     pool: list[dict] = field(default_factory=list)  # `PoolMetrics.to_dict()` of each worker's pool
     outcomes: list[Outcome] = field(default_factory=list)  # one per episode, in the episodes' order
@@ -224,6 +225,8 @@ class EpisodeRunner:
         self._generator = torch.Generator()
         self._policy_version: Callable[[], int] = lambda: 0
         self._stats_lock = threading.Lock()
+        self._close_errors = 0  # envs that failed to close (guarded by _stats_lock); see `_close`
+        self._close_errors_seen = 0  # ... reported by earlier runs
         self._snapshot_lock = threading.Lock()  # guards the three fields below (see `snapshot`)
         self._run_episodes: list[Episode] | None = None  # every episode of the run in progress
         self._run_tag: Any = None  # ... and its `run(tag=)`
@@ -266,12 +269,17 @@ class EpisodeRunner:
             if used is not None:
                 used.freed = True
 
-    @staticmethod
-    def _close(env: gymnasium.Env) -> None:
+    def _close(self, env: gymnasium.Env) -> None:
+        """Close ``env`` and its sandbox; a failure is logged and counted (`RolloutStats.close_errors`),
+        not raised: the run goes on, but a sandbox that would not close may be left behind."""
         try:
             env.close()
-        except Exception:  # the sandbox may already be gone; nothing else to free
-            pass
+        except Exception as exc:
+            sandbox = getattr(getattr(env.unwrapped, "sandbox", None), "id", None)
+            log.warning("could not close an env of %s (sandbox %s): %s: %s", self.env_id, sandbox,
+                        type(exc).__name__, exc)
+            with self._stats_lock:
+                self._close_errors += 1
 
     @contextmanager
     def _admitted(self, env: gymnasium.Env, stats: RolloutStats | None = None, need_slot: bool = True):
@@ -429,7 +437,13 @@ class EpisodeRunner:
             for g, seed in enumerate(seeds)
             for _ in range(group_size)
         ]
-        per_wave = max(1, (self.max_concurrent_episodes or len(episodes)) // group_size)  # groups
+        cap = self.max_concurrent_episodes
+        if cap is not None and cap < group_size:
+            raise ValueError(
+                f"rollout.max_concurrent_episodes={cap} is below the group size {group_size}: episodes "
+                "are played in whole groups; set it to at least the group size (or None: no cap)"
+            )
+        per_wave = (cap or len(episodes)) // group_size  # whole groups per wave, at least one
         with self._running(episodes, tag):
             for w in range(0, len(seeds), per_wave):
                 wave = episodes[w * group_size : (w + per_wave) * group_size]
@@ -474,6 +488,9 @@ class EpisodeRunner:
         stats.errors = [f"seed {e.seed}: {e.error}" for e in episodes if e.error]
         stats.outcomes = [Outcome.of(e) for e in episodes]
         stats.generated_tokens = sum(sum(e.action_mask) for e in episodes)
+        with self._stats_lock:
+            stats.close_errors = self._close_errors - self._close_errors_seen
+            self._close_errors_seen = self._close_errors
         stats.total_s = time.perf_counter() - started
         self._run_ended = time.perf_counter()
         return episodes, stats

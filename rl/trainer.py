@@ -337,6 +337,7 @@ class Trainer:
             "sandbox_fork_latency_s": stats.fork_s / stats.forks if stats.forks else 0.0,
             **stats.pool_summary(),
             "sandboxes_created": stats.sandboxes_created,
+            "env_close_errors": stats.close_errors,
             "worker_restarts": self.workers.restarts,
             "elapsed_s": time.perf_counter() - started,
             **rollout_balance_metrics(batch.expert_loads),

@@ -30,6 +30,7 @@ COMPUTE_MODULES = (
     "tests/rl/test_algos.py",
     "tests/rl/test_async.py",
     "tests/rl/test_checkpoints.py",
+    "tests/rl/test_config_refusals.py",
     "tests/rl/test_device.py",
     "tests/rl/test_failed_episodes.py",
     "tests/rl/test_learner.py",

@@ -227,11 +227,50 @@ def check_vllm_lengths(cfg) -> None:
 
 
 def check_trainer(cfg) -> None:
-    """Async mode corrects for the behaviour policy with the truncated IS weight (``algo.tis_cap``)."""
+    """Async mode corrects for the behaviour policy with the truncated IS weight (``algo.tis_cap``), and
+    its in-flight checkpoints keep CRIU checkpoints of the playing sandboxes, which a pool that freezes
+    (``pause_method: freeze``) never takes: every playing episode would fail at each checkpoint."""
     if cfg.trainer.mode == "async" and cfg.algo.tis_cap is None:
         _fail(
             "algo.tis_cap",
             "trainer.mode=async needs the behaviour-policy importance weight; set algo.tis_cap (e.g. 2.0)",
+        )
+    if cfg.trainer.mode == "async" and cfg.trainer.checkpoint_in_flight:
+        from agentenv.pool import PoolSettings
+
+        if PoolSettings.load(**cfg.rollout.sandbox_pool.overrides).pause_method == "freeze":
+            _fail(
+                "trainer.checkpoint_in_flight",
+                "an in-flight checkpoint keeps a CRIU checkpoint of each playing sandbox, and a pool with "
+                "pause_method=freeze (rollout.sandbox_pool.overrides) takes none, so every playing episode "
+                "would fail at each checkpoint; set trainer.checkpoint_in_flight=false or pause_method=criu",
+            )
+
+
+ALGO_ADVANTAGES = {"grpo": "grpo", "rloo": "rloo", "ppo": "gae"}  # algo.name -> its advantage estimator
+
+
+def check_algo_name(algo) -> None:
+    """``algo.name`` says which algorithm runs: its advantage estimator must be that algorithm's (the name
+    is what conf/algo/<name>.yaml sets, and what a run's config.yaml reports)."""
+    if ALGO_ADVANTAGES[algo.name] != algo.advantage:
+        _fail(
+            "algo.name",
+            f"{algo.name} uses algo.advantage={ALGO_ADVANTAGES[algo.name]}, "
+            f"got algo.advantage={algo.advantage}; pick the algorithm with algo=<name> "
+            "(conf/algo/<name>.yaml) rather than one of its keys",
+        )
+
+
+def check_waves(cfg) -> None:
+    """``rollout.max_concurrent_episodes`` caps the episodes at once in whole groups: below one group it
+    could only be ignored (one group at a time), so it is refused."""
+    cap, group = cfg.rollout.max_concurrent_episodes, cfg.algo.group_size
+    if cap is not None and cap < group:
+        _fail(
+            "rollout.max_concurrent_episodes",
+            f"{cap} is below algo.group_size={group}: episodes are played in whole groups, so at least "
+            f"{group} play at once; set it to {group} or more (or null: no cap)",
         )
 
 
@@ -239,10 +278,12 @@ def check_run(cfg) -> None:
     """Every check, in the order a reader of conf/config.yaml meets the keys."""
     check_fields(cfg, "")
     check_algo(cfg.algo)
+    check_algo_name(cfg.algo)
     check_optim(cfg.algo.optim, "algo.optim")
     check_env(cfg.env)
     check_sandbox(cfg.sandbox)
     check_rollout(cfg.rollout)
+    check_waves(cfg)
     check_vllm_lengths(cfg)
     check_sandbox_hosts(cfg)
     check_resources(cfg)

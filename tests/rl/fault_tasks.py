@@ -7,6 +7,7 @@ import gymnasium
 from agentenv.backend import docker_client
 from agentenv.tasks.base import Outcome
 from agentenv.tasks.guess_number import GuessNumber
+from agentenv.tasks.reasoning_gym_task import ReasoningGym
 
 
 class RaisesOnOddSeeds(GuessNumber):
@@ -40,6 +41,24 @@ class HangsOnOddSeeds(GuessNumber):
         return super().act(action)
 
 
+class CloseFails(ReasoningGym):
+    """A task (no sandbox) whose ``close`` raises, as a sandbox that cannot be removed would; it takes
+    (and ignores) GuessNumber's kwargs, so that the same env config makes it."""
+
+    def __init__(self, num_values: int = 6, invalid_penalty: float = 0.0, ruled_out_penalty: float = 0.0,
+                 **kwargs) -> None:
+        super().__init__(**kwargs)
+
+    def setup(self, seed: int) -> str:
+        return "say 0"  # short: the policy's generation is the cost of an episode here
+
+    def act(self, action: str) -> Outcome:
+        return Outcome("ok", done=True, success=action.strip() == "0", info={"score": 0.0})
+
+    def close(self) -> None:
+        raise RuntimeError("close failed on purpose")
+
+
 class RandomStart(GuessNumber):
     """The start state is random *inside the sandbox* (not derived from the seed): only a fork of one
     reset sandbox gives a group identical starts. Each step reports that state."""
@@ -59,6 +78,7 @@ for _name, _cls in {
     "RaisesOnOddSeeds": RaisesOnOddSeeds,
     "KillsItsSandbox": KillsItsSandbox,
     "HangsOnOddSeeds": HangsOnOddSeeds,
+    "CloseFails": CloseFails,
     "RandomStart": RandomStart,
 }.items():
     if f"faults/{_name}-v0" not in gymnasium.registry:

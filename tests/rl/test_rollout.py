@@ -94,6 +94,8 @@ def test_max_concurrent_episodes_plays_whole_groups_in_waves_on_the_same_sandbox
     runner = make_runner(policy, sandbox_config, max_concurrent_episodes=5)
     try:
         episodes, stats = runner.run([1, 2, 3, 4, 5, 6], 2, torch.Generator().manual_seed(0))
+        with pytest.raises(ValueError, match="max_concurrent_episodes=5 is below the group size 6"):
+            runner.run([1], 6, torch.Generator().manual_seed(0))  # a wave cannot hold one group
     finally:
         runner.close()
     assert stats.sandboxes_created == 4 and stats.failed == 0 and len(episodes) == 12
@@ -175,6 +177,21 @@ def test_the_platforms_command_timeout_fails_the_episode_and_its_group_is_left_o
     metrics = failure_metrics([[ok, ok], [ok, hung]], min_valid=compose().algo.min_valid_members)
     counted = (metrics["failed_exec_timeout"], metrics["excluded_groups"], metrics["excluded_episodes"])
     assert counted == (1, 1, 2)
+
+
+def test_an_env_that_fails_to_close_is_logged_and_counted_not_raised(policy, sandbox_config, caplog):
+    """Forks are closed after their episode: each fork's failed close is a warning and a count in the
+    run's stats (the trainer's env_close_errors), and the run returns its episodes."""
+    runner = make_runner(policy, sandbox_config, env_id="faults/CloseFails-v0", group_start="fork")
+    try:
+        episodes, stats = runner.run([0], group_size=3, generator=torch.Generator().manual_seed(0))
+        assert stats.failed == 0 and len(episodes) == 3
+        assert stats.close_errors == 2  # the group's two forks
+        assert runner.run([2], group_size=2, generator=torch.Generator().manual_seed(1))[1].close_errors == 1
+    finally:
+        runner.free_envs = []  # they cannot close either
+        runner.close()
+    assert "close failed on purpose" in caplog.text and "faults/CloseFails-v0" in caplog.text
 
 
 def test_a_failed_resume_fails_the_episode_not_the_run(policy, sandbox_config):
