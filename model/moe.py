@@ -12,6 +12,9 @@ experts, weighted by this router's own scores at them (so the router still gets 
 other token routes normally. The router's own choice is computed either way and reported in
 `RouterStats.own_ids`, so the learner can measure how often it differs from the rollout's.
 
+Expert parallelism (`model.expert_parallel`): u's sum runs over experts held by other ranks, reached by
+all_to_all in the latent width l (h and the experts' outputs travel, never x).
+
 Module names follow Moonshot's checkpoints (`gate`, `experts.E.w1/w3/w2`, `shared_experts`,
 `routed_expert_down_proj`, `routed_expert_norm`, `routed_expert_up_proj`). With
 `routed_expert_hidden_size: null` the block is a standard DeepSeek-V3-style MoE (experts on x).
@@ -137,6 +140,9 @@ class LatentMoE(nn.Module):
             self.routed_expert_down_proj = nn.Linear(cfg.hidden_size, width, bias=False)
             self.routed_expert_norm = RMSNorm(width, cfg.rms_norm_eps) if cfg.latent_moe_use_norm else None
             self.routed_expert_up_proj = nn.Linear(width, cfg.hidden_size, bias=False)
+        # expert parallelism (`model.expert_parallel.shard_experts`): this rank's experts only, tokens
+        # dispatched to the others' in the latent width; None = every expert here
+        self.expert_parallel = None
 
     def forward(
         self, x: torch.Tensor, valid: torch.Tensor | None = None, override: RoutingOverride | None = None
@@ -148,7 +154,10 @@ class LatentMoE(nn.Module):
         flat = x.reshape(-1, shape[-1])
         scores, ids, weights, own = self.gate(flat, override)
         h = self.routed_expert_down_proj(flat) if self.cfg.uses_latent_moe else flat
-        u = self._routed(h, ids, weights)
+        if self.expert_parallel is None:
+            u = self._routed(h, ids, weights)
+        else:  # the same sum, over experts on every rank (all_to_all of h and of the experts' outputs)
+            u = self.expert_parallel(self, h, ids, weights)
         if self.cfg.uses_latent_moe:
             if self.routed_expert_norm is not None:
                 u = self.routed_expert_norm(u)

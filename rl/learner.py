@@ -49,14 +49,17 @@ from rl.algos import (
 )
 from rl.checkpoints import LEARNER_STATE, POLICY
 from rl.config import AlgoConfig, RunConfig
+from rl.data_parallel import DataParallel
 from rl.device import Placement
 from rl.episode import Batch, Episode, collate
 from rl.generation import MASKED_LOGIT, disallowed_tokens
 from rl.init_weights import load_init_weights
 from rl.optim import build_optimizer, optimizer_step
 from rl.policy import build_policy
+from rl.ranks import RankGroup
 from rl.routing import recorded_routes, routing_mismatch
 from rl.seeds import maxvio_floor_seed
+from rl.sharding import sharded_optimizer_step
 from rl.tokenizer import build_tokenizer
 
 
@@ -66,9 +69,13 @@ class Learner:
     ``cfg`` is the whole checked run config (``algo``, ``model``, ``rollout``, ``tokenizer``, ``seed``).
     ``placement``: where the policy runs and its compute dtype (default: `rl.device.Placement` of
     ``trainer.device``).
+    ``group``: this process's rank in a ``trainer.learner.world_size`` > 1 learner (`rl.ranks`), whose
+    torch.distributed group is already joined; it trains its share of each batch (`rl.data_parallel`).
     """
 
-    def __init__(self, cfg: RunConfig, placement: Placement | None = None) -> None:
+    def __init__(
+        self, cfg: RunConfig, placement: Placement | None = None, group: RankGroup | None = None
+    ) -> None:
         self.cfg = cfg
         self.placement = placement or Placement.of(cfg.trainer.device)
         device = self.placement.device
@@ -92,6 +99,15 @@ class Learner:
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.value_head is not None:
             params += list(self.value_head.parameters())
+        self.parallel: DataParallel | None = None
+        if cfg.trainer.learner.world_size > 1:
+            if group is None or group.world_size != cfg.trainer.learner.world_size:
+                raise ValueError(
+                    f"trainer.learner.world_size={cfg.trainer.learner.world_size}: the learner needs its "
+                    f"rank group (rl.ranks.join_rank_group), got {group}"
+                )
+            self.parallel = DataParallel(self.model, self.value_head, group)
+            params = self.parallel.optimizer_params()
         self.optimizer, self.scheduler = build_optimizer(params, self.algo.optim)
         self.version = 0
         self.steps = 0
@@ -99,8 +115,13 @@ class Learner:
     # ------------------------------------------------------------------ weights
     def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
         """The current version and a copy of the policy's state dict (CPU tensors, router biases
-        included). ``rl.actors.LearnerActor.publish`` puts the state dict in Ray's object store instead."""
-        return self.version, {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        included). ``rl.actors.LearnerActor.publish`` puts the state dict in Ray's object store instead.
+        With several ranks every rank gathers the full weights (a collective: call it on all ranks)."""
+        return self.version, {k: v.detach().cpu().clone() for k, v in self.state_dict().items()}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's full state dict (gathered from the ranks when the learner is sharded)."""
+        return self.model.state_dict() if self.parallel is None else self.parallel.full_state_dict()
 
     # ------------------------------------------------------------------ training
     def advantages(
@@ -179,16 +200,23 @@ class Learner:
         batch.action_mask = batch.action_mask * keep[:, None].float()
         single = algo.epochs * algo.minibatches == 1
         first = None
+        everything = torch.arange(len(episodes))
+        mine = slice(None) if self.parallel is None else self.parallel.local_rows(everything)
+        if self.parallel is not None:
+            self.parallel.flat.gather()
         if single:
-            first = self._forward(batch)
+            first = self._forward(batch, mine)
             old_logp, old_values = first[0].detach(), None if first[1] is None else first[1].detach()
             first_router_stats = first[3]
         else:
             with torch.no_grad():
-                old_logp, old_values, _, first_router_stats = self._forward(batch)
-        routing = {}  # the learner's own routing vs the rollout's, before this batch's updates
+                old_logp, old_values, _, first_router_stats = self._forward(batch, mine)
+        if self.parallel is not None:  # every rank's pre-update log-probs and values, for the whole batch
+            old_logp = self.parallel.gather_rows(old_logp, everything, len(episodes))
+            old_values = self.parallel.gather_rows(old_values, everything, len(episodes))
+        routing = {}  # the learner's own routing vs the rollout's, before this batch's updates (own rows)
         if batch.routes is not None:
-            routing = routing_mismatch(first_router_stats, batch.attention_mask, batch.routes)
+            routing = routing_mismatch(first_router_stats, batch.attention_mask[mine], batch.routes[mine])
         advantages, returns = self.advantages(batch, old_values)
         is_weights = None
         if algo.tis_cap is not None:
@@ -202,9 +230,10 @@ class Learner:
         floors: dict[int, float] = {}  # per minibatch: its tokens are the same in every epoch
         for _epoch in range(algo.epochs):
             for chunk, rows in enumerate(chunks):
-                forward = first if first is not None else self._forward(batch, rows)
+                local = rows if self.parallel is None else self.parallel.local_rows(rows)
+                forward = first if first is not None else self._forward(batch, local)
                 step_metrics = self._update(
-                    batch, rows, forward, old_logp, old_values, advantages, returns, is_weights
+                    batch, local, forward, old_logp, old_values, advantages, returns, is_weights
                 )
                 step_metrics.update(self._balance_experts([forward[3]]))
                 if "maxvio" in step_metrics:
@@ -218,6 +247,9 @@ class Learner:
             metrics["maxvio_first_update"] = totals["maxvio"][0]
             metrics["maxvio_last_update"] = totals["maxvio"][-1]
         metrics["optimizer_steps"] = float(len(totals.get("loss", [])))
+        if self.parallel is not None:
+            self.parallel.flat.release()  # back to 1/world_size of the weights until the next step
+            metrics.update(self.parallel.traffic())
         self.steps += 1
         self.version += 1
         mask = batch.action_mask
@@ -246,10 +278,16 @@ class Learner:
             aggregation=algo.loss_aggregation,
             is_weights=None if is_weights is None else is_weights[rows],
         )
+        shares = None  # with several ranks: this rank's weight in each global mean (rl.data_parallel)
+        if self.parallel is not None:
+            shares = self.parallel.loss_shares(mask, algo.loss_aggregation)
+            policy_loss = policy_loss * shares[0]
         loss = policy_loss
         metrics: dict[str, float] = {}
         if values is not None:
             value_loss = clipped_value_loss(values, old_values[rows], returns[rows], mask, algo.value_clip)
+            if shares is not None:
+                value_loss = value_loss * shares[1]
             loss = loss + algo.value_coef * value_loss
             metrics["value_loss"] = value_loss.item()
         kl = torch.zeros(())
@@ -262,11 +300,21 @@ class Learner:
                 self.action_logits(ref_logits[:, :-1], mask), batch.input_ids[rows][:, 1:]
             )
             kl = masked_mean(kl_estimate(logp, ref_logp, algo.kl_estimator), mask)
+            if shares is not None:
+                kl = kl * shares[1]
             loss = loss + algo.kl_coef * kl
         entropy = masked_mean(entropy_from_logits(logits), mask)
+        if shares is not None:
+            entropy = entropy * shares[1]
         if algo.entropy_coef > 0:
             loss = loss - algo.entropy_coef * entropy
-        grad_norm = optimizer_step(self.optimizer, self.scheduler, loss, algo.optim.grad_clip)
+        if self.parallel is None:
+            grad_norm = optimizer_step(self.optimizer, self.scheduler, loss, algo.optim.grad_clip)
+        else:
+            parallel = self.parallel
+            grad_norm = sharded_optimizer_step(
+                self.optimizer, self.scheduler, loss, algo.optim.grad_clip, parallel.flat, parallel.group
+            )
         metrics.update(
             {
                 "loss": loss.item(),
@@ -278,6 +326,8 @@ class Learner:
                 "grad_norm": grad_norm.item(),
             }
         )
+        if shares is not None:
+            metrics = self.parallel.global_metrics(metrics, float(shares[1]))
         return metrics
 
     def _maxvio_floor(self, batch: Batch, rows: torch.Tensor | slice) -> float:
@@ -306,7 +356,11 @@ class Learner:
         metrics: dict[str, float] = {}
         for router, layer in zip(self.model.moe_routers(), sorted(scores), strict=True):
             bias = router.e_score_correction_bias
-            solved = quantile_balance(torch.cat(scores[layer]), router.top_k, bias)
+            pooled = torch.cat(scores[layer])
+            if self.parallel is not None:  # the global batch's scores and loads: every rank, same bias
+                pooled = self.parallel.pooled_scores(pooled)
+                loads[layer] = self.parallel.summed_loads(loads[layer])
+            solved = quantile_balance(pooled, router.top_k, bias)
             router.update_bias(bias + self.algo.balance_rate * (solved - bias))
             metrics[f"maxvio/layer{layer}"] = max_violation(loads[layer])
         if metrics:

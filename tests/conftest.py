@@ -34,6 +34,7 @@ COMPUTE_MODULES = (
     "tests/rl/test_device.py",
     "tests/rl/test_failed_episodes.py",
     "tests/rl/test_learner.py",
+    "tests/rl/test_learner_ranks.py",
     "tests/rl/test_policy.py",
     "tests/rl/test_rl_config.py",
     "tests/rl/test_routing_replay.py",

@@ -163,11 +163,13 @@ def check_resources(cfg) -> None:
     the tokenizer fits the model."""
     trainer, rollout = cfg.trainer, cfg.rollout
     if trainer.ray_address is None:
-        needed = trainer.learner_cpus + rollout.num_workers * rollout.worker_cpus
+        ranks = trainer.learner.world_size
+        needed = ranks * trainer.learner_cpus + rollout.num_workers * rollout.worker_cpus
         if needed > trainer.num_cpus:
             _fail(
                 "trainer.num_cpus",
-                f"the learner ({trainer.learner_cpus}) and {rollout.num_workers} worker(s) of "
+                f"the learner ({trainer.learner_cpus}{f' x {ranks} ranks' if ranks > 1 else ''}) and "
+                f"{rollout.num_workers} worker(s) of "
                 f"{rollout.worker_cpus} CPU need {needed} CPUs but local Ray gets {trainer.num_cpus}",
             )
     for key in ("learner_resources", "worker_resources"):
@@ -274,6 +276,32 @@ def check_waves(cfg) -> None:
         )
 
 
+def check_learner_ranks(cfg) -> None:
+    """``trainer.learner``: every optimizer step's groups split evenly over the ranks (each rank trains
+    whole groups), and the routed experts over ``expert_parallel`` ranks (1 or all of them)."""
+    ranks, algo = cfg.trainer.learner, cfg.algo
+    world, ep = ranks.world_size, ranks.expert_parallel
+    groups = algo.episodes_per_step // algo.group_size
+    if world > 1 and groups % (algo.minibatches * world):
+        _fail(
+            "trainer.learner.world_size",
+            f"{world} ranks cannot share the {groups} groups of a step evenly: each of the "
+            f"algo.minibatches={algo.minibatches} minibatches needs a multiple of {world} groups "
+            f"(algo.episodes_per_step / algo.group_size a multiple of {algo.minibatches * world})",
+        )
+    if ep not in (1, world):
+        _fail(
+            "trainer.learner.expert_parallel",
+            f"{ep}: the routed experts are split across all the learner's ranks or none "
+            f"(1 or trainer.learner.world_size={world})",
+        )
+    if ep > 1 and cfg.model.num_experts % ep:
+        _fail(
+            "trainer.learner.expert_parallel",
+            f"{ep} ranks cannot hold equal shares of model.num_experts={cfg.model.num_experts} experts",
+        )
+
+
 def check_run(cfg) -> None:
     """Every check, in the order a reader of conf/config.yaml meets the keys."""
     check_fields(cfg, "")
@@ -289,4 +317,5 @@ def check_run(cfg) -> None:
     check_resources(cfg)
     check_device(cfg)
     check_trainer(cfg)
+    check_learner_ranks(cfg)
     check_optim(cfg.sft.optim, "sft.optim")

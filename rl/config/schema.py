@@ -138,6 +138,18 @@ class RolloutConfig:
 
 
 @dataclass
+class LearnerParallelConfig:
+    """``trainer.learner``: how many processes the learner spans (`rl.ranks`, `rl.sharding`)."""
+
+    # learner ranks (Ray actors of one placement group, one torch.distributed group): each trains its share
+    # of every batch's groups and holds 1/world_size of the parameters and optimizer state
+    world_size: int = required(ge=1)
+    # ranks the routed experts are split across (1: every rank holds all of them; else = world_size);
+    # tokens travel to their experts' ranks in LatentMoE's latent width (model.expert_parallel)
+    expert_parallel: int = required(ge=1)
+
+
+@dataclass
 class TrainerConfig:
     """``conf/trainer/*.yaml``: Ray, the iteration loop, stopping, checkpoints and logging."""
 
@@ -145,6 +157,7 @@ class TrainerConfig:
     num_cpus: int = required(ge=1)
     learner_cpus: float = required(gt=0)
     learner_threads: int = required(ge=1)
+    learner: LearnerParallelConfig = MISSING  # trainer.learner.world_size / expert_parallel
     iterations: int = required(ge=1)
     stop_at_success: float | None = optional(ge=0, le=1)
     success_window: int = required(ge=1)

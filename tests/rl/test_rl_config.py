@@ -83,6 +83,14 @@ def test_one_config_error_for_the_project():
         (["trainer=cluster", "trainer.worker_resources.rollout=0"],
          "trainer.worker_resources: rollout: 0.0 is not a positive custom resource"),
         (["trainer=cluster", "trainer.worker_placement=pack"], "trainer.worker_placement: 'pack' is not one"),
+        (["trainer.learner.world_size=3", "trainer.num_cpus=4"],
+         "trainer.learner.world_size: 3 ranks cannot share the 8 groups"),
+        (["trainer.learner.world_size=2", "trainer.num_cpus=3", "trainer.learner.expert_parallel=4"],
+         "trainer.learner.expert_parallel: 4: the routed experts are split across all"),
+        (["model=k3_tiny", "model.num_experts=15", "trainer.learner.world_size=2", "trainer.num_cpus=3",
+          "trainer.learner.expert_parallel=2"],
+         "trainer.learner.expert_parallel: 2 ranks cannot hold equal shares of model.num_experts=15 "),
+        (["trainer.learner.world_size=2"], "trainer.num_cpus: the learner (1.0 x 2 ranks) and 1 worker(s)"),
     ],
 )
 def test_bad_values_are_one_line_naming_their_key(overrides, message):

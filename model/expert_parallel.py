@@ -1,0 +1,137 @@
+"""Expert parallelism for LatentMoE: each of N ranks holds n/N routed experts, and tokens travel to their
+experts' ranks and back **in the latent space** (after W_down, before W_up), as K3's MoonEP does:
+
+    h_t = W_down x_t                              on the token's rank, width l
+    dispatch: h_t -> rank of e, for e in TopK(t)  all_to_all, l values per (token, expert) pair
+    o_{t,e} = E_e(h_t)                            on the expert's rank
+    combine: o_{t,e} -> the token's rank          all_to_all, l values per pair
+    u_t = sum_e p_{t,e} o_{t,e}                   on the token's rank; then y = W_up RMSNorm(u) + shared(x)
+
+With K3's shapes (l = d / 2) every pair costs half the bytes of dispatching x at the backbone width d.
+The gate weights p stay on the token's rank (the router's gradient never travels); the backward pass runs
+the same two exchanges in reverse (`_AllToAll`). `ExpertTraffic` counts the bytes each rank sends to
+other ranks (forward and backward), beside what the same pairs would cost at width d.
+
+Uses the default ``torch.distributed`` group (gloo or NCCL; both implement ``all_to_all_single`` with
+uneven splits). `shard_experts` keeps only a rank's own experts in the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass
+class ExpertTraffic:
+    """Bytes this rank sent to other ranks through the expert all_to_alls (forward and backward), the
+    same pairs' bytes at the backbone width, and the (token, expert) pairs routed from this rank."""
+
+    latent_bytes: int = 0
+    backbone_bytes: int = 0
+    pairs: int = 0
+
+    def reset(self) -> None:
+        self.latent_bytes = self.backbone_bytes = self.pairs = 0
+
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` of rows with autograd (the backward is the reverse exchange), counting the
+    bytes sent off-rank in both directions."""
+
+    @staticmethod
+    def forward(ctx, x, send_counts, recv_counts, rank, traffic, backbone_width):
+        ctx.counts = (send_counts, recv_counts, rank, traffic, backbone_width)
+        return _exchange(x, send_counts, recv_counts, rank, traffic, backbone_width)
+
+    @staticmethod
+    def backward(ctx, grad):
+        send_counts, recv_counts, rank, traffic, backbone_width = ctx.counts
+        return (
+            _exchange(grad, recv_counts, send_counts, rank, traffic, backbone_width),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def _exchange(x, send_counts, recv_counts, rank, traffic, backbone_width) -> torch.Tensor:
+    x = x.contiguous()
+    out = x.new_empty((sum(recv_counts), *x.shape[1:]))
+    dist.all_to_all_single(out, x, output_split_sizes=recv_counts, input_split_sizes=send_counts)
+    off_rank = sum(send_counts) - send_counts[rank]
+    traffic.latent_bytes += off_rank * x.shape[1] * x.element_size()
+    traffic.backbone_bytes += off_rank * backbone_width * x.element_size()
+    return out
+
+
+class ExpertParallel:
+    """The routed experts of one LatentMoE layer spread over ``size`` ranks; this rank holds experts
+    ``offset .. offset + per_rank - 1`` (see the module docstring)."""
+
+    def __init__(self, rank: int, size: int, num_experts: int, backbone_width: int) -> None:
+        if num_experts % size:
+            raise ValueError(f"expert parallelism: {num_experts} experts do not split across {size} ranks")
+        self.rank, self.size = rank, size
+        self.per_rank = num_experts // size
+        self.offset = rank * self.per_rank
+        self.backbone_width = backbone_width
+        self.traffic = ExpertTraffic()
+
+    def __call__(
+        self, moe: nn.Module, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """u [M, l] = sum_e p_{t,e} E_e(h_t) over the experts of every rank (h [M, l], ids/weights [M, k])."""
+        m, k = ids.shape
+        token = torch.arange(m, device=h.device).repeat_interleave(k)
+        owner = ids.reshape(-1) // self.per_rank
+        order = torch.argsort(owner, stable=True)  # pairs grouped by destination rank
+        token, expert = token[order], ids.reshape(-1)[order]
+        send = torch.bincount(owner, minlength=self.size)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send)
+        send_counts, recv_counts = send.tolist(), recv.tolist()
+        self.traffic.pairs += m * k
+        # which of this rank's experts each received row goes to (ids travel once, no gradient)
+        local_ids = expert.new_empty(sum(recv_counts))
+        dist.all_to_all_single(local_ids, expert.contiguous(), recv_counts, send_counts)
+        received = _AllToAll.apply(
+            h[token], send_counts, recv_counts, self.rank, self.traffic, self.backbone_width
+        )
+        ones = torch.ones(received.shape[0], 1, dtype=received.dtype, device=received.device)
+        outputs = moe._routed(received, (local_ids - self.offset)[:, None], ones)  # E_e(h_t) per row
+        returned = _AllToAll.apply(
+            outputs, recv_counts, send_counts, self.rank, self.traffic, self.backbone_width
+        )
+        gate = weights.reshape(-1)[order].to(returned.dtype)[:, None]
+        return torch.zeros_like(h).index_add(0, token, returned * gate)
+
+
+def shard_experts(model: nn.Module, rank: int, size: int) -> list[ExpertParallel]:
+    """Keep only this rank's routed experts in every LatentMoE layer of ``model`` and route through
+    `ExpertParallel`; returns the layers' dispatchers (their ``traffic`` counts the bytes)."""
+    from model.moe import LatentMoE
+
+    dispatchers = []
+    for module in model.modules():
+        if isinstance(module, LatentMoE):
+            ep = ExpertParallel(rank, size, len(module.experts), module.cfg.hidden_size)
+            module.experts = nn.ModuleList(list(module.experts)[ep.offset : ep.offset + ep.per_rank])
+            module.invalidate_weight_cache()
+            module.expert_parallel = ep
+            dispatchers.append(ep)
+    return dispatchers
+
+
+def local_expert_name(name: str, offset: int) -> str:
+    """The global name of a rank's local expert parameter: ``experts.j.*`` -> ``experts.(offset + j).*``."""
+    head, sep, tail = name.partition(".experts.")
+    if not sep:
+        return name
+    index, _, rest = tail.partition(".")
+    return f"{head}.experts.{int(index) + offset}.{rest}"

@@ -1,0 +1,86 @@
+"""The learner's rank group: which process of a ``trainer.learner.world_size`` learner this one is, and
+the few collectives the sharded learner needs on top of ``torch.distributed``.
+
+The group is a real ``torch.distributed`` process group: gloo when the learner runs on the CPU, NCCL on
+CUDA. Its rendezvous address (the IP of rank 0's node and a free port there) comes from Ray in
+`rl.learner_group`; tests spawn plain processes with a loopback address. One group per process: the
+learner is the only user of ``torch.distributed`` in a learner actor.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class RankGroup:
+    """This process's place in the learner: ``rank`` of ``world_size``, routed experts split across
+    ``expert_parallel`` ranks (1 or ``world_size``)."""
+
+    rank: int
+    world_size: int
+    expert_parallel: int
+
+    def all_reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """The sum of ``values`` over the ranks (a new tensor; every rank gets it)."""
+        out = values.detach().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out
+
+    def all_gather_equal(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``[world_size, *tensor.shape]``: every rank's ``tensor`` (same shape on all ranks), rank order."""
+        tensor = tensor.detach().contiguous()
+        out = torch.empty((self.world_size * tensor.numel(),), dtype=tensor.dtype, device=tensor.device)
+        dist.all_gather_single(out, tensor.reshape(-1))
+        return out.view(self.world_size, *tensor.shape)
+
+    def all_gather_rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` ``[m_r, ...]`` (row counts may differ) concatenated in rank order."""
+        tensor = tensor.detach().contiguous()
+        counts = self.all_gather_equal(torch.tensor([tensor.shape[0]], device=tensor.device)).reshape(-1)
+        longest = int(counts.max())
+        padded = torch.zeros((longest, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        padded[: tensor.shape[0]] = tensor
+        gathered = self.all_gather_equal(padded)
+        return torch.cat([gathered[r, : int(counts[r])] for r in range(self.world_size)])
+
+
+def backend_for(device: torch.device) -> str:
+    """gloo for CPU tensors, NCCL for CUDA ones."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (rank 0 picks its rendezvous port with it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def join_rank_group(
+    address: str, port: int, rank: int, world_size: int, expert_parallel: int, device: torch.device,
+    timeout_s: float = 300.0,
+) -> RankGroup:  # fmt: skip
+    """Initialise this process's ``torch.distributed`` default group (TCP rendezvous at rank 0's
+    ``address:port``) and return its `RankGroup`. Every rank must call it; it returns once all have."""
+    if dist.is_initialized():
+        raise RuntimeError("join_rank_group: this process already belongs to a torch.distributed group")
+    dist.init_process_group(
+        backend=backend_for(device),
+        init_method=f"tcp://{address}:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    return RankGroup(rank, world_size, expert_parallel)
+
+
+def leave_rank_group() -> None:
+    """Destroy this process's default group (if any)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
