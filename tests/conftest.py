@@ -1,18 +1,24 @@
-"""Two lanes for `make test` (`pytest -n 2`, pytest-xdist): the host lane and the compute lane.
+"""Lanes for `make test`: two host lanes and the compute modules side by side (pytest-xdist, `-n 2`),
+then the serial tests alone.
 
-Most of the suite talks to the machine's shared services: dockerd and CRIU (containers, checkpoints, one
-test restarts the daemon and checks that no other session's containers run), local Ray clusters, network
-namespaces, `rl.train` subprocesses, timing-sensitive pause policies. Those tests form ONE unit of work,
-so they run one after the other in one worker, in collection order, exactly as in a plain `pytest` run.
-They wait on latency more than they compute: alone, the suite kept about one of the two cores busy.
+Most of the suite talks to the machine's shared services: dockerd and CRIU (containers, checkpoints),
+local Ray clusters, network namespaces, `rl.train` subprocesses. Such tests wait on latency more than
+they compute, so two of them can share the two cores; what they must not share is host-wide state. The
+suite splits them in two host lanes that run side by side, each one after the other in collection order:
+`host-rl` (tests/rl: trainings, Ray clusters) and `host` (everything else: sandboxes, the server, tasks,
+docs, install). Each lane is a different xdist worker with its own AgentENV home, Ray cluster and network
+namespace names (they carry the worker's pid), so the two lanes share only dockerd and the CPUs.
 
 The modules listed in `COMPUTE_MODULES` touch none of those services: model and kernel numerics, the
-learner and the algorithms on hand-made batches, config checks, the in-process vLLM engine. Each such
-module is a unit of its own (its module-scoped fixtures, e.g. the vLLM engine, start once), and the other
-worker runs them beside the host lane. A plain `pytest tests` (no `-n`) runs everything in order.
+learner and the algorithms on hand-made batches, process groups on loopback, config checks, the
+in-process vLLM engine. Each is a unit of its own (its module-scoped fixtures start once) and fills
+whichever worker is free. A module belongs there only when none of its tests starts a container, a Ray
+cluster, a server or a training subprocess.
 
-A module belongs in `COMPUTE_MODULES` only when none of its tests starts a container, a Ray cluster, a
-server or a training subprocess; everything else lands in the host lane, so a new test is safe by default.
+A test marked `serial` changes what every other test relies on (it restarts dockerd, which stops every
+running container) or measures latencies a busy neighbour would distort: `make test` deselects them in
+the parallel run and runs them afterwards on their own (`pytest -m serial`). A plain `pytest tests`
+(no `-n`) runs everything in order.
 
 The units are xdist's scopes (`pytest_xdist_make_scheduler`, a `LoadScopeScheduling` whose scope is the
 lane): its `xdist_group` marks cannot do it with pytest 9.2, whose node ids xdist 3.8 no longer suffixes.
@@ -23,6 +29,7 @@ from __future__ import annotations
 import pytest
 
 HOST_LANE = "host"
+RL_HOST_LANE = "host-rl"
 COMPUTE_MODULES = (
     "tests/model/",
     "tests/kernels/",
@@ -44,17 +51,26 @@ COMPUTE_MODULES = (
 
 
 def lane_of(nodeid: str) -> str:
-    """The unit of work of a test: its own module for the compute modules, else the one host lane."""
+    """The unit of work of a test: its own module for the compute modules, else one of the host lanes."""
     module = nodeid.split("::", 1)[0]
-    return module if module.startswith(COMPUTE_MODULES) else HOST_LANE
+    if module.startswith(COMPUTE_MODULES):
+        return module
+    return RL_HOST_LANE if module.startswith("tests/rl/") else HOST_LANE
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Under `-n N`: one unit of work per lane (see the module docstring), the host lane first."""
+    """Under `-n N`: one unit of work per lane (see the module docstring), the two host lanes first, on
+    different workers; the compute modules go to whichever worker is free."""
     from xdist.scheduler import LoadScopeScheduling
 
     class LaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return lane_of(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            for lane in (RL_HOST_LANE, HOST_LANE):  # HOST_LANE ends up first, RL_HOST_LANE second
+                if lane in self.workqueue:
+                    self.workqueue.move_to_end(lane, last=False)
+            super()._assign_work_unit(node)
 
     return LaneScheduling(config, log)

@@ -132,6 +132,7 @@ def test_containerd_detection_on_this_host(sandbox):
     assert (found.bundle(ns, sandbox.container_id) / "config.json").is_file(), found
 
 
+@pytest.mark.serial  # ends by checking containerd's content store, which every test's dumps share
 def test_the_docker_criu_backend_pauses_resumes_and_forks(tmp_path, monkeypatch, base_image):
     """The fallback is a real backend, not a name: Docker's checkpoint API dumps into the same store."""
     monkeypatch.setenv("AGENTENV_BACKEND", "docker-criu")

@@ -95,6 +95,7 @@ def test_images_are_tagged_by_content_hash_and_layer_on_base(base_image, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # stops every running container: the other lane's too
 def test_a_paused_sandbox_survives_a_dockerd_restart(sandbox, base_image, agentenv_home):
     blockers = restart_blockers(docker_client.api().containers(), agentenv_home)
     # Not a skip: on the machine `make test` runs on, nothing else uses dockerd; stop the other containers
