@@ -36,3 +36,17 @@ TINY = (
     "sandbox.memory=128m",
     "sandbox.pids_limit=64",
 )
+
+
+def assert_drops_add_up(history: list[dict], group_size: int, episodes_per_step: int) -> None:
+    """An async run's ``dropped_episodes``, iteration by iteration (a run that did not resume): none at
+    iteration 0 (the workers and the learner both hold version 0, so nothing is stale), whole groups
+    only, and never more than the episodes collected so far minus those trained (collected = trained +
+    dropped + still queued)."""
+    assert history[0]["dropped_episodes"] == 0, history[0]
+    collected = dropped = 0
+    for i, record in enumerate(history, 1):
+        assert record["dropped_episodes"] % group_size == 0, record
+        collected += record["episodes"]
+        dropped += record["dropped_episodes"]
+        assert collected - dropped >= i * episodes_per_step, (i, collected, dropped)

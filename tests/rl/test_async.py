@@ -1,6 +1,8 @@
 """Async training's parts without sandboxes: the staleness filter, per-token versions, the worker's
 standby weights, and the decoupled PPO objective with a behaviour policy several versions old."""
 
+import copy
+
 import pytest
 import torch
 from rl_testutil import compose
@@ -99,6 +101,16 @@ def sample_turn(cfg, model, context, generator):
     return gen.token_ids, gen.logprobs
 
 
+def token_probs(cfg, model, tokens: list[int]) -> torch.Tensor:
+    """``[T-1]``: each token's probability under ``model`` given the tokens before it (teacher forcing),
+    with the rollout's temperature and action vocabulary: what sampling it had as its chance."""
+    engine = TorchEngine(model, TOK, cfg.rollout.temperature, cfg.env.action_vocabulary)
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0, :-1] / cfg.rollout.temperature
+    logits = logits.masked_fill(engine.disallowed, float("-inf"))
+    return torch.softmax(logits, -1).gather(-1, torch.tensor(tokens[1:])[:, None]).squeeze(-1)
+
+
 def test_decoupled_objective_weights_each_token_by_its_own_behaviour_version(cfg):
     """A partial rollout: turn 1 sampled by v0, turn 2 by v2; the learner (proximal policy) is at v2.
     The IS weight of a token is min(π_prox / π_behav, cap) with the version that sampled it: 1 for
@@ -126,9 +138,19 @@ def test_decoupled_objective_weights_each_token_by_its_own_behaviour_version(cfg
     turn1 = batch.action_mask.bool() & (versions == 0)
     turn2 = batch.action_mask.bool() & (versions == 2)
     torch.testing.assert_close(weights[turn2], torch.ones(int(turn2.sum())), atol=2e-4, rtol=0)
-    expected = torch.exp(prox[turn1] - batch.rollout_logprobs[turn1]).clamp(max=cap)
-    torch.testing.assert_close(weights[turn1], expected)
+    # independently of the recorded log-probs and of the formula: each token's probability under v2 and
+    # under v0 (the policy that really sampled it), from their own forward passes, divided
+    expected = (token_probs(cfg, learner.model, e.tokens) / token_probs(cfg, v0, e.tokens)).clamp(max=cap)
+    torch.testing.assert_close(weights[turn1], expected[turn1[0]], atol=2e-4, rtol=1e-4)
     assert (weights[turn1] - 1).abs().max() > 0.05  # v0 is really another policy
+    # through the learner: the weights its step applies are these (its is_weight_mean is their mean over
+    # the trained tokens); a second member with another reward makes a group of 2 with a signal
+    other = copy.deepcopy(e)
+    other.step_rewards.append((len(e.tokens) - 1, 1.0))
+    applied = torch.where(turn2[0], 1.0, expected)[batch.action_mask[0].bool()]  # turn 2: v2 sampled it
+    metrics = learner.train_step([e, other])
+    assert metrics["is_weight_mean"] == pytest.approx(float(applied.mean()), abs=2e-4)
+    assert abs(metrics["is_weight_mean"] - 1.0) > 0.01  # not the weights of an on-policy batch
 
     # The gradient: at θ = θ_prox the ratio is 1 and each token's gradient is -w A (token mean).
     advantages = torch.ones_like(prox)
