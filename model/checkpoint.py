@@ -28,23 +28,33 @@ class CheckpointMismatch(ValueError):
 
 
 def _checkpoint_state(model) -> dict[str, torch.Tensor]:
-    state = model.state_dict()
-    if model.config.tie_word_embeddings:
+    return _stored(model.state_dict(), model.config)
+
+
+def _stored(state: dict[str, torch.Tensor], config: K3Config) -> dict[str, torch.Tensor]:
+    state = dict(state)
+    if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # stored once, as model.embed_tokens.weight
     return {k: v.detach().contiguous() for k, v in state.items()}
 
 
 def save_pretrained(model, directory: str | Path) -> None:
+    save_state(model.state_dict(), model.config, directory)
+
+
+def save_state(state: dict[str, torch.Tensor], config: K3Config, directory: str | Path) -> None:
+    """`save_pretrained` of a model's full state dict and config, without the model (a sharded learner
+    gathers the state dict from its ranks)."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = _checkpoint_state(model)
+    state = _stored(state, config)
     tmp = directory / (WEIGHTS_NAME + ".tmp")
     save_file(state, str(tmp), metadata={"format": "pt"})
     tmp.replace(directory / WEIGHTS_NAME)  # never leave a half-written checkpoint under the real name
     with open(directory / CONFIG_NAME, "w") as f:
-        json.dump(model.config.to_hf_dict(), f, indent=2)
+        json.dump(config.to_hf_dict(), f, indent=2)
 
 
 def load_state_checked(model, state: dict[str, torch.Tensor]) -> None:

@@ -59,6 +59,7 @@ from rl.policy import build_policy
 from rl.ranks import RankGroup
 from rl.routing import recorded_routes, routing_mismatch
 from rl.seeds import maxvio_floor_seed
+from rl.shard_checkpoint import consolidated, load_sharded, save_sharded
 from rl.sharding import sharded_optimizer_step
 from rl.tokenizer import build_tokenizer
 
@@ -369,9 +370,13 @@ class Learner:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory: str | Path) -> None:
-        """Weights (safetensors), value head, optimizer, scheduler, RNG states, step and version."""
+        """Weights (safetensors), value head, optimizer, scheduler, RNG states, step and version (a sharded
+        learner: every rank calls it, `rl.shard_checkpoint`)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        if self.parallel is not None:
+            save_sharded(self, directory)
+            return
         self.model.save_pretrained(directory / POLICY)
         torch.save(
             {
@@ -398,9 +403,14 @@ class Learner:
         if not (directory / LEARNER_STATE).is_file():
             raise FileNotFoundError(f"{directory} is not a learner checkpoint (no {LEARNER_STATE})")
         checkpoint.read_config(directory / POLICY)  # both files present, or a clear error
-        checkpoint.load_pretrained(self.model, directory / POLICY)
         # read on the CPU (the RNG states must be CPU tensors); the optimizer moves its state to the params
         state = torch.load(directory / LEARNER_STATE, weights_only=False, map_location="cpu")
+        if self.parallel is not None:
+            load_sharded(self, directory, state)
+            return
+        checkpoint.load_pretrained(self.model, directory / POLICY)
+        if "sharded" in state:  # written by a sharded learner: its ranks' files, merged
+            state |= consolidated(self, directory, state)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.value_head is not None and state["value_head"] is not None:

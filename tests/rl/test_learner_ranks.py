@@ -105,6 +105,26 @@ def outcome(learner: Learner, batch: list[Episode]) -> dict:
     }
 
 
+RESUMED = "one_step_dp_ep"  # the scenario whose learner is checkpointed after its step
+
+
+def checkpoint_of(out: str) -> Path:
+    return Path(out).parent / "checkpoint"
+
+
+def stopped_and_resumed(learner: Learner, cfg, group: RankGroup, out: str) -> dict:
+    """Save after the first step, take a second step (the straight run), then a new learner loads the
+    checkpoint and takes the same second step (the resumed run): their weights, bit for bit."""
+    learner.save(checkpoint_of(out))
+    second = episodes(cfg.algo.episodes_per_step, seed=1)
+    learner.train_step(second)
+    straight = learner.weights()[1]
+    resumed = Learner(cfg, group=group)
+    resumed.load(checkpoint_of(out))
+    resumed.train_step(second)
+    return {"straight": straight, "resumed": resumed.weights()[1]}
+
+
 def _rank_main(rank: int, port: int, out: str, configs: dict) -> None:
     torch.set_num_threads(1)
     join_rank_group("127.0.0.1", port, rank, 2, 1, torch.device("cpu"))
@@ -114,6 +134,10 @@ def _rank_main(rank: int, port: int, out: str, configs: dict) -> None:
             cfg = configs[name]
             learner = Learner(cfg, group=RankGroup(rank, 2, expert_parallel))
             results[name] = outcome(learner, episodes(cfg.algo.episodes_per_step))
+            if name == RESUMED:
+                results["resume"] = stopped_and_resumed(
+                    learner, cfg, RankGroup(rank, 2, expert_parallel), out
+                )
         if rank == 0:
             torch.save(results, out)
     finally:
@@ -125,7 +149,7 @@ def two_ranks(tmp_path_factory) -> dict:
     out = Path(tmp_path_factory.mktemp("ranks")) / "rank0.pt"
     configs = {name: config(overrides, 2, ep) for name, (overrides, ep) in SCENARIOS.items()}
     mp.spawn(_rank_main, args=(free_port(), str(out), configs), nprocs=2, join=True)
-    return torch.load(out, weights_only=False)
+    return torch.load(out, weights_only=False) | {"folder": checkpoint_of(str(out))}
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -164,3 +188,21 @@ def test_two_ranks_step_like_one(two_ranks, name):
     if expert_parallel > 1:  # experts reached in the latent width: half the backbone bytes (k3_tiny: 64/128)
         sent = sharded["metrics"]["ep_latent_bytes"]
         assert sent > 0 and sent / sharded["metrics"]["ep_backbone_bytes"] == pytest.approx(0.5)
+
+
+def test_a_two_rank_checkpoint_resumes_bit_exactly_and_loads_at_one_rank(two_ranks):
+    from model import K3ForCausalLM
+
+    resume = two_ranks["resume"]
+    assert all(torch.equal(resume["straight"][k], resume["resumed"][k]) for k in resume["straight"])
+    folder = two_ranks["folder"]
+    overrides, _ep = SCENARIOS[RESUMED]
+    cfg = config(overrides, 1, 1)
+    single = Learner(cfg)
+    single.load(folder)  # the full policy, the ranks' AdamW slices merged per parameter
+    saved = two_ranks[RESUMED]["weights"]
+    assert all(torch.equal(single.weights()[1][k], saved[k]) for k in saved)
+    exported = K3ForCausalLM.from_pretrained(folder / "policy").state_dict()  # save_pretrained's format
+    assert all(torch.equal(exported[k], saved[k]) for k in saved)
+    single.train_step(episodes(cfg.algo.episodes_per_step, seed=1))  # continues like the two ranks did
+    assert max_diff(single.weights()[1], resume["straight"]) < TOLERANCE
