@@ -19,7 +19,7 @@ from fastapi.security import APIKeyHeader
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentenv.checks import MAX_FORKS
-from agentenv.errors import AgentEnvError, SandboxStateError
+from agentenv.errors import AgentEnvError, SandboxNotFound, SandboxStateError
 from agentenv.sandbox import Sandbox
 from agentenv.server.errors import ApiError
 from agentenv.server.reaper import NEVER
@@ -227,6 +227,8 @@ def control_router(state: ServerState) -> APIRouter:
     def served(sandbox_id: str, *states: str) -> tuple[Sandbox, E2BRecord, str]:
         sb, rec = state.sandbox(sandbox_id, probe=True)  # a dead container: 404 saying why, not a 500
         status = sb.status
+        if status == "closed":  # killed (by a client, its TTL) since `state.sandbox` looked
+            raise SandboxNotFound(f"sandbox {sandbox_id!r} not found (it was killed)")
         if states and status not in states:
             raise SandboxStateError(f"sandbox {sandbox_id} is {status}" +
                                     (f": {sb.reason}" if sb.reason else ""))
