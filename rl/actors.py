@@ -42,6 +42,7 @@ from rl.errors import StaleWeights
 from rl.inflight import InFlightRollout
 from rl.learner import Learner
 from rl.policy import build_policy_shell
+from rl.ranks import free_port, join_rank_group
 from rl.rollout import EpisodeRunner, RolloutStats
 from rl.sandbox_hosts import apply_worker_environment
 from rl.tokenizer import build_tokenizer
@@ -235,29 +236,54 @@ class RolloutWorker:
 
 class LearnerActor(Learner):
     """Ray actor: the `Learner`, with its torch thread count set for its process, publishing each
-    weights version to Ray's object store."""
+    weights version to Ray's object store.
 
-    def __init__(self, cfg: RunConfig) -> None:
+    With ``trainer.learner.world_size`` > 1 it is rank ``rank`` of the learner (`rl.learner_group` starts
+    the ranks): the `Learner` is built in `join`, once every rank knows rank 0's address; every rank
+    then gets every call, and only rank 0 puts the gathered weights in the object store."""
+
+    def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         torch.set_num_threads(cfg.trainer.learner_threads)
-        super().__init__(cfg)
+        self.rank = rank
+        if cfg.trainer.learner.world_size == 1:
+            super().__init__(cfg)
+        else:
+            self.cfg = cfg
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0: the address (this node's IP, a free port) the ranks' process group meets at."""
+        return node_address()["ip"], free_port()
+
+    def join(self, address: str, port: int) -> dict[str, str]:
+        """Join the learner's process group at ``address:port`` and build this rank's `Learner`;
+        returns `node_address`."""
+        ranks = self.cfg.trainer.learner
+        device = Placement.of(self.cfg.trainer.device).device
+        group = join_rank_group(address, port, self.rank, ranks.world_size, ranks.expert_parallel, device)
+        super().__init__(self.cfg, group=group)
+        return node_address()
 
     def node(self) -> dict[str, str]:
         """`node_address` of the learner."""
         return node_address()
 
-    def publish(self) -> tuple[int, ray.ObjectRef]:
+    def publish(self) -> tuple[int, ray.ObjectRef | None]:
         """Put the current weights in the object store (once: ``ray.put`` serialises a copy, so the
         state dict is not cloned first; from a GPU it is copied to the CPU, so that any worker can read
-        it); returns ``(version, reference)``."""
-        state = self.model.state_dict()
+        it); returns ``(version, reference)``. Sharded: every rank gathers the full weights (a collective),
+        rank 0 puts them, the others return no reference and drop their copy."""
+        state = self.state_dict()
+        if self.rank != 0:
+            return self.version, None
         if self.placement.device.type != "cpu":
             state = {k: v.detach().cpu() for k, v in state.items()}
         return self.version, ray.put(state)
 
-    def train_step(self, *shares: list[Episode]) -> tuple[dict[str, Any], int, ray.ObjectRef]:
+    def train_step(self, *shares: list[Episode]) -> tuple[dict[str, Any], int, ray.ObjectRef | None]:
         """One `Learner.train_step` on the episode lists concatenated in order (the driver passes the
         rollouts' group references; Ray resolves them here), then `publish`; returns
-        ``(metrics, version, weights reference)``."""
+        ``(metrics, version, weights reference)``. Sharded, every rank gets the whole batch and trains
+        its share (`rl.data_parallel`)."""
         metrics = super().train_step([episode for share in shares for episode in share])
         version, weights = self.publish()
         return metrics, version, weights

@@ -23,15 +23,15 @@ import ray
 import torch
 
 from model.balancing import max_violation
-from rl.actors import LearnerActor
 from rl.async_rollout import AsyncRollouts
 from rl.checkpoints import TrainerState, read_checkpoint, write_checkpoint
 from rl.config import RunConfig
 from rl.config.checks import check_device
-from rl.device import learner_options, resolve_device
+from rl.device import resolve_device
 from rl.errors import TooManyFailures
 from rl.failures import failure_metrics
 from rl.inflight import load_record
+from rl.learner_group import LearnerGroup
 from rl.metrics import MetricsLogger
 from rl.rollout import RolloutStats
 from rl.sandbox_hosts import split_hosts
@@ -124,7 +124,7 @@ class Trainer:
         for error in batch.stats.errors[:3]:
             log.warning("iteration %d: episode failed: %s", iteration, error)
         step_started = time.perf_counter()
-        learner_metrics, self.version, self.weights = ray.get(self.learner.train_step.remote(*batch.refs))
+        learner_metrics, self.version, self.weights = self.learner.train_step(*batch.refs)
         step_ended = time.perf_counter()
         self.source.publish(self.version, self.weights)
         ended = time.perf_counter()
@@ -211,9 +211,9 @@ class Trainer:
         first, resumed = 0, None
         if self.tcfg.resume:
             resumed, first = self._resume()
-        self.version, self.weights = ray.get(self.learner.publish.remote())
+        self.version, self.weights = self.learner.publish()
         self.workers.load(self.version, self.weights)  # workers hold no weights until now
-        self.workers.record_placement(self.run_dir, ray.get(self.learner.node.remote()))
+        self.workers.record_placement(self.run_dir, self.learner.node())
         self.source = self._source(first, resumed)
         return first
 
@@ -245,8 +245,7 @@ class Trainer:
             if orphans := close_orphans():
                 log.info("closed %d sandboxes left by a killed run's rollout workers", len(orphans))
         log.info("device: %s (trainer.device resolved; rl/device.py)", self.tcfg.device)
-        learner_cls = ray.remote(LearnerActor).options(**learner_options(self.cfg))
-        self.learner = learner_cls.remote(self.cfg)
+        self.learner = LearnerGroup.start(self.cfg)  # trainer.learner.world_size ranks (rl.learner_group)
         self.workers = RolloutWorkers.start(self.cfg)
 
     def _source(self, first: int, resumed: Path | None) -> RolloutSource:
@@ -287,13 +286,13 @@ class Trainer:
         return path
 
     def _save_learner(self, folder: Path) -> None:
-        ray.get(self.learner.save.remote(str(folder)))
+        self.learner.save(str(folder))
 
     def _resume(self) -> tuple[Path, int]:
         """Load ``trainer.resume``'s checkpoint into the learner and the history; returns the checkpoint
         and the first iteration to run."""
         path, state = read_checkpoint(self.tcfg.resume, stage="rl")
-        ray.get(self.learner.load.remote(str(path)))
+        self.learner.load(str(path))
         self.metrics.history = state.history
         log.warning("resumed from %s (iteration %d)", path, state.iteration)
         return path, state.iteration + 1
@@ -356,7 +355,7 @@ class Trainer:
             self.workers.close()
             self.workers = None
         if self.learner is not None:
-            ray.kill(self.learner)
+            self.learner.kill()
             self.learner = None
         if self.started_ray:
             ray.shutdown()

@@ -1,0 +1,129 @@
+"""The driver's handle on the learner: one `rl.actors.LearnerActor`, or ``trainer.learner.world_size``
+of them placed by one Ray placement group and joined in one ``torch.distributed`` group.
+
+Every call goes to every rank (they run the same collectives) and returns rank 0's answer. The ranks'
+bundles each ask for what one learner asks for (``trainer.learner_cpus``, ``learner_resources``, a GPU
+share on CUDA), packed onto as few nodes as fit: one node with room for all of them holds them all; on a
+cluster whose nodes offer ``learner: 1`` each, they land one per node. The process group's address is
+rank 0's node IP and a port free there, asked from rank 0 itself once Ray has placed it.
+
+A rank that fails (its process or node lost, an exception) ends the call with `LearnerRankLost`, which
+names the rank and its node: the run stops there (a learner rank is never restarted, so the ranks'
+shards cannot silently diverge); the last complete checkpoint is untouched and resumes the run.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rl.actors import LearnerActor
+from rl.device import learner_options
+
+log = logging.getLogger(__name__)
+
+PLACEMENT_TIMEOUT_S = 120.0  # how long Ray may take to find room for every rank
+
+
+class LearnerRankLost(RuntimeError):
+    """A learner rank failed; the run cannot go on without it (see the module docstring)."""
+
+
+class LearnerGroup:
+    """The learner's ranks (see the module docstring); at world size 1, the single actor as before."""
+
+    def __init__(self, actors: list, placement: Any | None, nodes: list[dict[str, str]]) -> None:
+        self.actors = actors
+        self.placement = placement
+        self.nodes = nodes
+
+    @classmethod
+    def start(cls, cfg: Any) -> LearnerGroup:
+        """Create the ranks (at world size 1: one actor, constructed in the background as before)."""
+        options = learner_options(cfg)
+        world = cfg.trainer.learner.world_size
+        actor_cls = ray.remote(LearnerActor)
+        if world == 1:
+            return cls([actor_cls.options(**options).remote(cfg)], None, [])
+        bundle = {"CPU": options["num_cpus"], **options["resources"]}
+        if options.get("num_gpus"):
+            bundle["GPU"] = options["num_gpus"]
+        group = placement_group([dict(bundle) for _ in range(world)], strategy="PACK")
+        try:
+            ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except GetTimeoutError:
+            remove_placement_group(group)
+            raise RuntimeError(
+                f"trainer.learner.world_size={world}: Ray found no room for {world} learner ranks of "
+                f"{bundle} within {PLACEMENT_TIMEOUT_S:.0f} s (cluster: {ray.cluster_resources()})"
+            ) from None
+        bundles = [
+            PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i) for i in range(world)
+        ]
+        actors = [
+            actor_cls.options(**options, scheduling_strategy=bundles[rank]).remote(cfg, rank)
+            for rank in range(world)
+        ]
+        learner = cls(actors, group, [{} for _ in actors])
+        address, port = learner._call("rendezvous", ranks=actors[:1])
+        learner.nodes = learner._every("join", address, port)
+        nodes = [n["ip"] for n in learner.nodes]
+        log.info("learner: %d ranks joined at %s:%d on nodes %s", world, address, port, nodes)
+        return learner
+
+    # ------------------------------------------------------------------ calls
+    def _every(self, method: str, *args: Any, ranks: list | None = None) -> list[Any]:
+        """``method(*args)`` on every rank; every rank's answer, or `LearnerRankLost` for the first
+        rank that fails (the others may be stuck in a collective with it: they are not waited for)."""
+        actors = self.actors if ranks is None else ranks
+        refs = [getattr(actor, method).remote(*args) for actor in actors]
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(ready[0])
+            except RayError as exc:
+                rank = refs.index(ready[0])
+                node = self.nodes[rank].get("ip", "?") if rank < len(self.nodes) else "?"
+                raise LearnerRankLost(
+                    f"learner rank {rank} of {len(self.actors)} (node {node}) failed in {method}: "
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. The run stops "
+                    "(a learner rank is not restarted); the last complete checkpoint resumes it "
+                    "(trainer.resume=<run dir>)"
+                ) from exc
+        return ray.get(refs)
+
+    def _call(self, method: str, *args: Any, ranks: list | None = None) -> Any:
+        """Rank 0's answer to ``method(*args)`` called on every rank."""
+        if len(self.actors) == 1 and ranks is None:
+            return ray.get(getattr(self.actors[0], method).remote(*args))
+        return self._every(method, *args, ranks=ranks)[0]
+
+    def train_step(self, *refs: Any) -> tuple[dict[str, Any], int, Any]:
+        """`LearnerActor.train_step` on the batch's group references: ``(metrics, version, weights ref)``."""
+        return self._call("train_step", *refs)
+
+    def publish(self) -> tuple[int, Any]:
+        return self._call("publish")
+
+    def node(self) -> dict[str, str]:
+        """Rank 0's node."""
+        return self._call("node")
+
+    def save(self, folder: str) -> None:
+        self._call("save", folder)
+
+    def load(self, path: str) -> None:
+        self._call("load", path)
+
+    def kill(self) -> None:
+        """Kill every rank and free their placement group."""
+        for actor in self.actors:
+            ray.kill(actor)
+        if self.placement is not None:
+            remove_placement_group(self.placement)
