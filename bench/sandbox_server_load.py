@@ -78,6 +78,7 @@ class LoadResult:
     samples: list[tuple[float, float, int]] = field(default_factory=list)  # (t, RSS MiB, fds)
     leftover: dict[str, int] = field(default_factory=dict)
     tracebacks: int = 0
+    fds_end: Counter = field(default_factory=Counter)
 
 
 class Sampler:
@@ -150,6 +151,19 @@ async def client_loop(res: LoadResult, idx: int, deadline: float, max_loops: int
                     res.errors[f"cleanup kill: {error_kind(e)[0]}"] += 1
 
 
+def fd_kinds(pid: int) -> Counter:
+    """The server's open file descriptors by kind: the SQLite files (one connection per worker thread,
+    kept while the thread lives), sockets, pipes, other files."""
+    kinds: Counter = Counter()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue
+        kinds["sqlite" if ".sqlite3" in target else target.split(":")[0] if ":[" in target else "file"] += 1
+    return kinds
+
+
 def leftovers(home: Path) -> dict[str, int]:
     """What the runs left: live registry sandboxes, containers labelled with `home`, checkpoint folders
     (in the store) of any container this home ever had."""
@@ -177,6 +191,7 @@ async def load_phase(server: Server, clients: int, duration_s: float, max_loops:
     await asyncio.wait_for(asyncio.gather(*tasks), duration_s + 10 * OP_TIMEOUT_S)
     res.duration_s = time.monotonic() - t0
     res.samples = sampler.stop()
+    res.fds_end = fd_kinds(server.proc.pid)
     res.leftover = leftovers(server.home)
     return res
 
@@ -318,6 +333,9 @@ def render(results: list[LoadResult], crash: dict[str, object] | None, cmd: str,
         if r.errors:
             kinds = "; ".join(f"{k}: {v} (e.g. “{r.examples.get(k, '')}”)" for k, v in r.errors.most_common())
             lines.append(f"Errors at {r.clients} clients: {kinds}.  ")
+        if r.fds_end:
+            lines.append(f"Open fds of the server after the {r.clients}-client run, by kind: "
+                         + ", ".join(f"{k} {v}" for k, v in r.fds_end.most_common()) + ".  ")
         if r.tracebacks:
             lines.append(f"The server logged {r.tracebacks} tracebacks by the end of the {r.clients}-client "
                          "run.  ")

@@ -275,6 +275,8 @@ def test_a_sandbox_whose_container_died_is_reported_gone_not_as_a_500(served):
 
 
 def test_kill_9_of_the_server_mid_load_then_a_restart(served):
+    from e2b.exceptions import SandboxUnreachableException
+
     stable = _make(4, paused=2)
     load = Load()
     load.loop(_cycle)
@@ -286,6 +288,9 @@ def test_kill_9_of_the_server_mid_load_then_a_restart(served):
     failed = [(op, e) for op, _s, e in load.outcomes if e is not None]
     assert failed, "no request was in flight at the kill"
     assert not [e for _op, e in failed if _server_failure(e)], failed
+    # the connection broke: httpx's transport error (control plane), the SDK's "unreachable" (streams)
+    assert all(isinstance(e, (httpx.TransportError, SandboxUnreachableException, ConnectionError))
+               for _op, e in failed), failed
 
     served.start()
     listed = _listed()
