@@ -1,7 +1,9 @@
 """Rollout: run GRPO groups of episodes of a sandboxed task with the policy, many at once.
 
-`EpisodeRunner` (plain Python, tested directly) owns a set of task envs whose sandboxes stay alive
-across episodes and iterations, all members of one ``agentenv.SandboxPool`` (``rollout.sandbox_pool``).
+`EpisodeRunner` (plain Python, tested directly) owns a set of task envs that live across episodes and
+iterations, their sandboxes all members of one ``agentenv.SandboxPool`` (``rollout.sandbox_pool``); a
+sandbox outlives its episode only for a task that declares its in-place reset safe, else each reset
+starts from the task's template (episode isolation, ``agentenv.tasks.base``).
 For each iteration it
 
 1. starts every group from one state: ``group_start: fork`` resets one env and forks its sandbox G-1

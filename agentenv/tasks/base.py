@@ -4,9 +4,16 @@ A task subclasses it and writes ``setup(seed) -> str`` (prepare the sandbox for 
 first observation), ``act(action) -> Outcome`` and optionally ``reward(outcome)`` and ``install()`` (put
 the task's programs in place, once per sandbox). The base owns the sandbox, a `SandboxHandle` taken from
 the env's `SandboxFactory` (``sandboxes=``; default: `agentenv.factory.sandbox_factory` of the ``sandbox``
-kwargs): created on the first ``reset`` and kept across episodes, leased from ``reset`` until the episode
-ends, paused, resumed, forked with the episode state (GRPO groups) and closed by ``close()``. Commands go
-through the sandbox's persistent shell session unless ``session=False``. See docs/tasks.md.
+kwargs): created on the first ``reset``, leased from ``reset`` until the episode ends, paused, resumed,
+forked with the episode state (GRPO groups) and closed by ``close()``. Commands go through the sandbox's
+persistent shell session unless ``session=False``. See docs/tasks.md.
+
+Episode isolation: an episode sees the task's initial state and nothing an earlier episode left (files,
+background processes, the shell session's environment). By default every ``reset`` after an episode was
+played starts in a new sandbox from the factory: with a pool's warm starts a fork of the task's template
+checkpoint (the state ``install()`` made), else a fresh sandbox and ``install()``; the old one is closed.
+A task whose ``setup`` alone restores the initial state, because nothing an episode can do leaves
+anything behind, says why in ``in_place_reset`` and keeps its sandbox across episodes (cheaper).
 """
 
 from __future__ import annotations
@@ -68,6 +75,9 @@ class SandboxTask(gym.Env[str, str]):
     """
 
     metadata = {"render_modes": []}
+    # Why ``setup`` alone restores the initial state in the sandbox an earlier episode played in (the
+    # sandbox is then reused); None: every episode after the first gets a new sandbox (module docstring)
+    in_place_reset: str | None = None
 
     def __init__(
         self,
@@ -99,6 +109,7 @@ class SandboxTask(gym.Env[str, str]):
         self._session_of = ""  # the id of the sandbox `_session` runs in
         self.turn = 0
         self.episode_seed: int | None = None
+        self.played = False  # whether an episode was reset in the current sandbox (see `reset`)
         self.command_count = 0
         self.command_seconds = 0.0
 
@@ -123,9 +134,12 @@ class SandboxTask(gym.Env[str, str]):
         super().reset(seed=seed)
         if seed is None:
             seed = int(self.np_random.integers(0, 2**31 - 1))
+        if self.played and self.in_place_reset is None:
+            self.discard_sandbox()  # an earlier episode played in it: start from the template again
         self.ensure_sandbox()
         self.turn = 0
         self.episode_seed = seed
+        self.played = True
         self.hold_sandbox()
         observation = self.clean(self.setup(seed))
         return observation, {"turn": 0}
@@ -178,6 +192,18 @@ class SandboxTask(gym.Env[str, str]):
             options = {k: v for k, v in self.sandbox_kwargs.items() if k != "hosts"}
             task = f"{type(self).__module__}.{type(self).__qualname__}"
             self.sandbox = self.factory().create(**options, template=task, setup=self._install_into)
+
+    def discard_sandbox(self) -> None:
+        """Close this env's sandbox (the next `ensure_sandbox` makes a new one in the template state); a
+        sandbox already gone is not an error: there is nothing left to free."""
+        self.release_sandbox()
+        self._close_session()
+        old, self.sandbox, self.played = self.sandbox, None, False
+        if old is not None:
+            try:
+                old.close()
+            except Exception:  # e.g. its container or host is gone already
+                pass
 
     def sandbox_config(self) -> SandboxConfig:
         """The `SandboxConfig` of this task's sandboxes (``sandbox`` kwargs: config, image, memory, cpus)."""

@@ -59,6 +59,10 @@ _NUMBER = re.compile(r"\d+")
 
 class GuessNumber(SandboxTask):
     """Guess a number in ``0..num_values-1`` in at most ``max_turns`` guesses (see the module docstring)."""
+    in_place_reset = (
+        "an action reaches the sandbox only as `guess.sh N`, N a run of digits (or `x`), and guess.sh writes "
+        "only its state file, which setup rewrites: no episode can leave a file, a process or a variable"
+    )
 
     def __init__(self, num_values: int = 6, max_turns: int = 3, invalid_penalty: float = 0.1,
                  ruled_out_penalty: float = 0.0, show_range: bool = True, **kwargs):

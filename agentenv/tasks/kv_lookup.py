@@ -169,6 +169,12 @@ class KVLookup(SandboxTask):
     seed), ``num_values``/``max_turns`` (the game), ``invalid_penalty``/``ruled_out_penalty`` (shaping,
     as in GuessNumber), ``install_timeout_s`` (generation plus loading)."""
 
+    in_place_reset = (
+        "an action reaches the sandbox only as a `cmp KEY N GUESS` request of three integers to the KV "
+        "service, which answers without changing anything, and setup only picks the key: no episode can "
+        "leave a file, a process or a variable (a restore would reload data_mib MiB for nothing)"
+    )
+
     def __init__(self, data_mib: int = 16, data_seed: int = 0, num_values: int = 6, max_turns: int = 3,
                  invalid_penalty: float = 0.1, ruled_out_penalty: float = 0.0,
                  install_timeout_s: float = 600.0, **kwargs):

@@ -86,6 +86,8 @@ class ReasoningGym(SandboxTask):
     `SandboxTask`'s (``sandbox``, ``session`` and ``sandboxes`` are accepted and unused).
     """
 
+    in_place_reset = "no sandbox: an episode's state is its problem and turn, both set by setup"
+
     def __init__(
         self,
         dataset: str = "basic_arithmetic",
