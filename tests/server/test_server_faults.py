@@ -304,14 +304,19 @@ def test_kill_9_of_the_server_mid_load_then_a_restart(served):
     _assert_nothing_left(served)
 
 
-def test_dockerd_restarted_mid_load(served):
+def test_dockerd_restarted_mid_load(served, tmp_path_factory):
     from e2b.exceptions import NotFoundException, SandboxException
 
     from agentenv.backend import docker_client
+    from agentenv.backend.base import LABEL_HOME
 
-    blockers = restart_blockers(docker_client.api().containers(), served.home)
-    # Not a skip (as tests/agentenv/test_agentenv_host.py): on the machine `make test` runs on, nothing
-    # else uses dockerd; a restart would stop those containers.
+    # This test session's own containers (other fixtures' homes under its basetemp) are its own to stop;
+    # the rest decides as in tests/agentenv/test_agentenv_host.py. Not a skip: on the machine `make test`
+    # runs on, nothing else uses dockerd, and a restart would stop those containers.
+    base = tmp_path_factory.getbasetemp().resolve()
+    others = [c for c in docker_client.api().containers()
+              if not Path((c.get("Labels") or {}).get(LABEL_HOME, "/")).is_relative_to(base)]
+    blockers = restart_blockers(others, served.home)
     assert not blockers, (f"running container(s) {', '.join(blockers)} are not this test's nor leftovers "
                           "of a finished test session; a dockerd restart would stop them")
     sandboxes = _make(4, paused=2)
