@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: bootstrap lock test test-fast train bench bench-sandbox bench-restore-paths bench-model bench-kernels bench-train bench-learning bench-teacher bench-engines image lint
+.PHONY: bootstrap lock test test-fast train bench bench-sandbox bench-server-load bench-restore-paths bench-model bench-kernels bench-train bench-learning bench-teacher bench-engines image lint
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -26,7 +26,7 @@ train: bootstrap
 image: bootstrap
 	$(VENV)/bin/agentenv images build
 
-bench: bench-model bench-kernels bench-sandbox bench-restore-paths bench-train bench-learning bench-teacher bench-engines
+bench: bench-model bench-kernels bench-sandbox bench-server-load bench-restore-paths bench-train bench-learning bench-teacher bench-engines
 
 bench-model: bootstrap
 	$(PY) bench/model.py $(ARGS)
@@ -36,6 +36,9 @@ bench-kernels: bootstrap
 
 bench-sandbox: bootstrap
 	$(PY) bench/sandbox.py $(ARGS)
+
+bench-server-load: bootstrap
+	$(PY) bench/sandbox_server_load.py $(ARGS)
 
 bench-restore-paths: bootstrap
 	$(PY) bench/restore_paths.py $(ARGS)
