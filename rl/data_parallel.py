@@ -48,7 +48,7 @@ class DataParallel:
         self.flat_names = [n for n, _ in named if not (split and is_routed_expert(n))]
         self.expert_names = [n for n, _ in named if split and is_routed_expert(n)]
         params = dict(named)
-        self.flat = FlatShard([params[n] for n in self.flat_names], group)
+        self.flat = FlatShard([params[n] for n in self.flat_names], group, model.invalidate_weight_caches)
         self.experts = [params[n] for n in self.expert_names]
 
     # ------------------------------------------------------------------ parameters

@@ -12,5 +12,9 @@ class RolloutWorkerLost(RuntimeError):
     """A rollout worker kept dying after ``rollout.max_worker_restarts`` restarts, or did not come back."""
 
 
+class LearnerRankLost(RuntimeError):
+    """A rank of a sharded learner (``trainer.learner.world_size`` > 1) failed; ranks are not restarted."""
+
+
 class TooManyFailures(RuntimeError):
     """More than ``rollout.max_failed_fraction`` of an iteration's episodes failed."""

@@ -24,14 +24,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rl.actors import LearnerActor
 from rl.device import learner_options
+from rl.errors import LearnerRankLost
 
 log = logging.getLogger(__name__)
 
 PLACEMENT_TIMEOUT_S = 120.0  # how long Ray may take to find room for every rank
-
-
-class LearnerRankLost(RuntimeError):
-    """A learner rank failed; the run cannot go on without it (see the module docstring)."""
 
 
 class LearnerGroup:

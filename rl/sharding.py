@@ -25,6 +25,8 @@ collectives whose result the exactness test pins down.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -36,9 +38,14 @@ class FlatShard:
     """``params`` (same values on every rank at construction) sharded as one flat vector; see the module
     docstring. ``shard`` is this rank's slice, the parameter the optimizer steps."""
 
-    def __init__(self, params: list[nn.Parameter], group: RankGroup) -> None:
+    def __init__(
+        self, params: list[nn.Parameter], group: RankGroup, after_gather: Callable[[], None] | None = None
+    ) -> None:
+        """``after_gather``: called once the parameters hold new storage (the MoE layers' stacked-expert
+        cache is keyed on storage pointers, which a new buffer may reuse: it must be dropped)."""
         self.params = params
         self.group = group
+        self.after_gather = after_gather
         self.shapes = [p.shape for p in params]
         self.numels = [p.numel() for p in params]
         self.total = sum(self.numels)
@@ -60,6 +67,8 @@ class FlatShard:
             self.params, full[: self.total].split(self.numels), self.shapes, strict=True
         ):
             p.data = view.view(shape)
+        if self.after_gather is not None:
+            self.after_gather()
 
     def release(self) -> None:
         """Drop the full parameters (and their gradients): this rank keeps only ``shard``."""

@@ -77,7 +77,7 @@ class CheckConfigFirst(Callback):
 def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from rl.errors import RolloutWorkerLost, TooManyFailures
+    from rl.errors import LearnerRankLost, RolloutWorkerLost, TooManyFailures
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
@@ -85,7 +85,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     except ConfigError as exc:
         print(f"k3rl-train: config error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    except (TooManyFailures, RolloutWorkerLost) as exc:
+    except (TooManyFailures, RolloutWorkerLost, LearnerRankLost) as exc:
         print(f"k3rl-train: training stopped: {exc}", file=sys.stderr)
         print(f"k3rl-train: metrics and plot so far are in {run_dir}", file=sys.stderr)
         raise SystemExit(1) from None
