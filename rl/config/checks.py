@@ -282,6 +282,9 @@ def check_learner_ranks(cfg) -> None:
     ranks, algo = cfg.trainer.learner, cfg.algo
     world, ep = ranks.world_size, ranks.expert_parallel
     groups = algo.episodes_per_step // algo.group_size
+    if world > 1 and cfg.stage == "sft":
+        _fail("trainer.learner.world_size", f"{world}: the SFT cold start (stage=sft) runs in one learner "
+              "process")
     if world > 1 and groups % (algo.minibatches * world):
         _fail(
             "trainer.learner.world_size",

@@ -91,6 +91,8 @@ def test_one_config_error_for_the_project():
           "trainer.learner.expert_parallel=2"],
          "trainer.learner.expert_parallel: 2 ranks cannot hold equal shares of model.num_experts=15 "),
         (["trainer.learner.world_size=2"], "trainer.num_cpus: the learner (1.0 x 2 ranks) and 1 worker(s)"),
+        (["stage=sft", "trainer.learner.world_size=2", "trainer.num_cpus=3"],
+         "trainer.learner.world_size: 2: the SFT cold start (stage=sft) runs in one learner process"),
     ],
 )
 def test_bad_values_are_one_line_naming_their_key(overrides, message):
