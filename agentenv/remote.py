@@ -376,7 +376,8 @@ class RemoteSandbox:
         timeout_s = checks.timeout_seconds(timeout, cfg.exec_timeout_s)
         self._keep_alive()
         req = pb.StartRequest(process=pb.ProcessConfig(cmd=argv[0], args=argv[1:], envs=env or {},
-                                                       cwd=workdir), stdin=data is not None)
+                                                       cwd=workdir or cfg.workspace),  # as locally
+                              stdin=data is not None)
         out, err, code, timed_out = bytearray(), bytearray(), None, False
         started = time.perf_counter()
         events = self.host.rpc_stream(self, "process.Process/Start", req, pb.StartResponse, timeout_s)

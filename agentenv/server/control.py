@@ -22,11 +22,13 @@ from agentenv.checks import MAX_FORKS
 from agentenv.errors import AgentEnvError, SandboxNotFound, SandboxStateError
 from agentenv.sandbox import Sandbox
 from agentenv.server.errors import ApiError
+from agentenv.server.metrics import Metrics
 from agentenv.server.reaper import NEVER
 from agentenv.server.state import API_KEY_HEADER, ServerState, Unauthorized
 from agentenv.server.store import E2BRecord
 
 CLIENT_ID = "agentenv"
+_MEMORY_KEPT = "a paused sandbox always keeps its memory and processes (a CRIU checkpoint)"
 API_KEY = APIKeyHeader(name="X-API-Key", auto_error=False,
                        description="the server's key: $AGENTENV_API_KEY or $AGENTENV_HOME/server-api-key")
 
@@ -132,6 +134,20 @@ class SnapshotBody(BaseModel):
 class SnapshotInfo(BaseModel):
     snapshotID: str
     names: list[str]
+
+
+class MetricSample(BaseModel):
+    """One `get_metrics` entry, as E2B's SandboxMetric."""
+
+    timestamp: str
+    timestampUnix: int
+    cpuCount: int
+    cpuUsedPct: float
+    memUsed: int
+    memTotal: int
+    memCache: int
+    diskUsed: int
+    diskTotal: int
 
 
 class HostInfo(BaseModel):
@@ -246,6 +262,9 @@ def control_router(state: ServerState) -> APIRouter:
         if unsupported:
             raise ApiError(400, f"not supported by agentenv serve: {', '.join(unsupported)} (sandboxes have "
                                 "no network; paused sandboxes resume on connect)")
+        if body.autoPauseMemory is False:
+            raise ApiError(400, "autoPauseMemory=false (a filesystem-only pause at the timeout) is not "
+                                f"supported by agentenv serve: {_MEMORY_KEPT}")
         timeout = ttl(body.timeout)
         snap = state.store.snapshot(body.templateID)
         if snap is not None:  # a snapshot: fork its paused sandbox (memory and files)
@@ -341,11 +360,16 @@ def control_router(state: ServerState) -> APIRouter:
         sb, _rec = state.sandbox(sandbox_id)
         sb.close()
         state.store.delete(sb.id)
+        metrics.forget(sb.id)
         return Response(status_code=204)
 
     @r.post("/sandboxes/{sandbox_id}/pause", status_code=204,
             summary="Pause: checkpoint to disk (no memory, no CPU); 409 when already paused")
     def pause(sandbox_id: str, body: PauseBody | None = None) -> Response:
+        if body is not None and body.memory is False:
+            raise ApiError(400, "a filesystem-only pause (pause(mode='filesystem'), keep_memory=False) is "
+                                f"not supported by agentenv serve: {_MEMORY_KEPT}; pause with memory, or "
+                                "kill the sandbox")
         sb, _rec, status = served(sandbox_id)
         if status == "paused":
             raise SandboxStateError(f"sandbox {sandbox_id} is already paused")
@@ -356,6 +380,9 @@ def control_router(state: ServerState) -> APIRouter:
 
     def connect(sandbox_id: str, response: Response, body: ConnectBody | None = None) -> CreatedSandbox:
         timeout = ttl(body.timeout if body else None)
+        if body is not None and body.memory is False:
+            raise ApiError(400, "connect with memory=false (a cold boot from the disk state) is not "
+                                f"supported by agentenv serve: {_MEMORY_KEPT}, and a resume restores it")
         sb, rec, status = served(sandbox_id, "running", "paused")
         resumed = False
         if status == "paused":
@@ -422,6 +449,20 @@ def control_router(state: ServerState) -> APIRouter:
                                       rec.auto_pause)
             out.append(ForkResult(sandbox=created(child, crec)))
         return out
+
+    # ---- metrics ---------------------------------------------------------------------------------
+    metrics = Metrics()
+
+    @r.get("/sandboxes/{sandbox_id}/metrics", response_model=list[MetricSample],
+           summary="Resource use now (cgroup and work dir), when now is within [start, end]: one sample, no "
+                   "history is kept")
+    def get_metrics(sandbox_id: str, start: int | None = Query(None, description="Unix time, seconds"),
+                    end: int | None = Query(None, description="Unix time, seconds")) -> list[dict[str, Any]]:
+        sb, rec, _status = served(sandbox_id, "running", "paused")
+        sample = metrics.sample(sb, rec.started_at)
+        lo = rec.started_at if start is None else start
+        hi = sample.when if end is None else end + 1  # the query is to the second
+        return [sample.to_json()] if math.floor(lo) <= sample.when <= hi else []
 
     # ---- AgentENV extensions: placement and the CLI's view ---------------------------------------
     @r.get("/host", response_model=HostInfo,

@@ -19,10 +19,12 @@ from e2b.envd.process.process_connect import ProcessASGIApplication
 from protobuf import Oneof
 from protobuf.wkt.google.protobuf.wrappers_pb import StringValue
 
+from agentenv.errors import InvalidArgument
 from agentenv.sandbox import Sandbox
 from agentenv.server.errors import classify, to_connect
 from agentenv.server.procs import OutputEvent, SandboxKilled
 from agentenv.server.state import ServerState
+from agentenv.server.users import basic_auth_user, check_user
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -44,8 +46,8 @@ def _event(ev: OutputEvent) -> pb.ProcessEvent:
 
 
 class ProcessService:
-    """Start/Connect stream events; List/SendInput/SendSignal/CloseStdin are unary. Update (PTY resize)
-    and StreamInput are not supported and say so."""
+    """Start/Connect stream events (with a PTY too); List/SendInput/SendSignal/CloseStdin/Update (PTY
+    resize) are unary. StreamInput is not supported and says so."""
 
     def __init__(self, state: ServerState) -> None:
         self.state = state
@@ -66,18 +68,23 @@ class ProcessService:
 
     # ---- streams ---------------------------------------------------------------------------------
     async def start(self, request: pb.StartRequest, ctx: RequestContext) -> AsyncIterator[pb.StartResponse]:
+        size = None
         if request.pty is not None:
-            raise ConnectError(Code.UNIMPLEMENTED, "PTY processes are not supported by agentenv serve; run "
-                                                   "the command without a PTY")
+            sz = request.pty.size
+            size = (sz.rows, sz.cols) if sz is not None else (24, 80)
         cfg = request.process
         if cfg is None or not cfg.cmd:
             raise ConnectError(Code.INVALID_ARGUMENT, "StartRequest.process.cmd is required")
+        try:
+            check_user(basic_auth_user(ctx.request_headers), f"starting {cfg.cmd!r}")
+        except InvalidArgument as e:
+            raise ConnectError(Code.INVALID_ARGUMENT, str(e)) from None
 
         def launch(sb: Sandbox) -> tuple[Sandbox, int]:
             _sb, rec = self.state.sandbox(sb.id)
             envs = {**rec.env_vars, **dict(cfg.envs or {})}
             return sb, self.state.procs.start(sb, cfg.cmd, list(cfg.args), envs, cfg.cwd or None,
-                                              bool(request.stdin), request.tag)
+                                              bool(request.stdin), request.tag, size)
         deadline = _deadline(ctx)
         sb, pid = await self._call(ctx, launch, "start a process")
         yield pb.StartResponse(event=_started(pid))
@@ -150,9 +157,8 @@ class ProcessService:
 
     async def send_input(self, request: pb.SendInputRequest, ctx: RequestContext) -> pb.SendInputResponse:
         data = request.input.input if request.input is not None else None
-        if data is None or data.field != "stdin":
-            raise ConnectError(Code.INVALID_ARGUMENT, "SendInput needs input.stdin bytes (PTY input is not "
-                                                      "supported)")
+        if data is None or data.field not in ("stdin", "pty"):
+            raise ConnectError(Code.INVALID_ARGUMENT, "SendInput needs input.stdin or input.pty bytes")
         sb, pid = await self._pid(ctx, request.process)
         await self._call(ctx, lambda s: self.state.procs.send_input(s, pid, bytes(data.value)), "send input")
         return pb.SendInputResponse()
@@ -172,8 +178,13 @@ class ProcessService:
         return pb.CloseStdinResponse()
 
     async def update(self, request: pb.UpdateRequest, ctx: RequestContext) -> pb.UpdateResponse:
-        raise ConnectError(Code.UNIMPLEMENTED, "process.Process/Update (PTY resize) is not supported by "
-                                               "agentenv serve: it runs no PTY processes")
+        """Resize a PTY process's terminal (the only update envd has)."""
+        if request.pty is None or request.pty.size is None:
+            raise ConnectError(Code.INVALID_ARGUMENT, "Update needs pty.size (rows, cols)")
+        size = request.pty.size
+        sb, pid = await self._pid(ctx, request.process)
+        await self._call(ctx, lambda s: self.state.procs.resize(s, pid, size.rows, size.cols), "resize a PTY")
+        return pb.UpdateResponse()
 
     async def stream_input(self, request: AsyncIterator[pb.StreamInputRequest],
                            ctx: RequestContext) -> pb.StreamInputResponse:

@@ -42,6 +42,8 @@ from agentenv.errors import (
 from agentenv.locks import sandbox_lock
 from agentenv.sandbox import Sandbox, runtime
 from agentenv.server import fsops
+from agentenv.server.pty_bridge import BRIDGE
+from agentenv.server.users import SANDBOX_USER
 
 PROC_ROOT = "/tmp/.agentenv-e2b"
 CHUNK = 32 * 1024            # bytes per data event
@@ -160,18 +162,30 @@ class ProcessManager:
 
     # ---- start / list -------------------------------------------------------------------------
     def start(self, sb: Sandbox, cmd: str, args: Sequence[str], envs: Mapping[str, str], cwd: str | None,
-              stdin: bool, tag: str | None) -> int:
+              stdin: bool, tag: str | None, pty: tuple[int, int] | None = None) -> int:
         """Start `cmd args...` detached in the sandbox; returns its PID (inside the sandbox). It starts in
         `cwd`, a relative one taken from the sandbox's home (`fsops.home_dir`, as envd resolves it against
-        the user's home), or in the home itself when `cwd` is empty."""
+        the user's home), or in the home itself when `cwd` is empty. With `pty` (rows, cols) it runs on a
+        terminal of that size (`pty_bridge`): its input is the stdin FIFO, its output one stream."""
+        if pty is not None:
+            rows, cols = pty
+            if not (0 < rows < 65536 and 0 < cols < 65536):
+                raise InvalidArgument(f"a PTY's size must be 1..65535 rows and columns, got {rows}x{cols}")
         if not cmd:
             raise AgentEnvError("process.cmd is empty: give the program to run")
         if cwd is not None and "\0" in cwd:
             raise InvalidArgument(f"process.cwd must not contain NUL bytes, got {cwd!r}")
         tag_dir = secrets.token_hex(8)
+        if pty is not None:
+            stdin = True
+            ctl = f"{PROC_ROOT}/t.{tag_dir}/ctl"
+            args, cmd = [BRIDGE, str(pty[0]), str(pty[1]), ctl, cmd, *args], "python3"
+            args.insert(0, "-c")
         argv = ["sh", "-c", _LAUNCHER, "launcher", PROC_ROOT, tag_dir, "1" if stdin else "0", cmd, *args]
-        env = {**envs, "W": _WRAPPER}
         workdir = fsops.resolve(sb, cwd) if cwd else fsops.home_dir(sb)
+        # HOME and USER as in E2B's sandboxes; PWD keeps the directory's name as given (the home is a
+        # symlink to the work dir), so `pwd` prints /home/user, not /workspace
+        env = {"HOME": fsops.home_dir(sb), "USER": SANDBOX_USER, **envs, "PWD": workdir, "W": _WRAPPER}
         r = sb.exec(argv, timeout=LAUNCH_TIMEOUT_S, env=env, workdir=workdir)
         if r.exit_code != 0 or not r.stdout.strip().isdigit():
             detail = (r.stderr or r.stdout).strip()[:300] or f"exit {r.exit_code}"
@@ -179,7 +193,9 @@ class ProcessManager:
                 raise AgentEnvError(f"cannot start {cmd!r} in {workdir!r}: {detail}")
             raise AgentEnvError(f"could not start {cmd!r} in sandbox {sb.id}: {detail}")
         pid = int(r.stdout.strip())
-        meta = {"pid": pid, "tag": tag, "cmd": cmd, "args": list(args), "envs": dict(envs), "cwd": cwd}
+        shown = (args[5], args[6:]) if pty is not None else (cmd, list(args))  # the command, not the bridge
+        meta = {"pid": pid, "tag": tag, "cmd": shown[0], "args": list(shown[1]), "envs": dict(envs),
+                "cwd": cwd, "pty": pty is not None}
         root = _container_root(sb)
         (_proc_dir(root, pid) / "meta.json").write_text(json.dumps(meta))
         return pid
@@ -239,6 +255,29 @@ class ProcessManager:
         finally:
             os.close(fd)
 
+    def resize(self, sb: Sandbox, pid: int, rows: int, cols: int) -> None:
+        """A PTY process's new terminal size (its bridge applies it; the program gets SIGWINCH)."""
+        if not (0 < rows < 65536 and 0 < cols < 65536):
+            raise InvalidArgument(f"a PTY's size must be 1..65535 rows and columns, got {rows}x{cols}")
+        d = _proc_dir(_container_root(sb), pid)
+        if not (d / "pid").exists():
+            raise ProcessNotFound(f"process with pid {pid} not found in sandbox {sb.id}")
+        if not _is_pty(d):
+            raise InvalidArgument(f"process {pid} has no PTY to resize (it was started without one)")
+        if (d / "exit").exists():
+            raise ProcessNotFound(f"process {pid} has exited")
+        ctl = d / "ctl"
+        deadline = time.monotonic() + 2.0
+        while not ctl.exists():  # the bridge makes it as it starts
+            if time.monotonic() > deadline:
+                raise AgentEnvError(f"process {pid}'s terminal did not start")
+            time.sleep(0.01)
+        fd = os.open(ctl, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            os.write(fd, f"{rows} {cols}\n".encode())
+        finally:
+            os.close(fd)
+
     def close_stdin(self, sb: Sandbox, pid: int) -> None:
         """EOF on the process's stdin: stop the keeper that holds the FIFO's write end open."""
         d = _proc_dir(_container_root(sb), pid)
@@ -275,8 +314,9 @@ class ProcessManager:
             stopped = await asyncio.to_thread(_stopped, sb, pid)
             raise (stopped if isinstance(stopped, SandboxKilled) else e) from None
         d = _proc_dir(root, pid)
-        offsets = {"stdout": 0, "stderr": 0}
-        files = {"stdout": d / "out", "stderr": d / "err"}
+        offsets = {"stdout": 0, "stderr": 0, "pty": 0}
+        is_pty = await asyncio.to_thread(_is_pty, d)
+        files = {"pty" if is_pty else "stdout": d / "out", "stderr": d / "err"}
         if not from_start:
             for k, f in files.items():
                 with contextlib.suppress(FileNotFoundError):
@@ -317,6 +357,13 @@ def _read_from(path: Path, offsets: dict[str, int], kind: str) -> list[bytes]:
         data = f.read(min(size - offsets[kind], MAX_READ))  # the rest on the next poll
     offsets[kind] += len(data)
     return [data[i:i + CHUNK] for i in range(0, len(data), CHUNK)]
+
+
+def _is_pty(d: Path) -> bool:
+    try:
+        return bool(json.loads((d / "meta.json").read_text()).get("pty"))
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return False
 
 
 def _read_meta(d: Path) -> ProcInfo | None:

@@ -123,7 +123,7 @@ def test_memory_hog_is_killed_and_marks_the_sandbox_broken(make_sandbox):
 def test_user_agent_runs_as_uid_1000_and_pause_follows_the_host_probe(make_sandbox):
     sb = make_sandbox(user="agent")
     assert sb.user == "agent"
-    assert sb.exec("id -un; id -u").stdout == "agent\n1000\n"
+    assert sb.exec("id -un; id -u").stdout == "user\n1000\n"  # uid 1000 is named `user`, as in E2B's images
     assert sb.exec("touch /workspace/mine && stat -c %u /workspace/mine").stdout == "1000\n"
     probe = runtime().backend.probe(sb.image)
     if probe.can_checkpoint_other_uids:

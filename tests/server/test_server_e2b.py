@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -26,7 +26,7 @@ from e2b.exceptions import (
     SandboxNotRunningException,
     TimeoutException,
 )
-from e2b.sandbox.commands.command_handle import CommandExitException
+from e2b.sandbox.commands.command_handle import CommandExitException, PtySize
 
 pytestmark = [pytest.mark.docker]
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,8 +116,8 @@ def test_commands_through_the_sdk(sdk_sandbox):
 
 def test_files_through_the_sdk(sdk_sandbox):
     sb = sdk_sandbox(timeout=300)
-    info = sb.files.write("dir/a.txt", "hello file")  # multipart upload
-    assert info.path == "/workspace/dir/a.txt" and info.name == "a.txt"
+    info = sb.files.write("dir/a.txt", "hello file")  # multipart upload, relative to the home /home/user
+    assert info.path == "/home/user/dir/a.txt" and info.name == "a.txt" and info.metadata is None
     blob = bytes(range(256)) * 64
     sb.files.write("/workspace/dir/b.bin", blob, gzip=True)  # octet-stream + gzip
     assert sb.files.read("dir/a.txt") == "hello file"
@@ -126,24 +126,66 @@ def test_files_through_the_sdk(sdk_sandbox):
     assert set(entries) == {"a.txt", "b.bin"} and entries["b.bin"].size == len(blob)
     assert sb.files.make_dir("dir/sub") is True and sb.files.make_dir("dir/sub") is False
     moved = sb.files.rename("dir/a.txt", "dir/sub/c.txt")
-    assert moved.path == "/workspace/dir/sub/c.txt" and sb.files.get_info("dir/sub/c.txt").size == 10
+    assert moved.path == "/home/user/dir/sub/c.txt" and sb.files.get_info("dir/sub/c.txt").size == 10
+    assert sb.files.get_info("/workspace/dir/sub/c.txt").path == "/workspace/dir/sub/c.txt"  # same file
+    owned = sb.files.get_info("dir/sub/c.txt")
+    assert (owned.owner, owned.group) == ("user", "user")  # the sandbox user's name, as E2B's
     sb.files.remove("dir/sub")
     assert not sb.files.exists("dir/sub/c.txt") and sb.files.exists("dir/b.bin")
     sb.files.remove("dir/sub")  # nothing there any more: succeeds, as envd's remove does
     with pytest.raises(InvalidArgumentException, match="outside the sandbox work dir"):
         sb.files.remove("../etc")  # still confined
-    # A relative cwd starts from the sandbox's home (its work dir); a symlink's target is reported
-    # resolved (absolute), as envd does.
-    r = sb.commands.run("ln -s b.bin link && ln -s ../dir up && pwd", cwd="dir")
-    assert r.stdout == "/workspace/dir\n"
+    # A relative cwd starts from the sandbox's home; a symlink's target is reported resolved (absolute),
+    # as envd does, under the name the path was asked by.
+    r = sb.commands.run("ln -s b.bin link && ln -s ../dir up && pwd && whoami && echo $HOME && sudo id -un",
+                        cwd="dir")
+    assert r.stdout == "/home/user/dir\nuser\n/home/user\nuser\n"
+    assert sb.commands.run("pwd").stdout == "/home/user\n"
     link = sb.files.get_info("dir/link")
-    assert (link.type.value, link.symlink_target) == ("symlink", "/workspace/dir/b.bin")
+    assert (link.type.value, link.symlink_target) == ("symlink", "/home/user/dir/b.bin")
+    assert sb.files.get_info("/workspace/dir/link").symlink_target == "/workspace/dir/b.bin"
     listed = {e.name: e for e in sb.files.list("dir")}
-    assert listed["up"].symlink_target == "/workspace/dir" and listed["b.bin"].symlink_target is None
+    assert listed["up"].symlink_target == "/home/user/dir" and listed["b.bin"].symlink_target is None
+    # Metadata: user.e2b.* xattrs, set by an upload, replaced by the next, kept by a rename.
+    meta = sb.files.write("m.txt", "x", metadata={"author": "k3rl"})
+    assert meta.metadata == {"author": "k3rl"} and sb.files.get_info("m.txt").metadata == {"author": "k3rl"}
+    assert sb.files.rename("m.txt", "m2.txt").metadata == {"author": "k3rl"}
+    assert sb.files.write("m2.txt", "y").metadata is None and sb.files.get_info("m2.txt").metadata is None
+    # Signed URLs (the sandbox's envd token signs them; no header needed), refused once expired.
+    assert httpx.get(sb.download_url("m2.txt", "user")).content == b"y"
+    assert httpx.post(sb.upload_url("up.txt"), content=b"up",
+                      headers={"Content-Type": "application/octet-stream"}).status_code == 200
+    assert sb.files.read("up.txt") == "up"
+    expired = httpx.get(sb.download_url("m2.txt", "user", use_signature_expiration=-60))
+    assert (expired.status_code, expired.json()) == (401, {"code": 401, "message": "signature is already "
+                                                                                   "expired"})
+    forged = httpx.get(sb.download_url("m2.txt", "user").replace("signature=v1_", "signature=v1_x"))
+    assert forged.status_code == 401 and "invalid signature" in forged.json()["message"]
+    # The only user is `user`: root (or another name) is refused, not run with other rights.
+    with pytest.raises(InvalidArgumentException, match="user 'root' is not available"):
+        sb.commands.run("id", user="root")
+    with pytest.raises(InvalidArgumentException, match="user 'root' is not available"):
+        sb.files.read("m2.txt", user="root")
+    assert sb.commands.run("id -u", user="user").exit_code == 0
     with pytest.raises(FileNotFoundException):
         sb.files.read("missing.txt")
     with pytest.raises(InvalidArgumentException, match="outside the sandbox work dir"):
         sb.files.read("/etc/passwd")
+    # watch_dir: inotify on the work dir's volume; a recursive watch follows a directory made after it.
+    watch = sb.files.watch_dir("dir", recursive=True)
+    sb.files.make_dir("dir/new")
+    sb.files.write("dir/new/f.txt", "1")
+    sb.commands.run("rm dir/new/f.txt")
+    seen = {(e.type.value, e.name) for e in watch.get_new_events()}
+    want = {("create", "new"), ("create", "new/f.txt"), ("write", "new/f.txt"), ("remove", "new/f.txt")}
+    assert want <= seen, seen
+    watch.stop()
+    with pytest.raises(FileNotFoundException):
+        sb.files.watch_dir("no-such-dir")
+    term = sb.pty.create(PtySize(rows=24, cols=80))
+    assert sb.pty.kill(term.pid) is True
+    with pytest.raises(CommandExitException):  # killed: the terminal's shell ends with a signal's code
+        term.wait()
 
 
 def test_pause_connect_fork_kill(server, sdk_sandbox, monkeypatch):
@@ -152,6 +194,15 @@ def test_pause_connect_fork_kill(server, sdk_sandbox, monkeypatch):
     sb.files.write("note.txt", "kept")
     counter = sb.commands.run(COUNTER, background=True)
     before = _poll(lambda: _n(sb) >= 3 and _n(sb), 20, "the counter to count")
+    m = sb.get_metrics()  # one sample, now, from the cgroup and the work dir
+    assert len(m) == 1 and 0 < m[0].mem_used < m[0].mem_total and m[0].disk_used >= 4, m
+    assert 0 < m[0].cpu_used_pct <= 100 and m[0].disk_total > m[0].disk_used, m
+    assert sb.get_metrics(end=datetime.now(UTC) - timedelta(hours=1)) == []  # before it existed
+    with pytest.raises(SandboxException, match="filesystem-only pause"):
+        sb.pause(keep_memory=False)  # refused, not taken with memory anyway
+    term = sb.pty.create(PtySize(rows=24, cols=80), envs={"K": "kept"})  # a terminal across the pause
+    sb.pty.send_stdin(term.pid, b"X=$K\n")
+    term.disconnect()
 
     assert sb.pause() is True
     assert Sandbox.get_info(sb.sandbox_id).state.value == "paused"
@@ -181,6 +232,13 @@ def test_pause_connect_fork_kill(server, sdk_sandbox, monkeypatch):
             break
     follow.disconnect()
     assert lines[0] > after and lines == list(range(lines[0], lines[0] + len(lines))), lines
+    term = sb.pty.connect(term.pid)  # the same shell, its variable still set; resized, it sees the size
+    sb.pty.resize(term.pid, PtySize(rows=30, cols=123))
+    sb.pty.send_stdin(term.pid, b"echo $X-$(tput cols)\nexit 3\n")
+    screen: list[bytes] = []
+    with pytest.raises(CommandExitException):
+        term.wait(on_pty=screen.append)
+    assert "kept-123" in b"".join(screen).decode(), screen
     end = Sandbox.get_info(sb.sandbox_id).end_at
     assert Sandbox.connect(sb.sandbox_id, timeout=10).sandbox_id == sb.sandbox_id  # running: 200
     assert Sandbox.get_info(sb.sandbox_id).end_at == end, "connect shortened a running sandbox's TTL"
@@ -290,7 +348,9 @@ def test_auth_and_error_shapes(server, sdk_sandbox):
     for body, needle in (({"templateID": "no-such-image"}, "no-such-image"),
                          ({"templateID": "base", "timeout": -1}, "timeout"),
                          ({"timeout": 5}, "templateID"),
-                         ({"templateID": "base", "allow_internet_access": True}, "not supported")):
+                         ({"templateID": "base", "allow_internet_access": True}, "not supported"),
+                         ({"templateID": "base", "mcp": {"x": {}}}, "mcp"),
+                         ({"templateID": "base", "autoPauseMemory": False}, "autoPauseMemory=false")):
         r = httpx.post(server.url + "/v2/sandboxes", json=body, headers=key)
         assert r.status_code == 400, (body, r.text)
         assert r.json()["code"] == 400 and needle in r.json()["message"], r.json()
@@ -306,7 +366,10 @@ def test_auth_and_error_shapes(server, sdk_sandbox):
 
     sb = sdk_sandbox(timeout=120)
     with pytest.raises(SandboxException, match="not supported"):
-        sb.get_metrics()  # an SDK call without a server side: E2B-shaped 501
+        sb.update_network({"deny_out": ["0.0.0.0/0"]})  # an SDK call without a server side: E2B-shaped 501
+    r = httpx.post(f"{server.url}/sandboxes/{sb.sandbox_id}/connect", json={"timeout": 60, "memory": False},
+                   headers=key)
+    assert r.status_code == 400 and "memory=false" in r.json()["message"], r.text
     # The data plane wants the sandbox's own envd token.
     rpc = {"E2b-Sandbox-Id": sb.sandbox_id, "Content-Type": "application/json"}
     r = httpx.post(server.url + "/process.Process/List", content=b"{}", headers=rpc)
@@ -335,8 +398,17 @@ def test_async_sdk(server):
             seen: list[str] = []
             r = await sb.commands.run("echo a; sleep 0.3; echo b", on_stdout=seen.append)
             assert r.stdout == "a\nb\n" and "".join(seen) == "a\nb\n"
+            events: list = []
+            watch = await sb.files.watch_dir("/home/user/", events.append, include_entry=True)  # WatchDir
             await sb.files.write("async.txt", "x")
             assert await sb.files.read("async.txt") == "x"
+            for _ in range(100):
+                if any(e.type.value == "write" and e.name == "async.txt" for e in events):
+                    break
+                await asyncio.sleep(0.05)
+            await watch.stop()
+            write = next(e for e in events if e.type.value == "write" and e.name == "async.txt")
+            assert write.entry.path == "/home/user/async.txt" and write.entry.size == 1
         finally:
             assert await sb.kill() is True
     asyncio.run(main())

@@ -1,0 +1,99 @@
+"""`GET /sandboxes/{id}/metrics` (the SDK's `get_metrics`): one sample of a sandbox's resource use, read
+when asked from its cgroup (v1 or v2, `agentenv.backend.cgroups`) and its work-dir volume.
+
+E2B keeps a time series sampled every few seconds; this server keeps none: each call returns the sample
+taken now when now lies in the asked range (`start`/`end`, default: the sandbox's start until now), else
+nothing. `cpu_used_pct` is the CPU used since the previous call for that sandbox (the first: since its
+container started) over the wall time between, as a share of its CPU quota. A paused sandbox has no
+cgroup: its sample shows zeros. Disk: bytes of the files in the work dir and the size of the filesystem
+holding it (sandboxes have no disk quota of their own); a paused one shows zeros there too."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from agentenv.backend import docker_client
+from agentenv.backend.cgroups import _kv, cgroup_dirs
+from agentenv.sandbox import Sandbox
+
+_MAX_FILES = 100_000  # a work dir with more files is counted this far (keeps one call bounded)
+
+
+@dataclass(frozen=True)
+class Sample:
+    when: float
+    cpu_count: int
+    cpu_used_pct: float
+    mem_used: int
+    mem_total: int
+    mem_cache: int
+    disk_used: int
+    disk_total: int
+
+    def to_json(self) -> dict:
+        stamp = datetime.fromtimestamp(self.when, UTC).isoformat().replace("+00:00", "Z")
+        return {"timestamp": stamp, "timestampUnix": int(self.when), "cpuCount": self.cpu_count,
+                "cpuUsedPct": round(self.cpu_used_pct, 2), "memUsed": self.mem_used,
+                "memTotal": self.mem_total, "memCache": self.mem_cache, "diskUsed": self.disk_used,
+                "diskTotal": self.disk_total}
+
+
+def _tree_bytes(root: str) -> int:
+    total = files = 0
+    for dirpath, _dirs, names in os.walk(root):
+        for n in names:
+            try:
+                total += os.lstat(os.path.join(dirpath, n)).st_size
+            except OSError:
+                continue
+            files += 1
+            if files >= _MAX_FILES:
+                return total
+    return total
+
+
+class Metrics:
+    """Samples sandboxes; remembers each one's last CPU reading to give the use between two calls."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def sample(self, sb: Sandbox, started_at: float) -> Sample:
+        now = time.time()
+        st = sb.stats()
+        cfg = sb.config
+        api = docker_client.api()
+        cache = disk_used = disk_total = 0
+        if st.state == "running" and sb.container_id:
+            info = api.inspect_container(sb.container_id)
+            pid = int(info["State"].get("Pid") or 0)
+            dirs = cgroup_dirs(pid) if pid > 0 else {}
+            mem = dirs.get("memory") or dirs.get("unified")
+            if mem is not None:
+                stat = _kv(mem / "memory.stat")
+                cache = stat.get("cache", stat.get("file", 0))
+            ws = cfg.workspace.rstrip("/")
+            mount = next((m.get("Source") for m in info.get("Mounts") or []
+                          if m.get("Destination", "").rstrip("/") == ws), None)
+            if mount:
+                disk_used = _tree_bytes(mount)
+                disk_total = shutil.disk_usage(mount).total
+        with self._lock:
+            then, cpu_then = self._last.get(sb.id, (started_at, 0.0))
+            self._last[sb.id] = (now, st.cpu_seconds)
+        cpus = max(cfg.cpus, 0.01)
+        pct = 0.0 if now <= then else max(0.0, (st.cpu_seconds - cpu_then) / (now - then) / cpus * 100)
+        return Sample(when=now, cpu_count=max(1, math.ceil(cfg.cpus)), cpu_used_pct=min(pct, 100.0),
+                      mem_used=st.rss_bytes, mem_total=cfg.memory_bytes, mem_cache=cache,
+                      disk_used=disk_used, disk_total=disk_total)
+
+    def forget(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._last.pop(sandbox_id, None)

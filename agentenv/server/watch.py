@@ -1,0 +1,110 @@
+"""`files.watch_dir`: envd's watcher calls (CreateWatcher, GetWatcherEvents, RemoveWatcher: the sync
+SDK polls them) and the WatchDir stream (the async SDK), on host-side inotify watchers (`inotify.py`).
+
+A sandbox path is watched on the work-dir volume's directory on the host (the container's mount of
+the work dir): the path is confined and resolved inside the sandbox first (`fsops.stat`), and the host
+directory must lie below the volume's. Watchers live in the server's memory: they end with
+RemoveWatcher, with the stream, when their sandbox is paused or killed (a call then says so), and at
+most `MAX_PER_SANDBOX` exist per sandbox."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import secrets
+import threading
+from dataclasses import dataclass
+
+from agentenv.backend import docker_client
+from agentenv.errors import AgentEnvError, InvalidArgument, NotADirectoryInSandbox, SandboxStateError
+from agentenv.sandbox import Sandbox
+from agentenv.server import fsops
+from agentenv.server.inotify import Event, Watcher
+
+MAX_PER_SANDBOX = 64
+
+
+@dataclass
+class Watch:
+    id: str
+    sandbox_id: str
+    path: str            # the watched directory as the client named it (absolute)
+    watcher: Watcher
+    include_entry: bool
+
+
+def _volume_dir(sb: Sandbox) -> str:
+    """The host directory of the sandbox's work dir (its volume's mount source)."""
+    if sb.status != "running" or not sb.container_id:
+        raise SandboxStateError(f"sandbox {sb.id} is {sb.status}; connect to it (resume) first")
+    info = docker_client.api().inspect_container(sb.container_id)
+    ws = sb.config.workspace.rstrip("/")
+    for m in info.get("Mounts") or []:
+        if m.get("Destination", "").rstrip("/") == ws and m.get("Source"):
+            return os.path.realpath(m["Source"])
+    raise SandboxStateError(f"sandbox {sb.id} has no work-dir volume to watch")
+
+
+class Watches:
+    """The server's watchers, by id."""
+
+    def __init__(self) -> None:
+        self._watches: dict[str, Watch] = {}
+        self._lock = threading.Lock()
+
+    def create(self, sb: Sandbox, path: str, recursive: bool, include_entry: bool) -> Watch:
+        """Watch directory `path` of `sb` (FileNotFoundInSandbox when it is not there,
+        NotADirectoryInSandbox when it is no directory)."""
+        full = fsops.sandbox_path(sb, path)
+        entry = fsops.stat(sb, full)
+        if entry.type != "dir":
+            raise NotADirectoryInSandbox(f"watch {path!r}: not a directory")
+        inside = fsops.physical(sb, entry.symlink_target or full)
+        ws = sb.config.workspace.rstrip("/")
+        volume = _volume_dir(sb)
+        host = os.path.realpath(volume + inside[len(ws):])
+        if host != volume and not host.startswith(volume + "/"):
+            raise InvalidArgument(f"watch {path!r}: it resolves outside the sandbox work dir")
+        with self._lock:
+            if sum(w.sandbox_id == sb.id for w in self._watches.values()) >= MAX_PER_SANDBOX:
+                raise InvalidArgument(f"sandbox {sb.id} has {MAX_PER_SANDBOX} watchers already; remove one "
+                                      "(handle.stop()) first")
+        watch = Watch(secrets.token_hex(8), sb.id, full, Watcher(host, recursive), include_entry)
+        with self._lock:
+            self._watches[watch.id] = watch
+        return watch
+
+    def get(self, watch_id: str, sb: Sandbox) -> Watch:
+        with self._lock:
+            watch = self._watches.get(watch_id)
+        if watch is None or watch.sandbox_id != sb.id:
+            raise InvalidArgument(f"no watcher {watch_id!r} in sandbox {sb.id} (removed, or its sandbox was "
+                                  "paused)")
+        if sb.status != "running":
+            self.remove(watch_id)
+            raise SandboxStateError(f"sandbox {sb.id} is {sb.status}: its watchers ended")
+        return watch
+
+    def remove(self, watch_id: str) -> None:
+        with self._lock:
+            watch = self._watches.pop(watch_id, None)
+        if watch is not None:
+            watch.watcher.close()
+
+    def stale(self) -> list[str]:
+        """Ids of watchers whose sandbox no longer runs (paused, killed): their events are over."""
+        with self._lock:
+            watches = list(self._watches.values())
+        out = []
+        for w in watches:
+            try:
+                running = Sandbox.get(w.sandbox_id).status == "running"
+            except AgentEnvError:
+                running = False
+            if not running:
+                out.append(w.id)
+        return out
+
+
+def event_path(watch: Watch, ev: Event) -> str:
+    return posixpath.join(watch.path, ev.name)
