@@ -259,7 +259,10 @@ class LearnerActor(Learner):
         returns `node_address`."""
         ranks = self.cfg.trainer.learner
         device = Placement.of(self.cfg.trainer.device).device
-        group = join_rank_group(address, port, self.rank, ranks.world_size, ranks.expert_parallel, device)
+        here = node_address()["ip"]
+        group = join_rank_group(
+            address, port, self.rank, ranks.world_size, ranks.expert_parallel, device, local_ip=here
+        )
         super().__init__(self.cfg, group=group)
         return node_address()
 

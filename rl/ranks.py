@@ -9,6 +9,7 @@ learner is the only user of ``torch.distributed`` in a learner actor.
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -62,14 +63,39 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def interface_of(ip: str) -> str | None:
+    """The name of this host's network interface whose IPv4 address is ``ip`` (None if none is)."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _index, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(sock.fileno(), siocgifaddr, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue
+            if socket.inet_ntoa(packed[20:24]) == ip:
+                return name
+    return None
+
+
 def join_rank_group(
     address: str, port: int, rank: int, world_size: int, expert_parallel: int, device: torch.device,
-    timeout_s: float = 300.0,
+    timeout_s: float = 300.0, local_ip: str | None = None,
 ) -> RankGroup:  # fmt: skip
     """Initialise this process's ``torch.distributed`` default group (TCP rendezvous at rank 0's
-    ``address:port``) and return its `RankGroup`. Every rank must call it; it returns once all have."""
+    ``address:port``) and return its `RankGroup`. Every rank must call it; it returns once all have.
+
+    ``local_ip``: this node's address in the cluster (Ray's node IP). Gloo otherwise binds to what the
+    host name resolves to, often a loopback address that the other nodes cannot reach; it is pinned to
+    the interface carrying ``local_ip`` (unless ``GLOO_SOCKET_IFNAME`` is set already)."""
     if dist.is_initialized():
         raise RuntimeError("join_rank_group: this process already belongs to a torch.distributed group")
+    if backend_for(device) == "gloo" and local_ip and "GLOO_SOCKET_IFNAME" not in os.environ:
+        interface = interface_of(local_ip)
+        if interface is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
     dist.init_process_group(
         backend=backend_for(device),
         init_method=f"tcp://{address}:{port}",

@@ -34,6 +34,7 @@ from netns_hosts import _ip, remove_labelled  # noqa: E402
 
 RAY = str(Path(sys.executable).parent / "ray")
 HEAD_PORT = 6379
+LEARNER_RANK = "learner_rank"  # each worker node offers one: a 2-rank learner's ranks land on 2 nodes
 # The GCS declares a node dead after ~3 missed 1 s health checks (Ray's default takes ~30 s), so a
 # killed raylet's actors are restarted elsewhere within the test's budget.
 FAST_NODE_DEATH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
@@ -194,15 +195,17 @@ def _wait_for_nodes(cluster: RayCluster, timeout_s: float = 120.0) -> None:
 def ray_cluster(base: Path, workers: int = 2, worker_rollout: float = 2,
                 worker_cpus: int = 2) -> Iterator[RayCluster]:
     """A head (1 CPU, ``{"learner": 1}``) and ``workers`` worker nodes (``worker_cpus`` CPUs and
-    ``{"rollout": worker_rollout}`` each), each in its namespace, their AgentENV homes under ``base``;
-    everything stopped, its sandboxes removed and the namespaces deleted at the end, even on failure."""
+    ``{"rollout": worker_rollout, LEARNER_RANK: 1}`` each), each in its namespace, their AgentENV homes
+    under ``base``; everything stopped, its sandboxes removed and the namespaces deleted at the end, even
+    on failure."""
     pid = os.getpid()
     tmp = Path(f"/tmp/k3rc-{pid}")  # short: Ray's socket paths live under each node's --temp-dir
     with _lan(pid, 1 + workers) as (lan, addresses):
         nodes = []
         for i, (ns, ip) in enumerate(addresses):
             name = "head" if i == 0 else f"worker{i}"
-            resources = {"learner": 1.0} if i == 0 else {"rollout": float(worker_rollout)}
+            # worker nodes also take one rank each of a sharded learner (test_train_cluster.py)
+            resources = {"learner": 1.0} if i == 0 else {"rollout": float(worker_rollout), LEARNER_RANK: 1.0}
             home = base / name
             home.mkdir(parents=True, exist_ok=True)
             nodes.append(RayNode(name, ns, ip, resources, 1 if i == 0 else worker_cpus, tmp / name, home))

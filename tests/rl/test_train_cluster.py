@@ -8,18 +8,24 @@ Ray restarts its rollout worker on the other worker node, the trainer retries th
 run finishes. The same holds for ``trainer.mode=async`` (rl/async_rollout.py): an async run places its
 actors the same way and logs staleness and learner idleness (it is not replayable, so no local run is
 compared with it); a worker node lost mid-iteration costs only the rollout calls queued on its worker,
-which are resubmitted to the worker restarted on the other node.
+which are resubmitted to the worker restarted on the other node. A learner of two ranks
+(``trainer.learner.world_size=2``) trains with one rank on each of two nodes; killing one rank's node
+stops the run with `LearnerRankLost` naming it, and its last complete checkpoint stays loadable.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from ray_cluster import RayCluster, RayNode, _start, _wait_for_nodes, ray_cluster, stop_node
+from ray_cluster import LEARNER_RANK, RayCluster, RayNode, _start, _wait_for_nodes, ray_cluster, stop_node
 from rl_testutil import TINY, assert_drops_add_up, compose
 
 from agentenv.owner import OWNER_LABEL
@@ -167,3 +173,47 @@ def test_a_lost_worker_node_costs_an_async_run_only_its_calls(cluster, tmp_path)
     assert made_on(cluster.head.home) == head_made
     made_by = {node.name: owners(node.home) - before[node.name] for node in cluster.workers}
     assert len(made_by[survivor.name]) == 2 and len(made_by[victim.name]) == 1, made_by
+
+
+def test_two_learner_ranks_train_on_two_nodes_and_a_lost_rank_stops_the_run(cluster, tmp_path):
+    """The ranks of a world_size-2 learner go one per worker node (each offers one LEARNER_RANK) and
+    train together (gloo over the cluster's LAN); once the first checkpoint is complete, the node of the
+    rank beside no rollout worker is killed: the run stops at its next learner step with an error naming
+    that rank and node, is not retried, and the checkpoint is intact (a world_size-1 learner loads it)."""
+    from rl.checkpoints import read_checkpoint
+    from rl.learner import Learner
+
+    run_dir = tmp_path / "run"
+    overrides = (*TINY, "algo.minibatches=1", "trainer.iterations=40", "trainer.checkpoint_every=1",
+                 "trainer.learner.world_size=2", f"+trainer.learner_resources.{LEARNER_RANK}=1",
+                 "~trainer.learner_resources.learner")  # fmt: skip
+    train = [sys.executable, "-m", "rl.train", "trainer=cluster", f"trainer.ray_address={cluster.address}"]
+    argv = ["ip", "netns", "exec", cluster.head.namespace, *train, *overrides, f"hydra.run.dir={run_dir}"]
+    run = subprocess.Popen(argv, cwd=Path(__file__).parents[2], env=cluster.environment(cluster.head),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        first = run_dir / "checkpoints" / "iter_00000" / "trainer_state.json"
+        while not first.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if not first.exists():
+            ended = run.poll()
+            pytest.fail(f"no checkpoint (rl.train: {ended}) {run.stderr.read()[-3000:] if ended else ''}")
+        log = (run_dir / "train.log").read_text()
+        joined = next(line for line in log.splitlines() if "ranks joined at" in line)
+        nodes = ast.literal_eval(joined.split(" on nodes ")[1])
+        assert sorted(nodes) == sorted(node.ip for node in cluster.workers)  # one rank per worker node
+        rollout = {w["ip"] for w in json.loads((run_dir / "placement.json").read_text())["workers"]}
+        rank = next(r for r, ip in enumerate(nodes) if ip not in rollout)
+        by_ip = {node.ip: node for node in cluster.nodes}
+        stop_node(by_ip[nodes[rank]])
+        _out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 1, err[-3000:]
+    assert f"learner rank {rank} of 2 (node {nodes[rank]}) failed" in err, err[-3000:]
+    assert "k3rl-train: training stopped: " in err
+    folder, state = read_checkpoint(run_dir, stage="rl")  # the newest complete checkpoint
+    assert (folder / "shards" / "rank0.pt").is_file() and (folder / "shards" / "rank1.pt").is_file()
+    Learner(compose(*overrides[:-3], "trainer.num_cpus=3")).load(folder)
