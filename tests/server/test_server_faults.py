@@ -1,6 +1,7 @@
 """`agentenv serve` when things die under it, driven by the real `e2b` SDK: the server itself (kill -9 in
-the middle of requests, then a restart on the same home), dockerd (restarted mid-load), the checkpoint
-store (over its disk cap) and a sandbox's container (killed or removed behind the server's back).
+the middle of requests, then a restart on the same home; a second server on that home is refused),
+dockerd (restarted mid-load), the checkpoint store (over its disk cap) and a sandbox's container (killed
+or removed behind the server's back).
 
 One server for the module, in a private $AGENTENV_HOME with small sandboxes and a 1 s liveness sweep;
 tests restart it (kill -9, or with another backend config) and leave it running for the next.
@@ -342,6 +343,16 @@ def test_dockerd_restarted_mid_load(served, tmp_path_factory):
             assert sbx.sandbox_id not in _listed()
     _kill_all_listed()
     _assert_nothing_left(served)
+
+
+def test_a_second_server_on_the_same_home_is_refused(served):
+    """Start-up recovery settles what a dead server left, so it must never run beside a live one."""
+    r = subprocess.run([sys.executable, "-m", "agentenv.cli", "serve", "--port", str(_free_port())],
+                       env=served.env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"agentenv: error: another agentenv serve (pid {served.proc.pid}) already serves the sandboxes of "
+        f"{served.home}; stop it, or give this one another $AGENTENV_HOME")
 
 
 def test_a_pause_over_the_disk_cap_is_refused_and_the_sandbox_keeps_running(served, tmp_path):
