@@ -19,6 +19,7 @@ anything behind, says why in ``in_place_reset`` and keeps its sandbox across epi
 from __future__ import annotations
 
 import copy
+import logging
 import string
 import time
 from contextlib import AbstractContextManager
@@ -202,8 +203,9 @@ class SandboxTask(gym.Env[str, str]):
         if old is not None:
             try:
                 old.close()
-            except Exception:  # e.g. its container or host is gone already
-                pass
+            except Exception as e:  # e.g. its container or host is gone already: reported, not raised
+                logging.getLogger(__name__).warning("closing the played sandbox %s before a new episode "
+                                                    "failed: %s", getattr(old, "id", "?"), e)
 
     def sandbox_config(self) -> SandboxConfig:
         """The `SandboxConfig` of this task's sandboxes (``sandbox`` kwargs: config, image, memory, cpus)."""
