@@ -293,6 +293,9 @@ def test_kill_9_of_the_server_mid_load_then_a_restart(served):
     assert all(isinstance(e, (httpx.TransportError, SandboxUnreachableException, ConnectionError))
                for _op, e in failed), failed
 
+    # a resume that outlived its server: the container of a sandbox recorded paused runs again
+    subprocess.run(["docker", "start", served.container_of(stable[0][0].sandbox_id)], check=True,
+                   capture_output=True, timeout=60)
     served.start()
     listed = _listed()
     for sbx, mark, state in stable:  # every sandbox that existed is back, in its state, and usable
