@@ -308,6 +308,7 @@ def test_kill_9_of_the_server_mid_load_then_a_restart(served):
     _assert_nothing_left(served)
 
 
+@pytest.mark.serial  # stops every running container: the other lane's too
 def test_dockerd_restarted_mid_load(served, tmp_path_factory):
     from e2b.exceptions import NotFoundException, SandboxException
 
