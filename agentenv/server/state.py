@@ -60,9 +60,7 @@ class ServerState:
         is not running) is removed here, and the error says why it is gone, as does every later one."""
         rec = self.store.get(sandbox_id) if sandbox_id else None
         if rec is None:
-            why = gone_reason(sandbox_id)
-            raise SandboxNotFound(f"sandbox {sandbox_id!r} not found" +
-                                  (f": it is gone ({why}); the server removed it" if why else ""))
+            raise _not_found(sandbox_id)
         sb = Sandbox.get(sandbox_id)
         status = sb.status
         if status == "closed":
@@ -81,7 +79,7 @@ class ServerState:
                                   "the SDK sends it")
         rec = self.store.get(sid)
         if rec is None:
-            raise SandboxNotFound(f"sandbox {sid!r} not found")
+            raise _not_found(sid)
         if not same_secret(headers.get(ACCESS_TOKEN_HEADER), rec.envd_token):
             raise Unauthorized("missing or invalid envd access token (X-Access-Token) for sandbox " + sid)
         return self.sandbox(sid)
@@ -121,3 +119,10 @@ class ServerState:
             raise ConnectError(Code.UNAUTHENTICATED, str(e)) from None
         except Exception as e:
             raise to_connect(e) from None
+
+
+def _not_found(sandbox_id: str) -> SandboxNotFound:
+    """Not served (any more): with why, when the server removed it because its container died."""
+    why = gone_reason(sandbox_id)
+    return SandboxNotFound(f"sandbox {sandbox_id!r} not found" +
+                           (f": it is gone ({why}); the server removed it" if why else ""))
