@@ -27,8 +27,9 @@ nothing waits or pauses beyond what the cost model does anyway. Remote sandboxes
 
 Waiting sandboxes (``sandbox_pool.pause_policy``, decided by `agentenv.pool.PauseCostModel`): while the
 policy generates a turn, the sandboxes of the episodes waiting for it are released and paused when the
-expected wait exceeds the pool's measured pause + resume p50s, or the pool is over budget; likewise the
-free envs between runs. The expected wait of a turn is the p50 of this runner's recent generation calls
+expected wait exceeds the pool's measured pause + resume p50s and their CPU fits the host's spare cores
+over the wait, or, over budget, as many (the largest first) as the budget needs; likewise the free envs
+between runs. The expected wait of a turn is the p50 of this runner's recent generation calls
 of the same batch size (of any size when that one has not been seen; ``policy_latency_s`` before the
 first call); between runs it is the p50 of the recent gaps between the end of one run and
 the start of the next (the learner's step in sync training, ~0 with async calls queued). A task's next
@@ -375,9 +376,11 @@ class EpisodeRunner:
             yield
             return
         used = self.sandbox_pool.running_bytes()
-        decision: PauseDecision = self.pause_cost.decide(expected_wait_s, used)
+        sizes = self.sandbox_pool.member_rss([getattr(task(env).sandbox, "id", "") for env in envs])
+        decision: PauseDecision = self.pause_cost.decide(expected_wait_s, used, len(envs), sizes)
         pause = self._pause_waiting if self.gate is None else self.gate.pause  # the gate frees their slots
-        jobs = [self.threads.submit(pause, env) for env in envs] if decision.pause else []
+        largest = sorted(range(len(envs)), key=lambda i: sizes[i], reverse=True)[: decision.count]
+        jobs = [self.threads.submit(pause, envs[i]) for i in largest]
         try:
             yield
         finally:
@@ -615,7 +618,7 @@ class EpisodeRunner:
             # for the next generation (else it keeps the slot, parked, until someone needs it)
             gated = self.gate is not None and self.gate.binds
             next_wait = self.expected_generation_s(len(active)) if gated else 0.0
-            pause_after = gated and self.pause_cost.decide(next_wait, 0).pause
+            pause_after = gated and self.pause_cost.decide(next_wait, 0, len(active)).pause
 
             def step(job, gated=gated, pause_after=pause_after, next_wait=next_wait):
                 i, action = job

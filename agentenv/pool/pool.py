@@ -54,6 +54,7 @@ from agentenv.errors import (
 from agentenv.locks import sandbox_lock
 from agentenv.owner import KEEPER_LABEL
 from agentenv.paths import agentenv_home
+from agentenv.pool.cpu import OP_CPU
 from agentenv.pool.settings import PoolSettings
 from agentenv.pool.state import PoolState
 from agentenv.results import ExecResult, SandboxStats
@@ -302,9 +303,14 @@ class SandboxPool:
         return sandbox_lock(self._lock_dir, f"pool-{self.name}{suffix}", self.settings.lock_timeout_s, action)
 
     def _timed(self, kind: str, fn: Callable[[], Any]) -> Any:
-        t = time.perf_counter()
-        out = fn()
-        self.state.record(kind, time.perf_counter() - t)
+        """Run ``fn`` and record its wall seconds and the host CPU seconds charged to it (`OP_CPU`)."""
+        t, token = time.perf_counter(), OP_CPU.start()
+        try:
+            out = fn()
+        except BaseException:
+            OP_CPU.stop(token)
+            raise
+        self.state.record(kind, time.perf_counter() - t, OP_CPU.stop(token))
         return out
 
     @staticmethod
@@ -425,14 +431,18 @@ class SandboxPool:
 
     def _resume(self, sandbox: Sandbox) -> None:
         self.ensure_budget(sandbox.stats().checkpoint_bytes, exclude={sandbox.id})
-        t = time.perf_counter()
+        t, token = time.perf_counter(), OP_CPU.start()
         try:
             sandbox.resume()
         except SandboxStateError:
+            OP_CPU.stop(token)
             if sandbox.status != "running":
                 raise
             return  # another thread or process resumed it first
-        self.state.record("resume", time.perf_counter() - t)
+        except BaseException:
+            OP_CPU.stop(token)
+            raise
+        self.state.record("resume", time.perf_counter() - t, OP_CPU.stop(token))
         self.state.mark(sandbox.id, paused=False)
         self.state.set_rss(sandbox.id, sandbox.stats().rss_bytes)
 
@@ -544,6 +554,15 @@ class SandboxPool:
     def running_bytes(self) -> int:
         """RSS held by the running members now (cgroup reads no older than `rss_refresh_s`)."""
         return self._running()[1]
+
+    def member_rss(self, sandbox_ids: Sequence[str]) -> list[int]:
+        """The last measured RSS of each of these members (0: not a member or never measured): what
+        pausing each would free, for the cost model's count under a budget."""
+        out = []
+        for sid in sandbox_ids:
+            member = self.state.get(sid)
+            out.append(member.rss_bytes if member is not None else 0)
+        return out
 
     def sandbox_seconds(self) -> tuple[float, float]:
         """(running, paused) sandbox-seconds of the pool's members so far (see `PoolState.mark`)."""

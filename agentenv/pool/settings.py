@@ -30,6 +30,9 @@ class PoolSettings:
     rss_refresh_s: float = setting(min=0)
     pause_prior_s: float = setting(min=0)
     resume_prior_s: float = setting(min=0)
+    pause_cpu_prior_s: float = setting(min=0)
+    resume_cpu_prior_s: float = setting(min=0)
+    cpu_window_s: float = setting(above=0)
     cost_min_samples: int = setting(min=1)
     pause_method: PauseMethod
 

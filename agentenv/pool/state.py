@@ -46,7 +46,8 @@ CREATE TABLE IF NOT EXISTS events (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
     kind         TEXT NOT NULL,   -- pause | resume | warm_start | cold_start | fork | over_budget
     duration_s   REAL NOT NULL,
-    t            REAL NOT NULL
+    t            REAL NOT NULL,
+    cpu_s        REAL NOT NULL DEFAULT 0  -- the host's busy CPU seconds charged to it (pool.cpu.OpCpu)
 );
 CREATE INDEX IF NOT EXISTS events_by_kind ON events(kind, id);
 """
@@ -83,6 +84,8 @@ class PoolState:
         for column in added:  # pool files from before these columns
             if column.split()[0] not in columns:
                 self._conn().execute(f"ALTER TABLE members ADD COLUMN {column} NOT NULL DEFAULT 0")
+        if "cpu_s" not in {r[1] for r in self._conn().execute("PRAGMA table_info(events)")}:
+            self._conn().execute("ALTER TABLE events ADD COLUMN cpu_s REAL NOT NULL DEFAULT 0")
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -222,20 +225,25 @@ class PoolState:
         return {r["key"]: r["sandbox_id"] for r in self._conn().execute("SELECT * FROM templates")}
 
     # ---- events and metrics ------------------------------------------------------------------
-    def record(self, kind: str, duration_s: float) -> None:
+    def record(self, kind: str, duration_s: float, cpu_s: float = 0.0) -> None:
+        """One timed event: its wall seconds and the host CPU seconds charged to it."""
         with self._tx() as c:
             c.execute(
-                "INSERT INTO events (kind, duration_s, t) VALUES (?,?,?)", (kind, duration_s, time.time())
+                "INSERT INTO events (kind, duration_s, t, cpu_s) VALUES (?,?,?,?)",
+                (kind, duration_s, time.time(), cpu_s),
             )
 
     def count(self, kind: str) -> int:
         return self._conn().execute("SELECT COUNT(*) FROM events WHERE kind=?", (kind,)).fetchone()[0]
 
-    def percentiles(self, kind: str, window: int) -> tuple[float, float]:
-        """(p50, p90) of the last `window` durations of this kind; NaN when there are none."""
+    def percentiles(self, kind: str, window: int, column: str = "duration_s") -> tuple[float, float]:
+        """(p50, p90) of the last `window` durations (``column="cpu_s"``: CPU seconds) of this kind; NaN
+        when there are none."""
+        if column not in ("duration_s", "cpu_s"):
+            raise ValueError(f"no event column {column!r}")
         rows = (
             self._conn()
-            .execute("SELECT duration_s FROM events WHERE kind=? ORDER BY id DESC LIMIT ?", (kind, window))
+            .execute(f"SELECT {column} FROM events WHERE kind=? ORDER BY id DESC LIMIT ?", (kind, window))
             .fetchall()
         )
         values = sorted(r[0] for r in rows)
