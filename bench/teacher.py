@@ -1,5 +1,6 @@
-"""RL that beats its teacher: demonstrations of a weak scripted expert, SFT on them, then GRPO from the
-SFT weights; does the RL policy end clearly above both the SFT policy and the expert?
+"""Can RL beat its teacher? Demonstrations of a weak scripted expert, SFT on them, then GRPO from the
+SFT weights; does the RL policy end clearly above both the SFT policy and the expert? (Each section's
+title says what the figures show: `outcome_title`.)
 
 One pipeline per task, every stage a fresh process as a user would run it, one after the other:
 
@@ -221,6 +222,20 @@ def pipeline(task: str, demos: int | None, rl_minutes: float | None, eval_episod
     }
 
 
+def outcome_title(task: str, expert: float, sft: float, rl: float) -> str:
+    """The section's title, from the evaluated figures: whether RL ended above its SFT policy and above
+    the weak expert it learned from (only then does it "beat its teacher")."""
+    if rl > expert and rl > sft:
+        what = f"RL beats its teacher (S_rl {rl:.2f} > S_expert {expert:.2f}, S_sft {sft:.2f})"
+    elif rl > sft:
+        what = (f"RL improves on its SFT policy ({rl:.2f} > {sft:.2f}) but not on its teacher "
+                f"(S_expert {expert:.2f})")
+    else:
+        what = (f"RL does not improve on its SFT policy (S_rl {rl:.2f}, S_sft {sft:.2f}, "
+                f"S_expert {expert:.2f})")
+    return f"{what}: {task}"
+
+
 def report(r: dict, command: str, started: str, host: str) -> str:
     """The text of one task's section."""
     gain = r["rl"].success - r["sft"].success
@@ -234,7 +249,8 @@ def report(r: dict, command: str, started: str, host: str) -> str:
     sft_overrides = " ".join(r["sft_overrides"]) or "none"
     return "\n".join(
         [
-            f"## RL that beats its teacher: {r['task']} (`bench/teacher.py`)",
+            f"## {outcome_title(r['task'], r['expert'], r['sft'].success, r['rl'].success)} "
+            "(`bench/teacher.py`)",
             "",
             f"Measured {started}. Command: `{command}`. {host}.",
             "",

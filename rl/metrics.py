@@ -1,7 +1,8 @@
 """Metrics: one record per iteration to the console, ``metrics.jsonl`` and TensorBoard, and a PNG plot.
 
-The plot (reward, success, KL and MaxVio per iteration) is rewritten at the end of a run and on Ctrl-C
-(``rl.train`` calls ``plot`` from its ``finally``), so an interrupted run still leaves its curve.
+The plot (reward, success, KL, or the entropy when no KL is computed, and MaxVio per iteration) is
+rewritten at the end of a run and on Ctrl-C (``rl.train`` calls ``plot`` from its ``finally``), so an
+interrupted run still leaves its curve.
 """
 
 from __future__ import annotations
@@ -64,6 +65,19 @@ def first_reaching(history: list[dict[str, Any]], window: int, target: float) ->
                  if sum(success[i - window + 1 : i + 1]) / window >= target), None)
 
 
+# a panel whose metric was not computed in the run (every record 0 or missing) shows another instead
+FALLBACK = {"kl": ("entropy", "policy entropy (no KL: computed only with algo.kl_coef > 0)")}
+
+
+def _panel(history: list[dict[str, Any]], key: str, label: str) -> tuple[str, str]:
+    """The (key, title) to draw for a panel: ``key`` when any record has a non-zero value of it, else its
+    `FALLBACK` (e.g. the KL is a flat 0 without a reference policy, so its panel shows the entropy)."""
+    computed = any(r.get(key) not in (None, 0, 0.0) for r in history)
+    if computed or key not in FALLBACK:
+        return key, label
+    return FALLBACK[key]
+
+
 def plot_history(
     history: list[dict[str, Any]],
     path: str | Path,
@@ -81,7 +95,8 @@ def plot_history(
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True)
     x_key = "elapsed_s" if all("elapsed_s" in r for r in history) else "iteration"
     xs = [r[x_key] / 60 if x_key == "elapsed_s" else r[x_key] for r in history]
-    for ax, (key, label) in zip(axes.flat, panels, strict=True):
+    for ax, panel in zip(axes.flat, panels, strict=True):
+        key, label = _panel(history, *panel)
         ys = [r.get(key, float("nan")) for r in history]
         ax.plot(xs, ys, lw=1.5)
         ax.set_title(label, fontsize=10)
