@@ -17,6 +17,7 @@ LIFECYCLE_PATHS = {"/sandboxes", "/v2/sandboxes", "/sandboxes/{sandbox_id}", "/s
                    "/sandboxes/{sandbox_id}/resume", "/sandboxes/{sandbox_id}/timeout",
                    "/sandboxes/{sandbox_id}/refreshes", "/sandboxes/{sandbox_id}/fork",
                    "/sandboxes/{sandbox_id}/snapshots", "/snapshots", "/templates/{template_id}",
+                   "/sandboxes/{sandbox_id}/metrics",
                    "/host", "/sandboxes/{sandbox_id}/agentenv"}  # AgentENV's: placement, the CLI's view
 
 
