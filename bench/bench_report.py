@@ -43,11 +43,12 @@ def training_machine() -> str:
 
 def host_cpu_seconds() -> float:
     """CPU time the whole host has spent busy (all cores, every process, the kernel included) since boot,
-    from /proc/stat: the difference over an operation on an otherwise idle machine is what it cost,
-    including the work it caused in dockerd, containerd, runc and CRIU."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    from /proc/stat (`agentenv.pool.cpu`, which the pool's cost model reads too): the difference over an
+    operation on an otherwise idle machine is what it cost, including the work it caused in dockerd,
+    containerd, runc and CRIU."""
+    from agentenv.pool.cpu import host_cpu_seconds as read
+
+    return read()
 
 
 BUSY_WINDOW_S = 3.0    # how long the host's load is sampled before a benchmark starts

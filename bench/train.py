@@ -9,14 +9,19 @@ Four parts, all in this run on this machine (``--part train``, ``memory`` or ``h
    with ``trainer.mode=async``: success at the start, wall time until the mean success of the last
    ``trainer.success_window`` iterations reaches 0.9, episodes/s, env steps/s, generated tokens/s and
    the learner's idle fraction.
-3. **Fixed memory** (``--part memory``): the heavy task ``agentenv/KVLookup-v0`` (``env=kv_lookup``,
-   ~208 MiB per sandbox) with a 2 GiB ``memory_budget`` for running sandboxes and
-   ``rollout.policy_latency_s`` at 0 and 2 s (an emulation of a larger policy's generation time); rows
-   (a) sync without pausing, concurrency capped by the budget (``rollout.max_concurrent_episodes``),
-   (b) as (a) with waiting sandboxes frozen (``pause_method: freeze``, ``docker pause``: memory kept),
-   (c) async with zero-memory waits (CRIU pauses by the cost model) and forked groups; each trains for
-   ``--memory-minutes``. Columns: episodes/s, peak sandbox memory sampled from the host (cgroup RSS of
-   the run's containers), learner idle fraction, time to success 0.3, ratios against (a).
+3. **Fixed memory** (``--part memory``): the heavy task ``agentenv/KVLookup-v0`` (``env=kv_lookup``; the
+   size of one sandbox is measured first, cgroup RSS after its install) with a 2 GiB ``memory_budget`` for
+   running sandboxes and ``rollout.policy_latency_s`` swept over ``--latencies`` (default 0, 2, 10 and
+   30 s: an emulation of a larger policy's generation time); rows (a) sync without pausing, concurrency
+   capped by the budget (``rollout.max_concurrent_episodes``), (b) as (a) with waiting sandboxes frozen
+   (``pause_method: freeze``, ``docker pause``: memory kept), (c) async with zero-memory waits (CRIU
+   pauses by the cost model) and forked groups. Each row trains 1 + ``--steady-iterations`` (5)
+   iterations, at most ``--memory-minutes``, and reports episodes/s over the iterations after the first
+   only (no number, and the reason, for a row that did not get them all). Columns: episodes/s, peak
+   sandbox memory sampled from the host (cgroup RSS of the run's containers), learner idle fraction,
+   time to success 0.3, ratios against (a); then the break-even latencies of (c) against (a), inferred by
+   interpolation between the measured latencies, the targets (met or missed), and the plot
+   docs/img/train_memory_sweep.png (episodes/s against latency).
 
 4. **Learning the heavy task** (``--part heavy``): k3_tiny trains on ``env=kv_lookup`` with row (a)'s
    setup and no emulated latency until success 0.9 or ``--heavy-minutes``: start, end and best success,
@@ -28,9 +33,11 @@ train_learning_curve.png, sync vs async: docs/img/train_sync_vs_async.png), part
 
     python bench/train.py                  # everything (about an hour on 2 cores)
     python bench/train.py --part train     # parts 1-2 (about 15-25 minutes)
-    python bench/train.py --part memory    # part 3 (6 runs of 3 min, plus start-up and shutdown: ~35 min)
+    python bench/train.py --part memory    # part 3: 12 runs of 6 iterations; hours on 2 cores (the 30 s rows
+                                           # of (a) and (b) alone about 70 min each), on a quiet host
     python bench/train.py --part heavy     # part 4 (at most 15 min of training)
-    python bench/train.py --quick          # smoke version: short training, 2 s latency only
+    python bench/train.py --quick          # smoke version: short training, 2 s latency only, 1 steady
+                                           # iteration; prints only, never writes docs/
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ import threading
 import time
 from pathlib import Path
 
-from bench_report import ROOT, compose, host_cpu_seconds, write_section
+from bench_report import ROOT, busy_cores_before, compose, host_cpu_seconds, other_load_text, write_section
+from memory_sweep import STEADY_ITERATIONS, crossing, plot_sweep, steady_rate, verdict
 
 
 def rollout_throughput(overrides: list[str], groups: int, repeats: int) -> dict:
@@ -88,9 +96,11 @@ def rollout_throughput(overrides: list[str], groups: int, repeats: int) -> dict:
     }
 
 
-def training_run(overrides: list[str], run_dir: Path, target: float = 0.9) -> dict:
+def training_run(overrides: list[str], run_dir: Path, target: float = 0.9,
+                 steady_iterations: int = STEADY_ITERATIONS) -> dict:
     """One `rl.train` run with ``overrides``; its figures from the per-iteration records. ``target``:
-    the success whose first reaching (mean of the last ``trainer.success_window`` iterations) is timed."""
+    the success whose first reaching (mean of the last ``trainer.success_window`` iterations) is timed;
+    rates per second cover the iterations after the first, None with fewer than ``steady_iterations``."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -105,11 +115,10 @@ def training_run(overrides: list[str], run_dir: Path, target: float = 0.9) -> di
     reached_at = None if reached is None else history[reached]["elapsed_s"]
     total = lambda key: sum(r[key] for r in history)  # noqa: E731
 
-    # steady state: the episodes after the first iteration (Ray, sandbox and template start-up) per second
-    def steady(key: str) -> float:
-        if len(history) >= 3:
-            return (total(key) - history[0][key]) / (history[-1]["elapsed_s"] - history[0]["elapsed_s"])
-        return total(key) / history[-1]["elapsed_s"]
+    # steady state: the episodes after the first iteration (Ray, sandbox and template start-up) per
+    # second, over at least `steady_iterations` of them; None (no number) for a shorter run
+    def steady(key: str) -> float | None:
+        return steady_rate(history, key, steady_iterations)
 
     return {
         "result": result,
@@ -120,6 +129,8 @@ def training_run(overrides: list[str], run_dir: Path, target: float = 0.9) -> di
         "best_success": max(r["success"] for r in history),
         "time_to_target_s": reached_at,
         "episodes": total("episodes"),
+        "steady_iterations": len(history) - 1,  # iterations the rates are over
+        "steady_needed": steady_iterations,
         "episodes_per_s": steady("episodes"),
         "env_steps_per_s": steady("env_steps"),  # per second of training, as episodes/s (both modes)
         "generated_tokens_per_s": total("generated_tokens") / total("generate_s"),
@@ -166,6 +177,15 @@ def plot_modes(runs: dict[str, dict], path: Path, target: float, title: str) -> 
 
 def _minutes(seconds: float | None, missed: str = "not reached") -> str:
     return f"{seconds / 60:.1f} min" if seconds is not None else missed
+
+
+def _rate(r: dict, key: str, fmt: str) -> str:
+    """A steady-state rate of `training_run`'s result, or why there is none."""
+    value = r[key]
+    if value is None:
+        return (f"no steady state: {r['steady_iterations']} iterations after the first, "
+                f"{r['steady_needed']} needed")
+    return format(value, fmt)
 
 
 def header(command: str, start_load: float) -> list[str]:
@@ -259,8 +279,8 @@ def part_train(args: argparse.Namespace, user: list[str], command: str) -> str:
         ("success at the end (mean of the last iterations)", lambda r: f"{r['end_success']:.2f}"),
         ("wall time to 0.9 success", lambda r: _minutes(r["time_to_target_s"])),
         ("total wall time (incl. Ray and sandbox start-up)", lambda r: f"{r['wall_s'] / 60:.1f} min"),
-        ("episodes/s (after the first iteration)", lambda r: f"{r['episodes_per_s']:.1f}"),
-        ("env steps/s (after the first iteration)", lambda r: f"{r['env_steps_per_s']:.0f}"),
+        ("episodes/s (after the first iteration)", lambda r: _rate(r, "episodes_per_s", ".1f")),
+        ("env steps/s (after the first iteration)", lambda r: _rate(r, "env_steps_per_s", ".0f")),
         ("generated tokens/s", lambda r: f"{r['generated_tokens_per_s']:.0f}"),
         (
             "rollout (sync) or batch wait (async) / learner seconds per iteration",
@@ -295,8 +315,10 @@ def part_train(args: argparse.Namespace, user: list[str], command: str) -> str:
 # The fixed-memory table: heavy-state sandboxes under one budget for running ones.
 MEMORY_ENV = "kv_lookup"  # agentenv/KVLookup-v0: a service holding data_mib = 200 MiB in memory
 MEMORY_BUDGET_MIB = 2048
-SANDBOX_MIB = 208  # RSS of one KVLookup sandbox at data_mib=200 (docs/tasks.md, cgroup total_rss)
 MEMORY_TARGET = 0.3  # the success the table times (mean of the last 2 iterations)
+MEMORY_LATENCIES = (0.0, 2.0, 10.0, 30.0)  # emulated policy latencies of the sweep (s per turn)
+MEMORY_MINUTES = 120.0  # time limit of one row: (a) at 30 s plays 8 waves x 3 turns x 30 s per iteration
+QUICK_MEMORY = ["algo.episodes_per_step=16"]  # --quick --part memory: smaller batches, a smoke run
 
 
 class SandboxMemorySampler:
@@ -393,11 +415,11 @@ def memory_rows(cap: int) -> dict[str, tuple[str, list[str]]]:
     }
 
 
-def memory_concurrency(user: list[str]) -> tuple[int, int]:
+def memory_concurrency(user: list[str], sandbox_mib: float) -> tuple[int, int]:
     """The heavy task's GRPO group size and the episodes rows (a) and (b) play at once: whole groups of
-    sandboxes within the memory budget (at least one group)."""
+    sandboxes of the measured ``sandbox_mib`` within the memory budget (at least one group)."""
     group = compose([f"env={MEMORY_ENV}", *user]).algo.group_size
-    return group, max(group, MEMORY_BUDGET_MIB // SANDBOX_MIB // group * group)
+    return group, max(group, int(MEMORY_BUDGET_MIB // sandbox_mib) // group * group)
 
 
 def fixed_memory_run(pool_name: str, limit_s: float) -> list[str]:
@@ -418,10 +440,11 @@ def fixed_memory_run(pool_name: str, limit_s: float) -> list[str]:
 
 
 def heavy_sandbox_cost(user: list[str], forks: int, cycles: int = 3) -> dict[str, float]:
-    """What moving one heavy-task sandbox's state costs the host, measured on its own before the runs:
-    CPU seconds (the whole host's, `host_cpu_seconds`) and wall seconds of a CRIU pause + resume, and of
-    a group start's fork of ``forks`` members (per member); medians over ``cycles``. The sandbox is made
-    as the rollout makes it (the env's kwargs and sandbox profile), without a pool."""
+    """What one heavy-task sandbox is and what moving its state costs the host, measured on its own
+    before the runs: its size (cgroup RSS after the task's install, the data set loaded), CPU seconds (the
+    whole host's, `host_cpu_seconds`) and wall seconds of a CRIU pause + resume, and of a group start's
+    fork of ``forks`` members (per member); medians over ``cycles``. The sandbox is made as the rollout
+    makes it (the env's kwargs and sandbox profile), without a pool."""
     from statistics import median
 
     from rl.demonstrations import task_env
@@ -431,6 +454,7 @@ def heavy_sandbox_cost(user: list[str], forks: int, cycles: int = 3) -> dict[str
     try:
         env.reset(seed=0)
         sandbox_task = task(env)
+        sandbox_mib = sandbox_task.sandbox.stats().rss_bytes / 2**20
         cycle_cpu, cycle_wall, fork_cpu, fork_wall = [], [], [], []
         for _ in range(cycles):
             cpu, wall = host_cpu_seconds(), time.perf_counter()
@@ -438,87 +462,154 @@ def heavy_sandbox_cost(user: list[str], forks: int, cycles: int = 3) -> dict[str
             sandbox_task.resume()
             cycle_cpu.append(host_cpu_seconds() - cpu)
             cycle_wall.append(time.perf_counter() - wall)
-            cpu, wall = host_cpu_seconds(), time.perf_counter()
-            members = sandbox_task.fork(forks)
-            fork_cpu.append((host_cpu_seconds() - cpu) / forks)
-            fork_wall.append((time.perf_counter() - wall) / forks)
-            for member in members:
-                member.close()
+            if forks:
+                cpu, wall = host_cpu_seconds(), time.perf_counter()
+                members = sandbox_task.fork(forks)
+                fork_cpu.append((host_cpu_seconds() - cpu) / forks)
+                fork_wall.append((time.perf_counter() - wall) / forks)
+                for member in members:
+                    member.close()
     finally:
         env.close()
-    return {"cycle_cpu_s": median(cycle_cpu), "cycle_wall_s": median(cycle_wall),
-            "fork_cpu_s": median(fork_cpu), "fork_wall_s": median(fork_wall), "cycles": cycles}
+    nan = float("nan")
+    return {"sandbox_mib": sandbox_mib,
+            "cycle_cpu_s": median(cycle_cpu) if cycle_cpu else nan,
+            "cycle_wall_s": median(cycle_wall) if cycle_wall else nan,
+            "fork_cpu_s": median(fork_cpu) if fork_cpu else nan,
+            "fork_wall_s": median(fork_wall) if fork_wall else nan, "cycles": cycles}
 
 
-def cpu_floor_lines(cost: dict[str, float], a2: dict, c2: dict, group: int, cap: int) -> list[str]:
-    """Why row (c) can or cannot reach 3x row (a) on this host: the CPU its state moves need at that
-    rate, from `heavy_sandbox_cost` and (c)'s pauses per episode, against the cores there are."""
+def cpu_lines(cost: dict[str, float], c: dict, group: int, latency: float, busy: float) -> list[str]:
+    """What moving state costs row (c) at one latency: the CPU of its measured pauses per episode and
+    forks per episode, at the per-operation CPU `heavy_sandbox_cost` measured, and the rate the host's
+    cores would allow if that were all they did (inferred, an upper bound: it depends on how many
+    pauses the cost model chose, which is scheduling, not hardware)."""
     forks_per_episode = (group - 1) / group
-    per_episode = c2["pauses_per_episode"] * cost["cycle_cpu_s"] + forks_per_episode * cost["fork_cpu_s"]
-    needed = 3 * a2["episodes_per_s"] * per_episode
+    per_episode = c["pauses_per_episode"] * cost["cycle_cpu_s"] + forks_per_episode * cost["fork_cpu_s"]
     cores = os.cpu_count() or 1
+    ceiling = cores / per_episode if per_episode > 0 else float("inf")
     return [
-        f"What limits (c) on this machine: moving a {SANDBOX_MIB} MiB sandbox's state. Measured before the "
-        "runs on one sandbox of the task, alone on the host (`heavy_sandbox_cost` in bench/train.py, the "
-        f"host's busy CPU time from /proc/stat, medians of {cost['cycles']}): a CRIU pause + resume costs "
-        f"{cost['cycle_cpu_s']:.2f} CPU-s ({cost['cycle_wall_s']:.2f} s of wall time), a group start's "
-        f"fork {cost['fork_cpu_s']:.2f} CPU-s per forked member ({cost['fork_wall_s']:.2f} s of wall time "
-        f"per member, {group - 1} at once). At (c)'s {c2['pauses_per_episode']:.1f} pauses per episode and "
-        f"{forks_per_episode:.2f} forks per episode that is {per_episode:.2f} CPU-s per episode before the "
-        f"policy, the learner or the task run a single instruction; 3x (a)'s "
-        f"{a2['episodes_per_s']:.2f} episodes/s would need {needed:.1f} CPU-s per second, "
-        f"{needed / cores:.1f}x the {cores} cores this host has. "
-        + ("So the target is out of reach here whatever the scheduling: it needs a host with that many "
-           "cores to spare for CRIU, or dumps that write only the memory changed since the previous one "
-           "(CRIU's pre-dump with memory dirty tracking, which this kernel lacks). "
-           if needed > cores else "The cores would suffice, so the limit lies elsewhere. ")
-        + f"(a) never moves state: its {cap} sandboxes stay live and only wait.",
+        f"Moving a {cost['sandbox_mib']:.0f} MiB sandbox's state (measured before the runs on one sandbox of "
+        "the task: `heavy_sandbox_cost` in bench/train.py, the host's busy CPU time from /proc/stat, "
+        f"medians of {cost['cycles']}; every process's time counts: before the bench "
+        f"{other_load_text(busy)[:-1]}): a CRIU pause + resume costs {cost['cycle_cpu_s']:.2f} "
+        f"CPU-s ({cost['cycle_wall_s']:.2f} s of wall time), a group start's fork {cost['fork_cpu_s']:.2f} "
+        f"CPU-s per forked member ({cost['fork_wall_s']:.2f} s per member, {group - 1} at once). At "
+        f"{latency:g} s (c) made {c['pauses_per_episode']:.1f} pauses and {forks_per_episode:.2f} forks per "
+        f"episode (measured), so {per_episode:.2f} CPU-s per episode went to moving state; inferred from "
+        f"these figures, the {cores} cores could carry at most {ceiling:.2f} episodes/s of (c) if they did "
+        "nothing else. That ceiling follows from the pauses the cost model chose per episode (a scheduling "
+        "decision), not from the hardware alone.",
+    ]
+
+
+def run_memory_row(key: str, latency: float, overrides: list[str], args: argparse.Namespace,
+                   user: list[str]) -> dict:
+    """One row of the table at one latency: `training_run` until ``--steady-iterations`` after the first
+    (``trainer.iterations``) or ``--memory-minutes`` (``trainer.time_limit_s``), whichever comes first,
+    with the host sampled for the sandboxes' memory; ``{"error": ...}`` when the run failed."""
+    prefix = f"bench-mem-{key}-{int(latency)}"
+    print(f"memory row {key}, policy latency {latency:g} s ...", flush=True)
+    run_overrides = [
+        *fixed_memory_run(prefix, args.memory_minutes * 60),
+        f"trainer.iterations={1 + args.steady_iterations}",
+        "trainer.stop_at_success=null",  # every row runs its whole window
+        f"rollout.policy_latency_s={latency:g}",
+        "trainer.success_window=2",
+        *overrides,
+        *user,
+    ]
+    run_dir = Path(tempfile.mkdtemp(prefix=f"k3rl-bench-mem-{key}-"))
+    try:
+        with SandboxMemorySampler(prefix) as sampler:
+            r = training_run(run_overrides, run_dir, target=MEMORY_TARGET,
+                             steady_iterations=args.steady_iterations)
+    except Exception as exc:  # one failed row (e.g. too many failed episodes) is reported as such
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        print(f"  failed: {error}", flush=True)
+        return {"error": error}
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    r["peak_mib"], r["peak_sandboxes"] = sampler.peak_mib, sampler.peak_sandboxes
+    r["load"] = sum(sampler.loads) / max(len(sampler.loads), 1)
+    r["pause_s"] = max(h.get("sandbox_pause_p50_s", 0.0) for h in r["history"])
+    r["resume_s"] = max(h.get("sandbox_resume_p50_s", 0.0) for h in r["history"])
+    rate = "no steady state" if r["episodes_per_s"] is None else f"{r['episodes_per_s']:.3f} episodes/s"
+    print(f"  {rate} over {r['steady_iterations']} iterations after the first, peak {r['peak_mib']:.0f} MiB, "
+          f"idle {r['learner_idle_fraction']:.2f}, success {r['end_success']:.2f}", flush=True)
+    return r
+
+
+def _ratio(results: dict, key: str, latency: float) -> float | None:
+    """Row ``key``'s steady episodes/s over row (a)'s at ``latency`` (None: either lacks one)."""
+    r, a = results.get((key, latency), {}), results.get(("a", latency), {})
+    if not r.get("episodes_per_s") or not a.get("episodes_per_s"):
+        return None
+    return r["episodes_per_s"] / a["episodes_per_s"]
+
+
+def _row_cell(r: dict, minutes: str) -> str:
+    """The episodes/s cell: the steady rate, or why the row has none."""
+    if r["episodes_per_s"] is not None:
+        return f"{r['episodes_per_s']:.3f}"
+    return (f"not steady within {minutes}: {r['steady_iterations']} of {r['steady_needed']} iterations "
+            "after the first")
+
+
+def memory_targets(results: dict, latencies: list[float], cost: dict[str, float]) -> list[str]:
+    """The issue's targets for this table, each ending in met or missed and its figure; the break-even
+    latencies inferred from the measured rows (`memory_sweep.crossing`)."""
+    ratios = [_ratio(results, "c", lat) for lat in latencies]
+    top = max(latencies)
+    c_top, ratio_top = results.get(("c", top), {}), _ratio(results, "c", top)
+    if ratio_top is None:
+        third = verdict(None, f"row (a) or (c) has no steady rate at {top:g} s")
+    else:
+        within = c_top["peak_mib"] <= MEMORY_BUDGET_MIB
+        third = verdict(ratio_top >= 3 and within, f"{ratio_top:.2f}x, (c) peaking at "
+                        f"{c_top['peak_mib']:.0f} MiB of sandbox memory (host samples)")
+    even_words, even = crossing(latencies, ratios, 1.0)
+    three_words, _three = crossing(latencies, ratios, 3.0)
+    if even is None and not any(r is not None for r in ratios):
+        even_verdict = verdict(None, even_words)
+    else:
+        even_verdict = verdict(even is not None and even <= 10.0, even_words)
+    cycle = cost["cycle_cpu_s"]
+    return [
+        "Break-even (inferred: linear interpolation of (c)/(a) between the measured latencies, not a "
+        f"measured run at that latency): (c) >= (a) from {even_words}; (c) >= 3x (a) from {three_words}. "
+        "Ratios (c)/(a) by latency: "
+        + ", ".join(f"{lat:g} s {'-' if r is None else f'{r:.2f}x'}" for lat, r in zip(latencies, ratios,
+                                                                                       strict=True))
+        + ".",
+        "",
+        f"- Target row (c) >= 3x row (a)'s episodes/s at {top:g} s within {MEMORY_BUDGET_MIB} MiB "
+        f"(measured): {third}",
+        f"- Target break-even latency for (c) >= (a) <= 10 s (inferred, above): {even_verdict}",
+        f"- Target CPU per pause + resume of the heavy sandbox <= 0.5 CPU-s (measured, "
+        f"`heavy_sandbox_cost`): {verdict(cycle <= 0.5, f'{cycle:.2f} CPU-s')}",
     ]
 
 
 def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
-    """The fixed-memory table: rows (a), (b), (c) at each policy latency; the text of the
-    ``bench:train-memory`` section."""
+    """The fixed-memory table: rows (a), (b), (c) at each policy latency of ``--latencies``, the
+    break-even latencies and the targets; the text of the ``bench:train-memory`` section and its plot
+    (``args.sweep_image``)."""
     start_load = os.getloadavg()[0]
-    group, cap = memory_concurrency(user)
-    limit_s = args.memory_minutes * 60
-    latencies = (2.0,) if args.quick else (0.0, 2.0)
-    rows = memory_rows(cap)
-    print("the cost of moving one heavy sandbox's state (pause + resume, fork) ...", flush=True)
-    cost = heavy_sandbox_cost(user, forks=group - 1)
+    latencies = sorted(args.latencies)
+    user = [*QUICK_MEMORY, *user] if args.quick else user
+    busy = busy_cores_before()  # other jobs' load now: the per-operation CPU below counts it too
+    print("the heavy sandbox's size and the cost of moving its state (pause + resume, fork) ...", flush=True)
+    group = compose([f"env={MEMORY_ENV}", *user]).algo.group_size
+    cost = heavy_sandbox_cost(user, forks=group - 1, cycles=1 if args.quick else 3)
     print(f"  {cost}", flush=True)
-    results: dict[tuple[str, float], dict] = {}
-    for latency in latencies:
-        for key, (_name, overrides) in rows.items():
-            prefix = f"bench-mem-{key}-{int(latency)}"
-            print(f"memory row {key}, policy latency {latency:g} s ...", flush=True)
-            run_overrides = [
-                *fixed_memory_run(prefix, limit_s),
-                f"rollout.policy_latency_s={latency:g}",
-                "trainer.success_window=2",
-                *overrides,
-                *user,
-            ]
-            run_dir = Path(tempfile.mkdtemp(prefix=f"k3rl-bench-mem-{key}-"))
-            try:
-                with SandboxMemorySampler(prefix) as sampler:
-                    r = training_run(run_overrides, run_dir, target=MEMORY_TARGET)
-            except Exception as exc:  # one failed row (e.g. too many failed episodes) is reported as such
-                results[(key, latency)] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]}
-                print(f"  failed: {results[(key, latency)]['error']}", flush=True)
-                shutil.rmtree(run_dir, ignore_errors=True)
-                continue
-            r["peak_mib"], r["peak_sandboxes"] = sampler.peak_mib, sampler.peak_sandboxes
-            r["load"] = sum(sampler.loads) / max(len(sampler.loads), 1)
-            r["pause_s"] = max(h.get("sandbox_pause_p50_s", 0.0) for h in r["history"])
-            r["resume_s"] = max(h.get("sandbox_resume_p50_s", 0.0) for h in r["history"])
-            results[(key, latency)] = r
-            shutil.rmtree(run_dir, ignore_errors=True)
-            print(
-                f"  {r['episodes_per_s']:.2f} episodes/s, peak {r['peak_mib']:.0f} MiB, "
-                f"idle {r['learner_idle_fraction']:.2f}, success {r['end_success']:.2f}",
-                flush=True,
-            )
+    group, cap = memory_concurrency(user, cost["sandbox_mib"])
+    rows = memory_rows(cap)
+    results = {(key, lat): run_memory_row(key, lat, overrides, args, user)
+               for lat in latencies for key, (_name, overrides) in rows.items()}
+    plot_sweep({key: {lat: results[(key, lat)].get("episodes_per_s") for lat in latencies} for key in rows},
+               {key: ",".join(name.split(",")[:2]) for key, (name, _o) in rows.items()},
+               args.sweep_image, f"Fixed {MEMORY_BUDGET_MIB} MiB, {MEMORY_ENV}: episodes/s vs policy latency")
 
     minutes = f"{args.memory_minutes:g} min"
     lines = [
@@ -526,97 +617,77 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
         "",
         *header(command, start_load),
         "",
-        f"Task `agentenv/KVLookup-v0` (`env={MEMORY_ENV}`: a service holding 200 MiB in memory, about "
-        f"{SANDBOX_MIB} MiB per sandbox), k3_tiny, GRPO groups of {group}, warm starts; every pool's "
-        f"`memory_budget` is {MEMORY_BUDGET_MIB} MiB of running sandboxes, so (a) and (b) play at most "
-        f"{cap} episodes at once (`rollout.max_concurrent_episodes={cap}`: whole groups). "
+        f"Task `agentenv/KVLookup-v0` (`env={MEMORY_ENV}`: a service holding 200 MiB in memory; one "
+        f"sandbox measured at {cost['sandbox_mib']:.0f} MiB, cgroup RSS after its install), k3_tiny, GRPO "
+        f"groups of {group}, warm starts; every pool's `memory_budget` is {MEMORY_BUDGET_MIB} MiB of "
+        f"running sandboxes, so (a) and (b) play at most {cap} episodes at once "
+        f"(`rollout.max_concurrent_episodes={cap}`: whole groups of the measured size within the budget). "
         "`rollout.policy_latency_s` sleeps that long in every generation call, an emulation of a larger "
-        f"policy's generation time. Each run trains for {minutes} (`trainer.time_limit_s`). Episodes/s: "
-        "after the first iteration (start-up and the pool's template build excluded). Peak memory: the "
-        "largest sum, sampled every second from the host, of the cgroup RSS (anonymous + shared memory) "
-        "of the run's sandbox containers that have processes (running or frozen; a CRIU-paused sandbox "
-        "has none). Load: the mean 1-minute load average during the run (2 cores). "
-        f"Time to {MEMORY_TARGET:g}: the mean success of the last 2 iterations first at or above it.",
+        f"policy's generation time. Each run trains {1 + args.steady_iterations} iterations "
+        f"(`trainer.iterations`), at most {minutes} (`trainer.time_limit_s`). Episodes/s: over the "
+        f"iterations after the first only (start-up and the pool's template build excluded), and only when "
+        f"a run has all {args.steady_iterations} of them; a run that does not says so instead of a number. "
+        "Peak memory: the largest sum, sampled every second from the host, of the cgroup RSS (anonymous + "
+        "shared memory) of the run's sandbox containers that have processes (running or frozen; a "
+        "CRIU-paused sandbox has none). Load: the mean 1-minute load average during the run "
+        f"({os.cpu_count()} cores). Time to {MEMORY_TARGET:g}: the mean success of the last 2 iterations "
+        "first at or above it.",
         "",
-        "| row | policy latency | episodes/s | vs (a) | peak sandbox memory | learner idle | "
+        "| row | policy latency | episodes/s (steady) | vs (a) | peak sandbox memory | learner idle | "
         f"time to {MEMORY_TARGET:g} success | success first / end / best | iterations | pauses per "
         "episode | pause / resume p50 | load |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for latency in latencies:
-        base = results[("a", latency)]
         for key, (name, _o) in rows.items():
             r = results[(key, latency)]
             if "error" in r:
                 lines.append(f"| {name} | {latency:g} s | failed: {r['error']} |" + " |" * 9)
                 continue
-            reached = _minutes(r["time_to_target_s"], f"not within {minutes}")
-            vs = "-" if "error" in base else f"{r['episodes_per_s'] / base['episodes_per_s']:.2f}x"
+            ratio = _ratio(results, key, latency)
             lines.append(
-                f"| {name} | {latency:g} s | {r['episodes_per_s']:.2f} | {vs} | {r['peak_mib']:.0f} MiB "
-                f"({r['peak_sandboxes']} sandboxes) | "
-                f"{r['learner_idle_fraction']:.2f} | {reached} | "
+                f"| {name} | {latency:g} s | {_row_cell(r, minutes)} | "
+                f"{'-' if ratio is None else f'{ratio:.2f}x'} | {r['peak_mib']:.0f} MiB "
+                f"({r['peak_sandboxes']} sandboxes) | {r['learner_idle_fraction']:.2f} | "
+                f"{_minutes(r['time_to_target_s'], f'not within {minutes}')} | "
                 f"{r['start_success']:.2f} / {r['end_success']:.2f} / {r['best_success']:.2f} | "
                 f"{r['iterations']} | {r['pauses_per_episode']:.1f} | "
                 f"{r['pause_s']:.2f} / {r['resume_s']:.2f} s | {r['load']:.1f} |"
             )
-    a2, c2 = results[("a", 2.0)], results[("c", 2.0)]
-    if "error" in a2 or "error" in c2:
-        return "\n".join([*lines, "", "Target: not measured, a 2 s run failed (see the table)."])
-    ratio = c2["episodes_per_s"] / a2["episodes_per_s"]
-    c_slots = max(h.get("sandbox_slots", 0.0) for h in c2["history"])  # admission control's slots
-    c_wait = sum(h.get("sandbox_slot_wait_s", 0.0) for h in c2["history"]) / len(c2["history"])
-    verdict = "met" if ratio >= 3 and c2["peak_mib"] <= MEMORY_BUDGET_MIB else "missed"
-    best = max((r for r in results.values() if "error" not in r), key=lambda r: r["best_success"])
-    best_at = max(best["history"], key=lambda h: h["success"])["elapsed_s"]
-    lines += [
-        "",
-        "Target: row (c) at least 3x the episodes/s of row (a) at 2 s latency within the same "
-        f"{MEMORY_BUDGET_MIB} MiB: **{verdict}** here, {ratio:.2f}x, (c) peaking at {c2['peak_mib']:.0f} "
-        f"MiB of sandbox memory against {a2['peak_mib']:.0f} MiB for (a).",
-        "",
-        *cpu_floor_lines(cost, a2, c2, group, cap),
-        "",
-        *(
-            [
-                f"(c) does not stay within the budget ({c2['peak_mib']:.0f} MiB at its peak) without "
-                "the runner's admission control (`rollout.sandbox_pool.admission=false` here): a rollout "
-                "call starts all its groups at once (resets and forks run, and stay running until the "
-                "first generation), and after each turn's steps every active episode holds its sandbox "
-                "(leased, running) until the next generation call pauses it; the pool's budget pauses "
-                "only idle members no episode holds, so it goes over budget instead of waiting.",
-                "",
-            ]
-            if c2["peak_mib"] > MEMORY_BUDGET_MIB and not c_slots
-            else [
-                f"(c) goes over the budget ({c2['peak_mib']:.0f} MiB at its peak) although the runner "
-                "gates its sandboxes (`rollout.sandbox_pool.admission`, rl/admission.py): a sandbox "
-                f"runs only in one of {c_slots:.0f} slots, `memory_budget` over the median RSS the "
-                "pool measured of its sandboxes; the peak is the host's sample of the containers, which "
-                "counts more than the slots do.",
-                "",
-            ]
-            if c2["peak_mib"] > MEMORY_BUDGET_MIB
-            else [
-                f"(c) stays within the budget ({c2['peak_mib']:.0f} MiB at its peak). Without help the "
-                "pool cannot: a rollout call starts all its groups at once, and after each turn's "
-                "generation every active episode steps at once and holds its sandbox (leased, "
-                "running) until the next generation call pauses it, while the pool's budget pauses "
-                "only idle members no episode holds. The runner's admission control "
-                "(`rollout.sandbox_pool.admission`, rl/admission.py) lets a sandbox run only in one of "
-                f"{c_slots:.0f} slots (`memory_budget` over the median RSS the pool measured of its "
-                "sandboxes): resets, forks and steps wait for a slot or pause a sandbox parked between "
-                "its turns, and a stepped sandbox is paused inside its slot when others wait "
-                f"({c_wait:.0f} s of slot waits per iteration, summed over episodes).",
-                "",
-            ]
-        ),
-        "Learning the heavy task: the best of these runs reached success "
-        f"{best['best_success']:.2f} (start {best['start_success']:.2f}, end {best['end_success']:.2f}) "
-        f"after {best_at / 60:.1f} min of training; a policy that ignores the answers wins at most 0.50, "
-        "binary search 1.0.",
-    ]
-    return "\n".join(lines)
+    lines += ["", f"![episodes/s against policy latency]({args.sweep_link})", "",
+              *memory_targets(results, latencies, cost), ""]
+    measured_c = [(lat, results[("c", lat)]) for lat in latencies
+                  if "error" not in results[("c", lat)] and results[("c", lat)]["episodes"]]
+    if measured_c:
+        lat, c = measured_c[-1]
+        lines += [*cpu_lines(cost, c, group, lat, busy), "", *budget_lines(c, lat), ""]
+    ok = [r for r in results.values() if "error" not in r and r["history"]]
+    if ok:
+        best = max(ok, key=lambda r: r["best_success"])
+        best_at = max(best["history"], key=lambda h: h["success"])["elapsed_s"]
+        lines.append(
+            "Learning the heavy task: the best of these runs reached success "
+            f"{best['best_success']:.2f} (start {best['start_success']:.2f}, end {best['end_success']:.2f}) "
+            f"after {best_at / 60:.1f} min of training; a policy that ignores the answers wins at most 0.50, "
+            "binary search 1.0."
+        )
+    return "\n".join(lines).rstrip()
+
+
+def budget_lines(c: dict, latency: float) -> list[str]:
+    """Whether row (c) kept the budget at ``latency`` (measured: the host's peak sample) and how."""
+    slots = max(h.get("sandbox_slots", 0.0) for h in c["history"])  # admission control's slots
+    wait = sum(h.get("sandbox_slot_wait_s", 0.0) for h in c["history"]) / len(c["history"])
+    kept = c["peak_mib"] <= MEMORY_BUDGET_MIB
+    how = (
+        f"through the runner's admission control (`rollout.sandbox_pool.admission`, rl/admission.py): a "
+        f"sandbox runs only in one of {slots:.0f} slots (`memory_budget` over the median RSS the pool "
+        f"measured), {wait:.0f} s of slot waits per iteration summed over episodes, and the cost model "
+        "pauses under pressure only as many waiting sandboxes as the budget needs"
+        if slots else "without admission control (`rollout.sandbox_pool.admission=false`)"
+    )
+    return [f"Budget, row (c) at {latency:g} s (measured, host samples): peak {c['peak_mib']:.0f} MiB "
+            f"against {MEMORY_BUDGET_MIB} MiB, {'kept' if kept else 'exceeded'}, {how}."]
 
 
 HEAVY_TARGET = 0.9  # the success the heavy-task learning run aims at (mean of trainer.success_window)
@@ -627,7 +698,8 @@ def part_heavy(args: argparse.Namespace, user: list[str], command: str) -> str:
     concurrency within the 2 GiB budget), no emulated latency, ``--heavy-minutes`` at most; the text of
     the ``bench:train-heavy`` section and its curve."""
     start_load = os.getloadavg()[0]
-    _group, cap = memory_concurrency(user)
+    sandbox_mib = heavy_sandbox_cost(user, forks=0, cycles=0)["sandbox_mib"]  # measured, not typed
+    _group, cap = memory_concurrency(user, sandbox_mib)
     _name, row_a = memory_rows(cap)["a"]
     overrides = [
         *fixed_memory_run("bench-heavy", args.heavy_minutes * 60),
@@ -644,8 +716,9 @@ def part_heavy(args: argparse.Namespace, user: list[str], command: str) -> str:
         shutil.rmtree(run_dir, ignore_errors=True)
     cfg = compose(overrides)
     r["window"] = int(cfg.trainer.success_window)
-    plot_modes({"KVLookup, k3_tiny": r}, ROOT / "docs" / "img" / "train_heavy_curve.png", HEAVY_TARGET,
-               "k3_tiny on the heavy task (agentenv/KVLookup-v0)")
+    if not args.no_write:  # --no-write (and --quick) leave docs/ alone
+        plot_modes({"KVLookup, k3_tiny": r}, ROOT / "docs" / "img" / "train_heavy_curve.png", HEAVY_TARGET,
+                   "k3_tiny on the heavy task (agentenv/KVLookup-v0)")
     reached = _minutes(r["time_to_target_s"], f"not within {args.heavy_minutes:g} min")
     game = cfg.env.kwargs  # a plain dict after the schema's validation
     load = sum(sampler.loads) / max(len(sampler.loads), 1)
@@ -670,7 +743,7 @@ def part_heavy(args: argparse.Namespace, user: list[str], command: str) -> str:
         f"| time to {HEAVY_TARGET} | {reached} |",
         f"| iterations / episodes | {r['iterations']} / {r['episodes']:.0f} |",
         f"| total wall time (incl. Ray, template build) | {r['wall_s'] / 60:.1f} min |",
-        f"| episodes/s (after the first iteration) | {r['episodes_per_s']:.1f} |",
+        f"| episodes/s (after the first iteration) | {_rate(r, 'episodes_per_s', '.1f')} |",
         f"| peak sandbox memory (host, cgroup RSS) | {sampler.peak_mib:.0f} MiB |",
         f"| mean 1-minute load average | {load:.1f} |",
         "",
@@ -692,7 +765,16 @@ def main() -> None:
         "(section bench:train-heavy); all: every part",
     )
     parser.add_argument(
-        "--memory-minutes", type=float, default=3.0, help="training minutes of each fixed-memory run"
+        "--memory-minutes", type=float, default=MEMORY_MINUTES,
+        help="time limit of each fixed-memory run (a row that has not its steady window by then says so)"
+    )
+    parser.add_argument(
+        "--latencies", type=float, nargs="+", default=list(MEMORY_LATENCIES),
+        help="emulated policy latencies (s) of the fixed-memory sweep"
+    )
+    parser.add_argument(
+        "--steady-iterations", type=int, default=STEADY_ITERATIONS,
+        help="iterations after the first each fixed-memory row runs and takes its rate over"
     )
     parser.add_argument(
         "--heavy-minutes", type=float, default=15.0, help="time limit of the heavy-task learning run"
@@ -704,8 +786,21 @@ def main() -> None:
     os.environ.setdefault("RAY_worker_niceness", "0")
     user = list(args.overrides)
     options = (" --quick" if args.quick else "") + (f" --part {args.part}" if args.part != "all" else "")
-    if args.part in ("all", "memory") and args.memory_minutes != 3.0:
-        options += f" --memory-minutes {args.memory_minutes:g}"
+    if args.part in ("all", "memory"):
+        if args.quick:  # a smoke run of the plumbing: one latency, short rows; its figures mean nothing
+            args.latencies, args.steady_iterations, args.memory_minutes = [2.0], 1, 1.0
+        if args.memory_minutes != MEMORY_MINUTES:
+            options += f" --memory-minutes {args.memory_minutes:g}"
+        if sorted(args.latencies) != list(MEMORY_LATENCIES):
+            options += " --latencies " + " ".join(f"{lat:g}" for lat in sorted(args.latencies))
+        if args.steady_iterations != STEADY_ITERATIONS:
+            options += f" --steady-iterations {args.steady_iterations}"
+    if args.quick and not args.no_write:
+        print("--quick writes nothing to docs/ (sections and images): its figures are a smoke test")
+        args.no_write = True
+    args.sweep_image = (ROOT / "docs" / "img" / "train_memory_sweep.png" if not args.no_write
+                        else Path(tempfile.mkdtemp(prefix="k3rl-bench-sweep-")) / "train_memory_sweep.png")
+    args.sweep_link = "img/train_memory_sweep.png" if not args.no_write else str(args.sweep_image)
     if args.part in ("all", "heavy") and args.heavy_minutes != 15.0:
         options += f" --heavy-minutes {args.heavy_minutes:g}"
     command = "python bench/train.py" + options + "".join(f" {o}" for o in user)
