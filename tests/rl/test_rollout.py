@@ -220,12 +220,12 @@ def test_a_failed_resume_fails_the_episode_not_the_run(policy, sandbox_config):
 def test_a_long_wait_on_the_policy_pauses_the_waiting_sandboxes_and_a_short_one_does_not(
     policy, sandbox_config
 ):
-    """``pause_policy: cost`` with a pause + resume cost fixed at 2 s and 0 CPU-s (the priors, live p50s
-    never taking over): an emulated 3 s generation (``policy_latency_s``) makes every wait long enough to
-    pause the waiting sandboxes, which their steps resume; the tiny policy's own generation never pauses
-    one. (With 0 CPU-s the pauses always fit the spare cores: that rule is test_pool_cost.py's.)"""
-    cost = {"pause_prior_s": 1.0, "resume_prior_s": 1.0, "cost_min_samples": 10**6,
-            "pause_cpu_prior_s": 0.0, "resume_cpu_prior_s": 0.0}
+    """``pause_policy: cost`` with a pause + resume cost fixed at 2 s (the priors, live p50s never taking
+    over): the tiny policy's own generation never pauses a sandbox (milliseconds on an idle host; on a
+    busy one, where a generation can take longer, the pauses' CPU finds no spare cores); an emulated 3 s
+    generation (``policy_latency_s``) with pauses priced at 0 CPU-s (so they always fit the spare cores:
+    that rule is test_pool_cost.py's) pauses the waiting sandboxes, which their steps resume."""
+    cost = {"pause_prior_s": 1.0, "resume_prior_s": 1.0, "cost_min_samples": 10**6}
     fast = make_runner(policy, sandbox_config, pause_policy="cost", pool=cost)
     try:
         runs = [fast.run([s], 2, torch.Generator().manual_seed(s))[1] for s in (1, 2)]
@@ -237,7 +237,8 @@ def test_a_long_wait_on_the_policy_pauses_the_waiting_sandboxes_and_a_short_one_
     assert kept["sandbox_paused_s"] == 0 and kept["sandbox_running_s"] > 0
     assert kept["sandbox_running_bytes"] > 0 and kept["pauses_per_episode"] == 0
 
-    slow = make_runner(policy, sandbox_config, pause_policy="cost", pool=cost, policy_latency_s=3.0)
+    free_cpu = {**cost, "pause_cpu_prior_s": 0.0, "resume_cpu_prior_s": 0.0}
+    slow = make_runner(policy, sandbox_config, pause_policy="cost", pool=free_cpu, policy_latency_s=3.0)
     try:
         episodes, stats = slow.run([2], 2, torch.Generator().manual_seed(2))
     finally:
