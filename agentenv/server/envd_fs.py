@@ -26,7 +26,7 @@ from agentenv.server import fsops
 from agentenv.server.errors import ApiError
 from agentenv.server.signing import BadSignature, signer
 from agentenv.server.state import SANDBOX_ID_HEADER, ServerState, Unauthorized
-from agentenv.server.users import check_user
+from agentenv.server.users import basic_auth_user, check_user
 from agentenv.server.watch import Watch, Watches, event_path
 
 T = TypeVar("T")
@@ -50,6 +50,10 @@ class FilesystemService:
         self.watches = Watches()
 
     def _call(self, ctx: RequestContext, fn: Callable[[Sandbox], T], action: str) -> Awaitable[T]:
+        try:
+            check_user(basic_auth_user(ctx.request_headers), action)
+        except InvalidArgument as e:
+            raise ConnectError(Code.INVALID_ARGUMENT, str(e)) from None
         return self.state.envd_call(ctx.request_headers, fn, action)
 
     async def stat(self, request: pb.StatRequest, ctx: RequestContext) -> pb.StatResponse:

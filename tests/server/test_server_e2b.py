@@ -166,6 +166,8 @@ def test_files_through_the_sdk(sdk_sandbox):
         sb.commands.run("id", user="root")
     with pytest.raises(InvalidArgumentException, match="user 'root' is not available"):
         sb.files.read("m2.txt", user="root")
+    with pytest.raises(InvalidArgumentException, match="user 'root' is not available"):
+        sb.files.list("dir", user="root")
     assert sb.commands.run("id -u", user="user").exit_code == 0
     with pytest.raises(FileNotFoundException):
         sb.files.read("missing.txt")
