@@ -77,6 +77,8 @@ def dockerd_pid() -> int:
     sock = docker_client.daemon_url().removeprefix("unix://")
     candidates = subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split()
     for pid in map(int, candidates):
+        if not _running(pid):  # a stopped daemon not reaped yet (pgrep lists zombies)
+            continue
         args = _cmdline(pid)
         hosts = [a.removeprefix("unix://") for i, a in enumerate(args)
                  if i and args[i - 1] in ("-H", "--host")]
@@ -88,6 +90,20 @@ def dockerd_pid() -> int:
 
 def _cmdline(pid: int) -> list[str]:
     return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` still runs. A daemon an earlier restart in this process started is our child:
+    once it exits it stays a zombie (its /proc entry included) until reaped, so reap it here."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # not our child: init reaps it
+        pass
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
 
 
 def restart_dockerd(pid: int, ensure_script: Path) -> list[str]:
@@ -104,10 +120,13 @@ def restart_dockerd(pid: int, ensure_script: Path) -> list[str]:
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
         os.kill(pid, 15)
-        deadline = time.monotonic() + 60
-        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not os.path.exists(f"/proc/{pid}"), "dockerd did not stop within 60 s"
+        for sig, wait_s in ((15, 60.0), (9, 15.0)):  # SIGKILL only for a daemon that ignores SIGTERM
+            if sig == 9 and _running(pid):
+                os.kill(pid, 9)
+            deadline = time.monotonic() + wait_s
+            while _running(pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        assert not _running(pid), "dockerd did not stop within 75 s, even killed"
     finally:
         with open(log_dir / "dockerd.log", "ab") as log:
             try:

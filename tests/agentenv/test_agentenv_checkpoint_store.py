@@ -13,6 +13,7 @@ from agentenv_testutil import SMALL, count, start_counter
 from agentenv import Sandbox, SandboxConfig
 from agentenv.backend.errors import DiskCapExceeded
 from agentenv.backend.host import check_store_dir, filesystem_type
+from agentenv.backend.store import disk_bytes
 from agentenv.errors import ConfigError
 from agentenv.gc import collect_garbage
 from agentenv.sandbox import runtime
@@ -22,6 +23,13 @@ pytestmark = pytest.mark.docker
 
 def _page_inodes(folder: Path) -> set[int]:
     return {p.stat().st_ino for p in folder.glob("pages-*.img")}
+
+
+def _stored_bytes(store, sandboxes) -> int:
+    """Bytes the store holds for these sandboxes' containers (not `store.usage()`: the store is shared by
+    every sandbox on the host, and another test's pauses land in it meanwhile)."""
+    folders = [store.container_dir(sb.container_id) for sb in sandboxes]
+    return sum(disk_bytes(folder) for folder in folders if folder.exists())
 
 
 def test_images_live_in_the_store_and_go_with_the_sandbox(sandbox):
@@ -40,11 +48,11 @@ def test_images_live_in_the_store_and_go_with_the_sandbox(sandbox):
     sandbox.exec("nohup sleep 900 >/dev/null 2>&1 &")  # started after a restore: the next cycle must work
     sandbox.pause()
     record = store.latest(sandbox.container_id)
-    inodes, used = _page_inodes(record.path), store.usage()
+    inodes, used = _page_inodes(record.path), _stored_bytes(store, [sandbox])
     forks = sandbox.fork(3)
     assert sandbox.status == "paused" and all(count(f) >= after for f in forks)
     # The forks restored from the template's own page images: no copy was left or made per fork.
-    assert _page_inodes(record.path) == inodes and store.usage() <= used + 3 * 2**20
+    assert _page_inodes(record.path) == inodes and _stored_bytes(store, [sandbox, *forks]) <= used + 3 * 2**20
     cid = sandbox.container_id
     sandbox.close()
     assert not store.container_dir(cid).exists(), "closing a sandbox deletes its checkpoint images"

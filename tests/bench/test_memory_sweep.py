@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+# appended, not prepended: bench/ holds kernels.py and model.py, which must not shadow the packages for
+# the other tests of this process
+sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
 from memory_sweep import crossing, plot_sweep, steady_rate, verdict  # noqa: E402
 
