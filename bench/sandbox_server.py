@@ -16,6 +16,7 @@ a step fails (the server is stopped first, then the registry's sandboxes are clo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import secrets
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -197,28 +199,34 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def run(n_paused: int, reps: int) -> dict[str, object]:
-    """`measure` in a private $AGENTENV_HOME and $AGENTENV_CONFIG (`PROFILE`); every sandbox is closed
-    at the end, also on failure, and the previous environment restored."""
+@contextlib.contextmanager
+def private_home(name: str) -> Iterator[Path]:
+    """A private $AGENTENV_HOME and $AGENTENV_CONFIG (`PROFILE`) for a server bench; on the way out, also
+    on failure, every sandbox in it is closed, the previous environment restored and the home removed."""
     from agentenv import SandboxConfig
 
     saved = {k: os.environ.get(k) for k in ("AGENTENV_HOME", "AGENTENV_CONFIG", "E2B_API_URL",
                                             "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN")}
-    home = Path(tempfile.mkdtemp(prefix="agentenv-bench-server-"))
+    home = Path(tempfile.mkdtemp(prefix=f"agentenv-bench-{name}-"))
     config = home / "sandbox.yaml"
     config.write_text(yaml.safe_dump(SandboxConfig.load(**PROFILE).to_dict()))
     os.environ.update(AGENTENV_HOME=str(home), AGENTENV_CONFIG=str(config))
     try:
-        return measure(n_paused, reps)
+        yield home
     finally:
-        closed = close_all()
-        print(f"server bench: closed {closed} sandboxes", flush=True)
+        print(f"{name} bench: closed {close_all()} sandboxes", flush=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
         subprocess.run(["rm", "-rf", str(home)], check=False)
+
+
+def run(n_paused: int, reps: int) -> dict[str, object]:
+    """`measure` in a private home (`private_home`)."""
+    with private_home("server"):
+        return measure(n_paused, reps)
 
 
 def render(r: dict[str, object], cmd: str, sdk_version: str) -> str:

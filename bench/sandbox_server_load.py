@@ -27,18 +27,15 @@ import platform
 import re
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_report import busy_cores_before, other_load_text, write_section  # noqa: E402
-from sandbox_server import PROFILE, Server, close_all, rss_mib  # noqa: E402
+from sandbox_server import Server, close_all, private_home, rss_mib  # noqa: E402
 
 OP_TIMEOUT_S = 60.0    # one SDK call; past it the call counts as an error of kind `timeout`
 SANDBOX_TTL_S = 900    # TTL given at create: longer than any run, so the reaper never acts mid-loop
@@ -246,42 +243,28 @@ async def crash_phase(server: Server, n: int) -> tuple[Server, dict[str, object]
 
 
 def run(args: argparse.Namespace) -> tuple[list[LoadResult], dict[str, object] | None]:
-    """Every phase on one server in a private home and config; everything closed at the end."""
-    from agentenv import SandboxConfig
-
-    saved = {k: os.environ.get(k) for k in ("AGENTENV_HOME", "AGENTENV_CONFIG", "E2B_API_URL",
-                                            "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN")}
-    home = Path(tempfile.mkdtemp(prefix="agentenv-bench-load-"))
-    config = home / "sandbox.yaml"
-    config.write_text(yaml.safe_dump(SandboxConfig.load(**PROFILE).to_dict()))
-    os.environ.update(AGENTENV_HOME=str(home), AGENTENV_CONFIG=str(config))
+    """Every phase on one server in a private home (`private_home`); everything closed at the end."""
     server = None
     results: list[LoadResult] = []
     crash = None
-    try:
-        server = Server(home)
-        for n in args.clients:
-            print(f"== {n} clients for {args.duration:g} s", flush=True)
-            res = asyncio.run(load_phase(server, n, args.duration, args.max_loops))
-            res.tracebacks = server.log.read_text(errors="replace").count("Traceback")
-            print(summary(res), flush=True)
-            results.append(res)
-            if any(res.leftover.values()):
-                print(f"cleanup after {n} clients: closed {close_all()} sandboxes", flush=True)
-        if args.crash:
-            print(f"== kill -9 with {args.crash} sandboxes (half paused)", flush=True)
-            server, crash = asyncio.run(crash_phase(server, args.crash))
-            print(crash, flush=True)
-    finally:
-        if server is not None:
-            server.stop()
-        print(f"load bench: closed {close_all()} sandboxes", flush=True)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        subprocess.run(["rm", "-rf", str(home)], check=False)
+    with private_home("load") as home:
+        try:
+            server = Server(home)
+            for n in args.clients:
+                print(f"== {n} clients for {args.duration:g} s", flush=True)
+                res = asyncio.run(load_phase(server, n, args.duration, args.max_loops))
+                res.tracebacks = server.log.read_text(errors="replace").count("Traceback")
+                print(summary(res), flush=True)
+                results.append(res)
+                if any(res.leftover.values()):
+                    print(f"cleanup after {n} clients: closed {close_all()} sandboxes", flush=True)
+            if args.crash:
+                print(f"== kill -9 with {args.crash} sandboxes (half paused)", flush=True)
+                server, crash = asyncio.run(crash_phase(server, args.crash))
+                print(crash, flush=True)
+        finally:
+            if server is not None:
+                server.stop()
     return results, crash
 
 
