@@ -43,6 +43,7 @@ train_learning_curve.png, sync vs async: docs/img/train_sync_vs_async.png), part
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -605,8 +606,15 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
     print(f"  {cost}", flush=True)
     group, cap = memory_concurrency(user, cost["sandbox_mib"])
     rows = memory_rows(cap)
-    results = {(key, lat): run_memory_row(key, lat, overrides, args, user)
-               for lat in latencies for key, (_name, overrides) in rows.items()}
+    cfg = compose([f"env={MEMORY_ENV}", *user])
+    episodes, turns = int(cfg.algo.episodes_per_step), int(cfg.env.kwargs["max_turns"])
+    results = {}
+    for lat in latencies:
+        for key, (_name, overrides) in rows.items():
+            results[(key, lat)] = run_memory_row(key, lat, overrides, args, user)
+            with open(args.rows_log, "a") as log:  # each row as it ends: a long sweep's partial record
+                row = {k: v for k, v in results[(key, lat)].items() if k != "history"}
+                log.write(json.dumps({"row": key, "latency": lat, **row}, default=str) + "\n")
     plot_sweep({key: {lat: results[(key, lat)].get("episodes_per_s") for lat in latencies} for key in rows},
                {key: ",".join(name.split(",")[:2]) for key, (name, _o) in rows.items()},
                args.sweep_image, f"Fixed {MEMORY_BUDGET_MIB} MiB, {MEMORY_ENV}: episodes/s vs policy latency")
@@ -626,7 +634,14 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
         f"policy's generation time. Each run trains {1 + args.steady_iterations} iterations "
         f"(`trainer.iterations`), at most {minutes} (`trainer.time_limit_s`). Episodes/s: over the "
         f"iterations after the first only (start-up and the pool's template build excluded), and only when "
-        f"a run has all {args.steady_iterations} of them; a run that does not says so instead of a number. "
+        f"a run has all {args.steady_iterations} of them ({args.steady_iterations * episodes} episodes); a "
+        "run that does not says so instead of a number. "
+        + (f"The steady window is a stated minimum of {args.steady_iterations * episodes} episodes rather "
+           f"than {STEADY_ITERATIONS} iterations: (a) and (b) at {max(latencies):g} s play "
+           f"{episodes // cap} waves of {cap} episodes x up to {turns} turns x {max(latencies):g} s, about "
+           f"{episodes // cap * turns * max(latencies) / 60:.0f} min per iteration, so {STEADY_ITERATIONS} "
+           "iterations per row would take hours. "
+           if args.steady_iterations < STEADY_ITERATIONS else "") +
         "Peak memory: the largest sum, sampled every second from the host, of the cgroup RSS (anonymous + "
         "shared memory) of the run's sandbox containers that have processes (running or frozen; a "
         "CRIU-paused sandbox has none). Load: the mean 1-minute load average during the run "
@@ -775,6 +790,10 @@ def main() -> None:
     parser.add_argument(
         "--steady-iterations", type=int, default=STEADY_ITERATIONS,
         help="iterations after the first each fixed-memory row runs and takes its rate over"
+    )
+    parser.add_argument(
+        "--rows-log", type=Path, default=Path(tempfile.gettempdir()) / "k3rl-bench-memory-rows.jsonl",
+        help="file each fixed-memory row is appended to (JSON lines) as it ends"
     )
     parser.add_argument(
         "--heavy-minutes", type=float, default=15.0, help="time limit of the heavy-task learning run"
