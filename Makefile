@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: bootstrap lock test test-fast train bench bench-sandbox bench-server-load bench-restore-paths bench-model bench-kernels bench-train bench-learning bench-teacher bench-engines image lint
+.PHONY: bootstrap lock test test-fast train bench bench-sandbox bench-server-load bench-restore-paths bench-state-move-cpu bench-model bench-kernels bench-train bench-learning bench-teacher bench-engines image lint
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -26,7 +26,7 @@ train: bootstrap
 image: bootstrap
 	$(VENV)/bin/agentenv images build
 
-bench: bench-model bench-kernels bench-sandbox bench-server-load bench-restore-paths bench-train bench-learning bench-teacher bench-engines
+bench: bench-model bench-kernels bench-sandbox bench-server-load bench-restore-paths bench-state-move-cpu bench-train bench-learning bench-teacher bench-engines
 
 bench-model: bootstrap
 	$(PY) bench/model.py $(ARGS)
@@ -42,6 +42,11 @@ bench-server-load: bootstrap
 
 bench-restore-paths: bootstrap
 	$(PY) bench/restore_paths.py $(ARGS)
+
+## Needs perf (Debian's linux-perf, installed here when missing; the tests do not need it).
+bench-state-move-cpu: bootstrap
+	@bash scripts/ensure_perf.sh
+	$(PY) bench/state_move_cpu.py $(ARGS)
 
 bench-train: bootstrap
 	$(PY) bench/train.py $(ARGS)

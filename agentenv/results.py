@@ -38,6 +38,8 @@ class SandboxStats:
     """Resource use of a sandbox now. A paused sandbox has no process, so rss_bytes is 0 and pids 0.
 
     `cpu_seconds` adds up CPU time over the sandbox's whole life (across pause/resume);
+    `cpu_seconds_since_start` is the part since its processes were last started or restored (their
+    cgroup's own count: right after a resume, mostly CRIU's restore of their memory, which runs in them);
     `checkpoint_bytes` is the size on disk of the checkpoint it currently holds (0 while running).
     """
 
@@ -49,6 +51,7 @@ class SandboxStats:
     pids: int
     memory_limit_bytes: int
     user: str
+    cpu_seconds_since_start: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -549,7 +549,8 @@ class Sandbox:
         return SandboxStats(id=self.id, state=rec.state, rss_bytes=rss,
                             cpu_seconds=rec.cpu_seconds_before + cpu,
                             checkpoint_bytes=row.bytes if row else 0, pids=pids,
-                            memory_limit_bytes=self.config.memory_bytes, user=rec.user)
+                            memory_limit_bytes=self.config.memory_bytes, user=rec.user,
+                            cpu_seconds_since_start=cpu)
 
 
 def remove_sandbox(rt: _Runtime, rec: SandboxRecord, reason: str | None = None) -> None:

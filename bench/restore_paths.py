@@ -45,12 +45,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench_report import busy_cores_before, host_cpu_seconds, other_load_text, write_section  # noqa: E402
-from sandbox import Bench, versions  # noqa: E402
+from sandbox import RESUME_TARGET_S, Bench, versions  # noqa: E402
 
 RUNC_TIMEOUT_S = 60.0
 SOCKET_WAIT_S = 10.0
 FORK_N = 8
-RESUME_TARGET_S = 0.25
 CGROUP_PARENT = "agentenv-bench"  # the runc restores' cgroups: <hierarchy>/agentenv-bench/<container>
 
 

@@ -47,6 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench_report import busy_cores_before, host_cpu_seconds, other_load_text, write_section  # noqa: E402
 
+from agentenv.pool.cpu import HOST, OpCpu  # noqa: E402
+
 MiB = 2**20
 # The sandbox's state: what an agent's earlier steps built. Rebuilding it is what a cold start costs.
 WORKLOAD = r"""
@@ -252,20 +254,27 @@ class Bench:
         time.sleep(0.3)
         out["running_rss"] = sb.stats().rss_bytes
         pause, resume, image, empty = Samples(), Samples(), [], []
-        resume_cpu, criu_restore = Samples(), Samples()
+        resume_cpu, criu_restore, cycle_cpu, cycle_runtime = Samples(), Samples(), Samples(), Samples()
+        meter = OpCpu()  # what the pool charges an operation: the runtime's cgroup when it has one
         for _ in range(a.reps):
             before = self.count(sb)
+            cpu0, token = host_cpu_seconds(), meter.start()
             pause.add(timed(sb.pause))
+            pause_cpu, pause_runtime = host_cpu_seconds() - cpu0, meter.stop(token)
             empty.append(self.no_process_left(sb) and sb.stats().rss_bytes == 0)
             image.append(sb.stats().checkpoint_bytes)
-            cpu = host_cpu_seconds()
+            cpu, token = host_cpu_seconds(), meter.start()
             resume.add(timed(sb.resume))
             resume_cpu.add(host_cpu_seconds() - cpu)
+            restored = sb.stats().cpu_seconds_since_start  # CRIU's copies back, inside the restored processes
+            cycle_runtime.add(pause_runtime + meter.stop(token, restored_cpu_s=restored))
+            cycle_cpu.add(pause_cpu + resume_cpu.values[-1])
             if (criu_s := self.criu_restore_seconds(sb)) is not None:
                 criu_restore.add(criu_s)
             assert self.count(sb) >= before, "state lost across pause/resume"
         out.update(pause=pause, resume=resume, image=max(image), paused_empty=all(empty),
-                   resume_cpu=resume_cpu, criu_restore=criu_restore)
+                   resume_cpu=resume_cpu, criu_restore=criu_restore, cycle_cpu=cycle_cpu,
+                   cycle_runtime=cycle_runtime, cpu_source=meter.source)
 
         cid = self.plain_container(mb)
         dk_pause, dk_resume = Samples(), Samples()
@@ -408,6 +417,28 @@ def pool_run(mb: int, n: int, active: int, steps: int) -> dict[str, object]:
             "metrics": metrics, "budget": pool.settings.memory_budget}
 
 
+RESUME_TARGET_S = 0.25
+
+
+def target_verdicts(r: dict) -> str:
+    """Each target of the section met or missed at one size, with its figure."""
+    one = r["resume"].p50
+    checks = [
+        (f"resume p50 ≤ {RESUME_TARGET_S} s", one <= RESUME_TARGET_S, f"{one:.3f} s"),
+        ("resume ≤ 0.1× Docker's restore", one <= 0.1 * r["dk_resume"].p50,
+         ratio(r["resume"], r["dk_resume"])),
+        ("pause ≤ 0.3× Docker's checkpoint", r["pause"].p50 <= 0.3 * r["dk_pause"].p50,
+         ratio(r["pause"], r["dk_pause"])),
+        ("fork(8) ≤ 2× one resume", r["fork8"].p50 <= 2 * one, f"{r['fork8'].p50 / one:.1f}×"),
+    ]
+    return "; ".join(f"{name} **{'met' if ok else 'missed'}** ({figure})" for name, ok, figure in checks)
+
+
+def cpu_source_words(source: str) -> str:
+    return ("the host's busy time: the runtime's daemons share the root cgroup here" if source == HOST
+            else f"the runtime's cgroup `{source}` plus the calling thread")
+
+
 def _cpu(v: float | None) -> str:
     return "no cgroup (no process to charge)" if v is None else f"{v:.3f} s"
 
@@ -443,6 +474,8 @@ def render(results: dict[int, dict], dens: dict | None, pool: dict | None, facts
         )
     lines += ["", "Targets, from this run: resume p50 ≤ 0.25 s and ≤ 0.1× Docker's restore; pause ≤ 0.3× "
               "Docker's checkpoint; fork(8) ≤ 2× one resume.", ""]
+    lines += [f"- {mb} MiB: {target_verdicts(r)}" for mb, r in results.items()]
+    lines.append("")
     cores = os.cpu_count() or 1
     for mb, r in results.items():
         one = r["resume"].p50
@@ -455,11 +488,17 @@ def render(results: dict[int, dict], dens: dict | None, pool: dict | None, facts
             f"resume, using {r['fork8_cpu'].p50:.2f} CPU-s of the host: on {cores} cores its restores "
             f"cannot take less than {r['fork8_cpu'].p50 / cores:.2f} s = "
             f"{r['fork8_cpu'].p50 / cores / one:.1f}× one resume; "
-            f"warm start {ratio(r['warm'], r['cold'])} of a cold start."
+            f"warm start {ratio(r['warm'], r['cold'])} of a cold start; a pause + resume "
+            f"{r['cycle_cpu'].p50:.3f} CPU-s of the host, {r['cycle_runtime'].p50:.3f} CPU-s charged by "
+            f"the pool ({cpu_source_words(r['cpu_source'])})."
         )
     lines += ["", "CPU-s: the host's busy CPU time over the call (/proc/stat, every core and process: "
               "dockerd, containerd, runc and CRIU included): the call's cost when nothing else runs "
-              "(see the load above)."]
+              "(see the load above). Charged by the pool: `agentenv.pool.cpu.OpCpu`, what the cost model "
+              "weighs a pause by: the runtime's own cgroup (its daemons, shims, runc, CRIU and their "
+              "helpers), the calling thread and, on a resume, the restored processes' cgroup (CRIU copies "
+              "the memory back inside them); without the dumped processes' share (CRIU's parasite "
+              "copying their pages out) or kernel threads writing the images back."]
     cpu = next((r["cpu"] for r in results.values() if "cpu" in r), None)
     if cpu:
         lines += [

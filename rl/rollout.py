@@ -372,6 +372,7 @@ class EpisodeRunner:
     def _waiting(self, envs: list[gymnasium.Env], expected_wait_s: float, stats: RolloutStats):
         """While ``envs`` wait ``expected_wait_s`` (the block), pause their sandboxes if the cost model
         says so (in the background: the block runs meanwhile); each env's next step resumes its own."""
+        envs = [env for env in envs if task(env).sandbox is not None]  # a discarded one: nothing to pause
         if self.pause_cost is None or not envs:
             yield
             return

@@ -35,6 +35,31 @@ if ! docker_info; then
     exit 1
   fi
 fi
+
+# The runtime's CPU in a cgroup of its own, so that the pool reads what a pause or a resume costs there
+# (agentenv/pool/cpu.py) rather than the whole host's busy time: dockerd and containerd, when they sit in
+# the root cgroup, move to `k3rl-runtime` (cpuacct on cgroup v1, a child of the root on v2); the shims,
+# runc and CRIU they start from then on follow them. A daemon a service manager placed stays where it is.
+runtime_cgroup_dir() {
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then echo /sys/fs/cgroup/k3rl-runtime
+  elif [ -d /sys/fs/cgroup/cpuacct ]; then echo /sys/fs/cgroup/cpuacct/k3rl-runtime
+  fi
+}
+in_root_cgroup() {  # pid: true when its CPU-accounting cgroup is the root
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then grep -qx '0::/' "/proc/$1/cgroup"
+  else awk -F: '$2 ~ /(^|,)cpuacct(,|$)/ && $3 == "/" {found=1} END {exit !found}' "/proc/$1/cgroup"
+  fi
+}
+dir=$(runtime_cgroup_dir)
+if [ -n "$dir" ]; then
+  for pid in $(pgrep -x dockerd) $(pgrep -x containerd); do
+    if in_root_cgroup "$pid" 2>/dev/null; then
+      { mkdir -p "$dir" && echo "$pid" >"$dir/cgroup.procs"; } 2>/dev/null ||
+        echo "note: could not move the runtime's pid $pid to $dir; the pool counts the host's CPU instead" >&2
+    fi
+  done
+fi
+
 if [ "$(timeout 20 docker version --format '{{.Server.Experimental}}' 2>/dev/null)" != "true" ]; then
   echo "warning: the running Docker daemon has experimental features off, so 'docker checkpoint' is" \
        "unavailable; restart it with 'dockerd --experimental' (or set \"experimental\": true in" \

@@ -1,13 +1,26 @@
 """The host's CPU, measured: what a pause or a resume cost in CPU seconds, and how many cores are spare.
 
-A CRIU dump or restore runs in dockerd, containerd, runc and CRIU, not in the caller's process, so its
-CPU is read where it all shows: the host's busy time in /proc/stat (every core, every process, the
-kernel included). Two readers share that one counter:
+A CRIU dump or restore runs in dockerd, containerd, its shims, runc and CRIU, not in the caller's process.
+Where those daemons sit in a cgroup of their own (a systemd service, or the `k3rl-runtime` cgroup
+scripts/ensure_dockerd.sh moves a daemon it finds in the root cgroup to), their CPU is read there
+exactly: the cgroup's CPU counter (cpuacct on cgroup v1, cpu.stat on v2) covers the daemons and every
+process they start (shims, runc, CRIU and its helpers), and not the sandboxes' workloads (their
+containers have cgroups elsewhere), the learner or the policy. Where they share the root cgroup with
+everything else, the only counter left is the host's busy time in /proc/stat (every core, every process,
+the kernel included). Readers:
 
-* `OpCpu` charges the host's busy CPU seconds of each interval to the pool operations (pauses,
-  resumes) in flight in it, split evenly among them, so that concurrent pauses from many threads are not
-  each charged the whole. Work of other processes running at the same time is charged too: an upper
-  bound, which makes the cost model err on the side of not pausing.
+* `RuntimeCpu` is that counter: the runtime's cgroups when it has them, else the host's busy time; each
+  reading says which it is (`source`).
+* `OpCpu` charges the counter's CPU seconds of each interval to the pool operations (pauses, resumes) in
+  flight in it, split evenly among them, so that concurrent pauses from many threads are not each
+  charged the whole; with the runtime's cgroups it adds the calling thread's own CPU time, this
+  process's waited-for children (the `ctr` client of a dump) and, for a restore, the restored
+  sandbox's cgroup CPU since the restore (CRIU copies the memory back inside the restored processes).
+  Not counted then: the dumped processes' own share (CRIU's parasite code copying their pages out runs
+  in the sandbox, whose cgroup the dump ends) and kernel threads writing the images back. Other
+  runtime work at the same time (another sandbox's `docker exec`) is charged too; with the host's
+  counter, every process's work is: an upper bound, which makes the cost model err on the side of not
+  pausing.
 * `SpareCores` is the host's idle cores (cores × idle fraction) over the last `window_s` seconds, from
   readings it keeps: what a batch of pauses could use without taking CPU from the learner or the
   policy. A container's CPU quota (cgroup v2 ``cpu.max`` of this process) caps it when one is set.
@@ -16,10 +29,14 @@ kernel included). Two readers share that one counter:
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
+
+from agentenv.backend.cgroups import CGROUP_ROOT, cgroup_dirs
 
 PROC_STAT = Path("/proc/stat")
 
@@ -88,36 +105,137 @@ class SpareCores:
         return spare if self.quota is None else min(spare, self.quota)
 
 
-class OpCpu:
-    """The host's busy CPU seconds charged to operations in flight (see the module docstring): `start()`
-    returns a token, `stop(token)` the CPU seconds charged to that operation."""
+RUNTIME_DAEMONS = ("dockerd", "containerd")  # their cgroups hold the runtime's CPU (see the docstring)
+HOST = "host"  # `CpuReading.source` when the runtime has no cgroup of its own
 
-    def __init__(self) -> None:
+
+@dataclass(frozen=True)
+class CpuReading:
+    """A cumulative CPU counter in seconds and where it was read: `HOST` or the runtime's cgroup folders
+    (readings of different sources cannot be subtracted)."""
+
+    seconds: float
+    source: str
+
+
+def _pids_named(names: tuple[str, ...], proc: Path = Path("/proc")) -> list[int]:
+    pids = []
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() in names:
+                    pids.append(int(entry.name))
+            except OSError:  # gone meanwhile
+                continue
+    return pids
+
+
+def runtime_cgroups(pids: list[int] | None = None, root: Path = CGROUP_ROOT) -> list[Path]:
+    """The CPU-accounting cgroup folders (cpuacct on v1, unified on v2) of the runtime's daemons
+    (`RUNTIME_DAEMONS`, or ``pids``), outermost only; [] when none runs or any of them is in the root
+    cgroup (its CPU cannot be told from the host's there)."""
+    found: set[Path] = set()
+    for pid in _pids_named(RUNTIME_DAEMONS) if pids is None else pids:
+        dirs = cgroup_dirs(pid)
+        folder = dirs.get("cpuacct") or dirs.get("unified")
+        if folder is None:
+            continue
+        if folder in (root, root / "cpuacct"):
+            return []
+        found.add(folder)
+    return sorted(f for f in found if not any(other in f.parents for other in found))
+
+
+def cgroup_cpu_seconds(folder: Path) -> float:
+    """CPU seconds of a cgroup and its descendants since it was made (v1 ``cpuacct.usage``, v2
+    ``cpu.stat`` usage_usec); raises OSError when it is gone."""
+    usage = folder / "cpuacct.usage"
+    if usage.exists():
+        return int(usage.read_text().split()[0]) / 1e9
+    for line in (folder / "cpu.stat").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "usage_usec":
+            return int(value) / 1e6
+    raise OSError(f"{folder}: no CPU usage counter")
+
+
+class RuntimeCpu:
+    """The runtime's cumulative CPU seconds, from its cgroups when it has them, else the host's busy time
+    (see the module docstring). The daemons' cgroups are looked up again every `refresh_s` seconds (a
+    restarted daemon may sit elsewhere)."""
+
+    def __init__(self, refresh_s: float = 10.0) -> None:
+        self.refresh_s = refresh_s
+        self._folders: list[Path] = []
+        self._found_at = -float("inf")
+
+    def __call__(self) -> CpuReading:
+        if time.monotonic() - self._found_at >= self.refresh_s:
+            self._folders, self._found_at = runtime_cgroups(), time.monotonic()
+        if self._folders:
+            try:
+                return CpuReading(sum(cgroup_cpu_seconds(f) for f in self._folders),
+                                  ",".join(str(f) for f in self._folders))
+            except (OSError, ValueError):
+                self._found_at = -float("inf")  # a daemon moved or its cgroup went: look again next time
+        return CpuReading(host_cpu_seconds(), HOST)
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds of this process's children that it has waited for (the `ctr` client of a dump)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+class OpCpu:
+    """CPU seconds charged to operations in flight (see the module docstring): `start()` returns a token,
+    `stop(token)` the CPU seconds charged to that operation; both are called from the thread that runs
+    it."""
+
+    def __init__(self, counter: RuntimeCpu | None = None) -> None:
+        self.counter = counter or RuntimeCpu()
         self._lock = threading.Lock()
-        self._charged: dict[int, float] = {}  # token -> CPU seconds so far
-        self._last = 0.0
+        self._charged: dict[int, float] = {}  # token -> shared CPU seconds so far
+        self._own: dict[int, float] = {}  # token -> the calling thread's CPU time at its start
+        self._last: CpuReading | None = None
         self._next = 0
 
-    def _settle(self) -> None:
-        """Split the busy time since the last event among the operations in flight (lock held)."""
-        busy = host_cpu_seconds()
-        if self._charged:
-            share = (busy - self._last) / len(self._charged)
+    def _settle(self) -> CpuReading:
+        """Split the counter's CPU since the last event among the operations in flight (lock held); an
+        interval whose readings come from different sources is charged nothing."""
+        reading = self.counter()
+        shared = reading.seconds + (children_cpu_seconds() if reading.source != HOST else 0.0)
+        last = self._last
+        if self._charged and last is not None and last.source == reading.source:
+            share = max(0.0, shared - last.seconds) / len(self._charged)
             for token in self._charged:
                 self._charged[token] += share
-        self._last = busy
+        self._last = CpuReading(shared, reading.source)
+        return reading
 
     def start(self) -> int:
         with self._lock:
             self._settle()
             self._next += 1
             self._charged[self._next] = 0.0
+            self._own[self._next] = time.thread_time()
             return self._next
 
-    def stop(self, token: int) -> float:
+    def stop(self, token: int, restored_cpu_s: float = 0.0) -> float:
+        """The CPU seconds of operation ``token``. A restore passes ``restored_cpu_s``, the restored
+        sandbox's own cgroup CPU since the restore: CRIU copies the memory back inside the restored
+        processes, in their cgroup, which the runtime's cgroup does not hold (the host's counter does)."""
         with self._lock:
-            self._settle()
-            return self._charged.pop(token, 0.0)
+            reading = self._settle()
+            own = time.thread_time() - self._own.pop(token, time.thread_time())
+            # the host's counter already holds this thread's and the restored processes' time
+            extra = own + restored_cpu_s if reading.source != HOST else 0.0
+            return self._charged.pop(token, 0.0) + extra
+
+    @property
+    def source(self) -> str:
+        """Where the last reading came from: `HOST` or the runtime's cgroup folders."""
+        return self._last.source if self._last else self.counter().source
 
 
-OP_CPU = OpCpu()  # one per process: every pool's operations in it share the host's counter
+OP_CPU = OpCpu()  # one per process: every pool's operations in it share the counter

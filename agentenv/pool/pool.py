@@ -303,7 +303,7 @@ class SandboxPool:
         return sandbox_lock(self._lock_dir, f"pool-{self.name}{suffix}", self.settings.lock_timeout_s, action)
 
     def _timed(self, kind: str, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` and record its wall seconds and the host CPU seconds charged to it (`OP_CPU`)."""
+        """Run ``fn`` and record its wall seconds and the CPU seconds charged to it (`OP_CPU`)."""
         t, token = time.perf_counter(), OP_CPU.start()
         try:
             out = fn()
@@ -442,9 +442,10 @@ class SandboxPool:
         except BaseException:
             OP_CPU.stop(token)
             raise
-        self.state.record("resume", time.perf_counter() - t, OP_CPU.stop(token))
+        seconds, stats = time.perf_counter() - t, sandbox.stats()
+        self.state.record("resume", seconds, OP_CPU.stop(token, restored_cpu_s=stats.cpu_seconds_since_start))
         self.state.mark(sandbox.id, paused=False)
-        self.state.set_rss(sandbox.id, sandbox.stats().rss_bytes)
+        self.state.set_rss(sandbox.id, stats.rss_bytes)
 
     def exec(self, sb: PooledSandbox | Sandbox | str, cmd: str | list[str], **kwargs: Any) -> ExecResult:
         """`Sandbox.exec` on a member, resuming it first when it is paused."""

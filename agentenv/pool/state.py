@@ -47,7 +47,7 @@ CREATE TABLE IF NOT EXISTS events (
     kind         TEXT NOT NULL,   -- pause | resume | warm_start | cold_start | fork | over_budget
     duration_s   REAL NOT NULL,
     t            REAL NOT NULL,
-    cpu_s        REAL NOT NULL DEFAULT 0  -- the host's busy CPU seconds charged to it (pool.cpu.OpCpu)
+    cpu_s        REAL NOT NULL DEFAULT 0  -- CPU seconds charged to it (pool.cpu.OpCpu)
 );
 CREATE INDEX IF NOT EXISTS events_by_kind ON events(kind, id);
 """

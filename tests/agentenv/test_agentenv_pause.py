@@ -3,7 +3,11 @@ no memory; restores are verified; bad state transitions are refused."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from agentenv_testutil import count, start_counter
@@ -12,9 +16,12 @@ from agentenv import CheckpointError, Sandbox, SandboxStateError
 from agentenv.backend import criu_log, docker_client
 from agentenv.backend.cgroups import CGROUP_ROOT
 from agentenv.backend.containerd import tmp_dirs as containerd_tmp_dirs
+from agentenv.pool.cpu import HOST, OpCpu, host_cpu_seconds, runtime_cgroups
 from agentenv.sandbox import runtime
 
 pytestmark = pytest.mark.docker
+ROOT = Path(__file__).resolve().parents[2]
+BURN_HALF_A_SECOND = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass"
 
 # A Python interpreter that executes whatever is written to a FIFO, keeping its variables between commands.
 INTERPRETER = """nohup python3 -u -c '
@@ -129,3 +136,27 @@ def test_a_restore_that_did_not_restore_is_detected(sandbox):
     conn.execute("UPDATE checkpoints SET marker = ? WHERE id = ?", (ck.marker, ck.id))
     sandbox.resume()  # the checkpoint was kept: a retry restores the real state
     assert count(sandbox) > 1
+
+
+def test_a_pause_and_resume_are_charged_the_runtimes_cpu_read_in_its_own_cgroup(sandbox):
+    """The bootstrap's scripts/ensure_dockerd.sh puts dockerd and containerd in a cgroup of their own
+    (unless a service manager already did): the pool charges a pause + resume the runtime's CPU read there
+    (CRIU, runc, shims, daemons) plus its own thread's, not the whole host's busy time."""
+    subprocess.run(["bash", str(ROOT / "scripts" / "ensure_dockerd.sh")], check=True, timeout=120)
+    assert runtime_cgroups(), "dockerd/containerd sit in the root cgroup: the runtime's CPU is not apart"
+    start_counter(sandbox)
+    meter, host0 = OpCpu(), host_cpu_seconds()
+    token = meter.start()
+    # another process busy meanwhile (outside the runtime): the host's counter would charge it
+    burner = subprocess.Popen([sys.executable, "-c", BURN_HALF_A_SECOND])
+    sandbox.pause()
+    sandbox.resume()
+    os.waitid(os.P_PID, burner.pid, os.WEXITED | os.WNOWAIT)  # its burn inside the window, not reaped
+    restored = sandbox.stats().cpu_seconds_since_start  # CRIU's copies back, inside the restored processes
+    charged, host = meter.stop(token, restored_cpu_s=restored), host_cpu_seconds() - host0
+    _pid, _status, usage = os.wait4(burner.pid, 0)  # reaped after the stop: not a waited-for child in it
+    burned = usage.ru_utime + usage.ru_stime
+    assert meter.source != HOST
+    assert burned >= 0.4
+    assert restored > 0.0
+    assert 0.05 + restored < charged <= host - burned + 0.05, (charged, restored, host, burned)

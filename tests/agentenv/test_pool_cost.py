@@ -12,9 +12,9 @@ import uuid
 
 import pytest
 
-from agentenv.pool import PAUSE_POLICIES, PauseCostModel, SandboxPool
+from agentenv.pool import PAUSE_POLICIES, PauseCostModel, SandboxPool, cpu
 from agentenv.pool.cost import budget_count
-from agentenv.pool.cpu import OpCpu, SpareCores
+from agentenv.pool.cpu import HOST, CpuReading, OpCpu, SpareCores, cgroup_cpu_seconds, runtime_cgroups
 from agentenv.pool.state import PoolState
 
 MIB = 2**20
@@ -93,18 +93,77 @@ def test_fixed_policies(pool):
         PauseCostModel(pool, "sometimes")
 
 
+class _Counter:
+    """A CPU counter the test moves by hand: `RuntimeCpu`'s shape."""
+
+    def __init__(self, source: str) -> None:
+        self.reading = CpuReading(100.0, source)
+
+    def add(self, seconds: float, source: str | None = None) -> None:
+        self.reading = CpuReading(self.reading.seconds + seconds, source or self.reading.source)
+
+    def __call__(self) -> CpuReading:
+        return self.reading
+
+
 def test_op_cpu_splits_the_hosts_busy_time_among_operations_in_flight():
-    meter = OpCpu()
+    counter = _Counter(HOST)
+    meter = OpCpu(counter)
     first, second = meter.start(), meter.start()
-    t = time.process_time()
-    _burn(0.3)
-    burned = time.process_time() - t
+    counter.add(0.6)
+    _burn(0.05)  # the host's counter already holds the caller's own time: not added again
     one = meter.stop(first)
-    _burn(0.1)
+    counter.add(0.2)
     two = meter.stop(second)
-    assert one >= 0.4 * burned  # at least its half of this process's burn (the host's count includes it)
-    assert two >= one  # shared the first interval, had the second to itself
+    assert one == pytest.approx(0.3) and two == pytest.approx(0.5)
     assert meter.stop(first) == 0.0  # stopped once
+    assert meter.source == HOST
+
+
+def test_op_cpu_from_the_runtimes_cgroup_adds_the_callers_own_time_and_skips_a_change_of_source():
+    counter = _Counter("/sys/fs/cgroup/cpuacct/k3rl-runtime")
+    meter = OpCpu(counter)
+    token = meter.start()
+    counter.add(0.4)
+    t = time.thread_time()
+    _burn(0.1)
+    own = time.thread_time() - t
+    charged = meter.stop(token)
+    assert 0.4 + own <= charged < 0.4 + own + 0.05  # the runtime's share plus this thread's CPU
+    token = meter.start()
+    counter.add(0.1)
+    assert 0.35 <= meter.stop(token, restored_cpu_s=0.25) < 0.4  # a restore: the restored sandbox's CPU
+    token = meter.start()
+    counter.add(50.0, HOST)  # the daemon went back to the root cgroup: readings cannot be subtracted
+    assert meter.stop(token) < 0.05
+    token = meter.start()
+    counter.add(0.2)
+    assert meter.stop(token, restored_cpu_s=0.25) == pytest.approx(0.2)  # the host's count holds it already
+
+
+def test_cgroup_cpu_counters_of_both_cgroup_versions(tmp_path):
+    v1, v2, none = tmp_path / "v1", tmp_path / "v2", tmp_path / "none"
+    for folder in (v1, v2, none):
+        folder.mkdir()
+    (v1 / "cpuacct.usage").write_text("1500000000\n")
+    (v2 / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n")
+    assert cgroup_cpu_seconds(v1) == pytest.approx(1.5)
+    assert cgroup_cpu_seconds(v2) == pytest.approx(2.5)
+    with pytest.raises(FileNotFoundError):  # a cgroup that went away
+        cgroup_cpu_seconds(none)
+    (none / "cpu.stat").write_text("nr_periods 0\n")
+    with pytest.raises(OSError, match="no CPU usage counter"):
+        cgroup_cpu_seconds(none)
+
+
+def test_runtime_cgroups_outermost_and_none_when_a_daemon_is_in_the_root(monkeypatch, tmp_path):
+    root = tmp_path / "cgroup"
+    where = {1: root / "cpuacct" / "k3rl-runtime", 2: root / "cpuacct" / "k3rl-runtime" / "shim",
+             3: root / "cpuacct" / "other", 4: root / "cpuacct"}
+    monkeypatch.setattr(cpu, "cgroup_dirs", lambda pid: {"cpuacct": where[pid]})
+    assert runtime_cgroups([1, 2, 3], root) == [where[1], where[3]]
+    assert runtime_cgroups([1, 4], root) == []  # the root's CPU is the host's: no runtime counter
+    assert runtime_cgroups([], root) == []
 
 
 def test_timed_pool_events_record_their_cpu_and_spare_cores_are_bounded(pool):

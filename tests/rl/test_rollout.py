@@ -254,6 +254,22 @@ def test_a_long_wait_on_the_policy_pauses_the_waiting_sandboxes_and_a_short_one_
     assert summary["sandbox_running_bytes"] < kept["sandbox_running_bytes"] / 2
 
 
+def test_waiting_envs_without_a_sandbox_are_left_out_of_the_pause_decision(policy, sandbox_config, caplog):
+    """A free env whose sandbox was discarded (episode isolation closes a played one; the next reset
+    makes a new one) has nothing to pause: the others are paused, and no pause of `None` is tried."""
+    runner = make_runner(policy, sandbox_config, pause_policy="always")
+    try:
+        runner.run([1, 2], group_size=2, generator=torch.Generator().manual_seed(0))
+        emptied, kept = runner.free_envs[0], runner.free_envs[1]
+        task(emptied).discard_sandbox()
+        with caplog.at_level("WARNING", logger="rl.rollout"):
+            runner.release_idle()
+        assert task(emptied).sandbox is None and task(kept).paused
+        assert "could not pause waiting sandbox" not in caplog.text
+    finally:
+        runner.close()
+
+
 def test_sandboxes_are_pool_members_paused_over_budget_and_removed_at_close(policy, sandbox_config):
     from agentenv import Sandbox
 

@@ -1,0 +1,221 @@
+"""Where the CPU of moving a sandbox's state goes: one pause, one resume and one warm start (a fork of the
+paused sandbox) at a time, with every core sampled by `perf record -a` and the samples summed by who ran
+them: CRIU, runc, containerd's shims, containerd, dockerd, the `ctr` client, CRIU's helpers (tar and
+gzip for each tmpfs, iptables for its network lock), the sandbox's own processes (on a dump, CRIU's
+parasite copying their pages out runs in them), kernel threads (writeback), this process, the rest.
+
+It says which part of a pause + resume a change could remove: the pages CRIU copies, its fixed work, or
+the daemons around it. Beside the samples: the host's busy time over each operation (/proc/stat) and what
+the pool charges it (`agentenv.pool.cpu.OpCpu`: the runtime's cgroup plus the calling thread). Each
+operation's window is matched by an idle window of the same length right after it, whose samples are
+subtracted kind by kind (the background the host has anyway).
+
+Needs `perf` (Debian: linux-perf) and root. Writes the `state-move-cpu` section of docs/benchmarks.md
+(unless --no-write) and prints it.
+Usage: python bench/state_move_cpu.py [--mb 200] [--reps 4] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench_report import busy_cores_before, host_cpu_seconds, other_load_text, write_section  # noqa: E402
+from sandbox import Bench, versions  # noqa: E402
+
+from agentenv.backend.cgroups import cgroup_pids  # noqa: E402
+from agentenv.pool.cpu import HOST, OpCpu  # noqa: E402
+
+FREQ = 999            # perf samples per second per core: a sample is 1/FREQ CPU-s
+PERF_START_S = 0.5    # perf record is sampling within this after it starts
+TAIL_S = 0.2          # kept sampling after an operation returns (work it left running)
+# process kinds by their comm (15 characters at most); the criu wrapper of scripts/install_criu.sh runs
+# CRIU through its own loader, so CRIU shows as the loader's name
+KINDS: list[tuple[str, tuple[str, ...]]] = [
+    ("CRIU", ("criu", "ld-linux-x86-64")),
+    ("runc", ("runc",)),
+    ("containerd shims", ("containerd-shim",)),
+    ("containerd", ("containerd",)),
+    ("dockerd", ("dockerd",)),
+    ("`ctr` client (the dump's call)", ("ctr",)),
+    ("tar + gzip (CRIU: each tmpfs)", ("tar", "gzip")),
+    ("iptables (CRIU's network lock)", ("iptables", "ip6tables", "iptables-restor", "ip6tables-resto",
+                                        "iptables-nft", "xtables-nft-mul")),
+    ("sh (the criu wrapper, hooks)", ("sh", "dash")),
+]
+KERNEL_PREFIXES = ("kworker", "ksoftirqd", "rcu_", "kdamond", "kswapd", "kcompactd", "jbd2", "migration")
+OPS = ("pause", "resume", "warm start (fork of 1)")
+
+
+def kind_of(pid: int, comm: str, sandbox_pids: set[int]) -> str:
+    if pid in sandbox_pids:
+        return "the sandbox's processes (a dump: CRIU's parasite; a fork: its copy's)"
+    if pid == os.getpid():
+        return "this benchmark (the client's calls)"
+    for name, comms in KINDS:
+        if comm in comms:
+            return name
+    if comm.startswith(KERNEL_PREFIXES):
+        return "kernel threads (writeback, RCU, ...)"
+    return "other processes"
+
+
+def perf_window(fn: Callable[[], object], sandbox_pids: Callable[[], set[int]], scratch: Path,
+                meter: OpCpu) -> tuple[dict[str, float], float, float, float]:
+    """Run `fn` under `perf record -a`: (CPU-s per kind, the host's busy CPU-s, CPU-s the pool's meter
+    charges `fn`, seconds of `fn`)."""
+    data = scratch / "perf.data"
+    perf = subprocess.Popen(["perf", "record", "-a", "-F", str(FREQ), "-o", str(data)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(PERF_START_S)
+    before = sandbox_pids()
+    cpu0, t0, token = host_cpu_seconds(), time.perf_counter(), meter.start()
+    restored = fn()  # a restore returns its sandboxes: their cgroup CPU since the restore is charged too
+    seconds = time.perf_counter() - t0
+    charged = meter.stop(token, restored_cpu_s=sum(s.stats().cpu_seconds_since_start for s in restored or []))
+    time.sleep(TAIL_S)
+    host = host_cpu_seconds() - cpu0
+    pids = before | sandbox_pids()
+    perf.send_signal(signal.SIGINT)
+    perf.wait(timeout=60)
+    report = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--sort", "pid", "-F",
+                             "sample,pid", "-g", "none"], capture_output=True, text=True, timeout=120)
+    kinds: dict[str, float] = defaultdict(float)
+    for line in report.stdout.splitlines():
+        parts = line.split(None, 1)
+        if len(parts) != 2 or not parts[0].isdigit() or ":" not in parts[1]:
+            continue
+        pid_s, comm = parts[1].strip().split(":", 1)
+        if comm.startswith("swapper"):  # idle
+            continue
+        kinds[kind_of(int(pid_s), comm.strip(), pids)] += int(parts[0]) / FREQ
+    return kinds, host, charged, seconds
+
+
+def measure(args: argparse.Namespace, scratch: Path) -> dict:
+    bench = Bench(argparse.Namespace(rows=args.rows))
+    sb, _ = bench.sandbox(args.mb)
+    rss = sb.stats().rss_bytes
+    sb.pause()
+    sb.resume()  # warm-up: images, page cache and the daemons' caches as in steady use
+
+    forks: list = []
+
+    def sandbox_pids() -> set[int]:
+        """Host pids of the sandbox's processes and its forks' (none while paused)."""
+        pids: set[int] = set()
+        for s in (sb, *forks):
+            info = bench.api.inspect_container(s.container_id)["State"]
+            pids.update(cgroup_pids(int(info.get("Pid") or 0)))
+        return pids
+
+    def warm_start() -> list:
+        forks.extend(sb.fork(1))
+        return forks
+
+    def resume() -> list:
+        sb.resume()
+        return [sb]
+
+    meter = OpCpu()
+    runs: dict[str, list[tuple[dict[str, float], float, float, float]]] = {op: [] for op in OPS}
+    for _ in range(args.reps):
+        for op, fn, resume_after in (("pause", sb.pause, False), ("resume", resume, False),
+                                     ("warm start (fork of 1)", warm_start, True)):
+            if op == "warm start (fork of 1)":
+                sb.pause()  # a fork restores a paused sandbox's checkpoint
+            kinds, host, charged, seconds = perf_window(fn, sandbox_pids, scratch, meter)
+            idle, *_ = perf_window(lambda s=seconds: time.sleep(s), set, scratch, meter)
+            net = {k: max(0.0, v - idle.get(k, 0.0)) for k, v in kinds.items()}
+            runs[op].append((net, host, charged, seconds))
+            for f in forks:
+                f.close()
+            forks.clear()
+            if resume_after:
+                sb.resume()
+    sb.close()
+    return {"runs": runs, "rss": rss, "source": meter.source}
+
+
+def render(result: dict, facts: dict, args: argparse.Namespace, cmd: str) -> str:
+    runs = result["runs"]
+    names = sorted({k for op in OPS for net, *_ in runs[op] for k in net},
+                   key=lambda k: -sum(statistics.median(r[0].get(k, 0.0) for r in runs[op]) for op in OPS))
+
+    def p50(op: str, pick: Callable[[tuple], float]) -> float:
+        return statistics.median(pick(r) for r in runs[op])
+
+    lines = [
+        f"Command: `{cmd}`. One sandbox of {args.mb} MiB touched memory (RSS {result['rss'] / 2**20:.0f} "
+        f"MiB), {args.reps} repetitions of each operation after one uncounted pause + resume; medians. "
+        + ", ".join(f"{k} {v}" for k, v in facts["versions"].items())
+        + f"; {os.cpu_count()} CPU cores; {other_load_text(facts['busy'])}.",
+        "",
+        "CPU-s per operation by who spent them (`perf record -a`, every core sampled at "
+        f"{FREQ} Hz, less an idle window of the same length right after):",
+        "",
+        "| who | " + " | ".join(OPS) + " | pause + resume |",
+        "|---|" + "---|" * (len(OPS) + 1),
+    ]
+    for name in names:
+        cells = [p50(op, lambda r, n=name: r[0].get(n, 0.0)) for op in OPS]
+        lines.append(f"| {name} | " + " | ".join(f"{c:.3f}" for c in cells)
+                     + f" | {cells[0] + cells[1]:.3f} |")
+    sampled = [p50(op, lambda r: sum(r[0].values())) for op in OPS]
+    host = [p50(op, lambda r: r[1]) for op in OPS]
+    charged = [p50(op, lambda r: r[2]) for op in OPS]
+    wall = [p50(op, lambda r: r[3]) for op in OPS]
+    for label, row in (("**all sampled**", sampled), ("host busy time (/proc/stat)", host),
+                       ("charged by the pool (`OpCpu`)", charged), ("wall seconds", wall)):
+        lines.append(f"| {label} | " + " | ".join(f"{c:.3f}" for c in row) + f" | {row[0] + row[1]:.3f} |")
+    source = ("the host's busy time (the runtime's daemons share the root cgroup)" if result["source"] == HOST
+              else f"the runtime's cgroup `{result['source']}` plus the calling thread")
+    lines += ["", f"The pool's charge reads {source}. The host's busy time runs from the call to "
+              f"{TAIL_S} s after it returns, the sampled rows over perf's whole window; both include "
+              "whatever else ran (see the load above)."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=int, default=200, help="touched memory of the sandbox (MiB)")
+    ap.add_argument("--reps", type=int, default=4, help="counted repetitions of each operation")
+    ap.add_argument("--rows", type=int, default=400_000, help="SQLite rows the workload builds")
+    ap.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
+    args = ap.parse_args(argv)
+    if args.reps < 1 or args.mb < 1:
+        raise SystemExit("--reps and --mb must be at least 1")
+    if shutil.which("perf") is None:
+        raise SystemExit("perf is not on PATH: this benchmark samples every core with it "
+                         "(Debian/Ubuntu: apt-get install linux-perf)")
+    cmd = ("python bench/state_move_cpu.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    from agentenv.backend import docker_client
+
+    facts = {"versions": versions(docker_client.api()), "busy": busy_cores_before()}
+    home = tempfile.mkdtemp(prefix="agentenv-bench-")
+    os.environ["AGENTENV_HOME"] = home  # a private registry: nothing of anyone else's is touched
+    try:
+        result = measure(args, Path(home))
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    text = render(result, facts, args, cmd)
+    print(text)
+    if not args.no_write:
+        write_section("state-move-cpu", text)
+
+
+if __name__ == "__main__":
+    main()
