@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench_report import busy_cores_before, host_cpu_seconds, other_load_text, write_section  # noqa: E402
-from sandbox import Bench, versions  # noqa: E402
+from sandbox import Bench, cpu_source_words, versions  # noqa: E402
 
 from agentenv.backend.cgroups import cgroup_pids  # noqa: E402
 from agentenv.pool.cpu import HOST, OpCpu  # noqa: E402
@@ -162,7 +162,7 @@ def render(result: dict, facts: dict, args: argparse.Namespace, cmd: str) -> str
         f"Command: `{cmd}`. One sandbox of {args.mb} MiB touched memory (RSS {result['rss'] / 2**20:.0f} "
         f"MiB), {args.reps} repetitions of each operation after one uncounted pause + resume; medians. "
         + ", ".join(f"{k} {v}" for k, v in facts["versions"].items())
-        + f"; {os.cpu_count()} CPU cores; {other_load_text(facts['busy'])}.",
+        + f"; {os.cpu_count()} CPU cores; {other_load_text(facts['busy'])}",
         "",
         "CPU-s per operation by who spent them (`perf record -a`, every core sampled at "
         f"{FREQ} Hz, less an idle window of the same length right after):",
@@ -181,9 +181,10 @@ def render(result: dict, facts: dict, args: argparse.Namespace, cmd: str) -> str
     for label, row in (("**all sampled**", sampled), ("host busy time (/proc/stat)", host),
                        ("charged by the pool (`OpCpu`)", charged), ("wall seconds", wall)):
         lines.append(f"| {label} | " + " | ".join(f"{c:.3f}" for c in row) + f" | {row[0] + row[1]:.3f} |")
-    source = ("the host's busy time (the runtime's daemons share the root cgroup)" if result["source"] == HOST
-              else f"the runtime's cgroup `{result['source']}` plus the calling thread")
-    lines += ["", f"The pool's charge reads {source}. The host's busy time runs from the call to "
+    restored = ("" if result["source"] == HOST
+                else ", and on a resume or a fork the restored processes' cgroup")
+    lines += ["", f"The pool's charge reads {cpu_source_words(result['source'])}{restored}. "
+              "The host's busy time runs from the call to "
               f"{TAIL_S} s after it returns, the sampled rows over perf's whole window; both include "
               "whatever else ran (see the load above)."]
     return "\n".join(lines)

@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentenv.backend.procs import pids_named
+
 SYSTEM_SOCKET = "/run/containerd/containerd.sock"
 DEFAULT_EXEC_ROOT = "/var/run/docker"
 DEFAULT_DAEMON_JSON = "/etc/docker/daemon.json"
@@ -77,16 +79,13 @@ def resolve_address(dockerd_args: Sequence[str], daemon_json: Mapping[str, objec
 def _processes(comm: str) -> list[tuple[int, list[str], dict[str, str]]]:
     """(pid, argv, environment) of every process named `comm`."""
     out = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    for pid in pids_named(comm):
+        proc = Path("/proc") / str(pid)
         with contextlib.suppress(OSError):
-            if (proc / "comm").read_text().strip() != comm:
-                continue
             argv = [a for a in (proc / "cmdline").read_bytes().decode(errors="replace").split("\0") if a]
             env = dict(kv.split("=", 1) for kv in (proc / "environ").read_bytes().decode(errors="replace")
                        .split("\0") if "=" in kv)
-            out.append((int(proc.name), argv, env))
+            out.append((pid, argv, env))
     return out
 
 

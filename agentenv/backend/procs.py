@@ -1,4 +1,5 @@
-"""The processes of a container, read from /proc and the container's cgroup.
+"""The processes of a container, read from /proc and the container's cgroup (and the host's daemons by
+name: `pids_named`).
 
 A checkpoint records the container's process tree (PID inside the container + command line); after a
 restore the container's init must be back under its PID and command line. Together with CRIU's restore
@@ -12,6 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentenv.backend.cgroups import cgroup_pids
+
+
+def pids_named(*names: str, proc: Path = Path("/proc")) -> list[int]:
+    """Host PIDs of every process whose name (``comm``) is one of `names`."""
+    pids = []
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() in names:
+                    pids.append(int(entry.name))
+            except OSError:  # gone meanwhile
+                continue
+    return pids
 
 
 @dataclass(frozen=True, order=True)

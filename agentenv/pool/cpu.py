@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentenv.backend.cgroups import CGROUP_ROOT, cgroup_dirs
+from agentenv.backend.procs import pids_named
 
 PROC_STAT = Path("/proc/stat")
 
@@ -118,24 +119,12 @@ class CpuReading:
     source: str
 
 
-def _pids_named(names: tuple[str, ...], proc: Path = Path("/proc")) -> list[int]:
-    pids = []
-    for entry in proc.iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() in names:
-                    pids.append(int(entry.name))
-            except OSError:  # gone meanwhile
-                continue
-    return pids
-
-
 def runtime_cgroups(pids: list[int] | None = None, root: Path = CGROUP_ROOT) -> list[Path]:
     """The CPU-accounting cgroup folders (cpuacct on v1, unified on v2) of the runtime's daemons
     (`RUNTIME_DAEMONS`, or ``pids``), outermost only; [] when none runs or any of them is in the root
     cgroup (its CPU cannot be told from the host's there)."""
     found: set[Path] = set()
-    for pid in _pids_named(RUNTIME_DAEMONS) if pids is None else pids:
+    for pid in pids_named(*RUNTIME_DAEMONS) if pids is None else pids:
         dirs = cgroup_dirs(pid)
         folder = dirs.get("cpuacct") or dirs.get("unified")
         if folder is None:
