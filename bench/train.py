@@ -47,6 +47,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -608,13 +609,18 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
     rows = memory_rows(cap)
     cfg = compose([f"env={MEMORY_ENV}", *user])
     episodes, turns = int(cfg.algo.episodes_per_step), int(cfg.env.kwargs["max_turns"])
-    results = {}
+    results, reused = {}, reused_rows(args, rows, latencies)
+    commit = git_commit()
     for lat in latencies:
         for key, (_name, overrides) in rows.items():
+            if key not in args.rows:
+                results[(key, lat)] = reused[(key, lat)]
+                continue
             results[(key, lat)] = run_memory_row(key, lat, overrides, args, user)
             with open(args.rows_log, "a") as log:  # each row as it ends: a long sweep's partial record
                 row = {k: v for k, v in results[(key, lat)].items() if k != "history"}
-                log.write(json.dumps({"row": key, "latency": lat, **row}, default=str) + "\n")
+                line = {"row": key, "latency": lat, "commit": commit, **row}
+                log.write(json.dumps(line, default=str) + "\n")
     plot_sweep({key: {lat: results[(key, lat)].get("episodes_per_s") for lat in latencies} for key in rows},
                {key: ",".join(name.split(",")[:2]) for key, (name, _o) in rows.items()},
                args.sweep_image, f"Fixed {MEMORY_BUDGET_MIB} MiB, {MEMORY_ENV}: episodes/s vs policy latency")
@@ -642,6 +648,7 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
            f"{episodes // cap * turns * max(latencies) / 60:.0f} min per iteration, so {STEADY_ITERATIONS} "
            "iterations per row would take hours. "
            if args.steady_iterations < STEADY_ITERATIONS else "") +
+        + provenance_text(args, rows, reused, commit) +
         "Peak memory: the largest sum, sampled every second from the host, of the cgroup RSS (anonymous + "
         "shared memory) of the run's sandbox containers that have processes (running or frozen; a "
         "CRIU-paused sandbox has none). Load: the mean 1-minute load average during the run "
@@ -676,7 +683,7 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
     if measured_c:
         lat, c = measured_c[-1]
         lines += [*cpu_lines(cost, c, group, lat, busy), "", *budget_lines(c, lat), ""]
-    ok = [r for r in results.values() if "error" not in r and r["history"]]
+    ok = [r for r in results.values() if "error" not in r and r.get("history")]
     if ok:
         best = max(ok, key=lambda r: r["best_success"])
         best_at = max(best["history"], key=lambda h: h["success"])["elapsed_s"]
@@ -687,6 +694,59 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
             "binary search 1.0."
         )
     return "\n".join(lines).rstrip()
+
+
+def git_commit() -> str:
+    """The checkout's commit (``+changes`` when tracked files differ from it): what a row ran."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+    return head + ("+changes" if dirty else "")
+
+
+def reused_rows(args: argparse.Namespace, rows: dict, latencies: list[float]) -> dict:
+    """The rows this command does not run (those not in ``--rows``), from the last line of each in
+    ``--reuse-rows`` (the JSON-lines log of an earlier sweep); each must name the commit it ran on
+    (its ``commit`` field, else ``--reuse-commit``). Refuses a sweep with a row it can neither run nor
+    reuse."""
+    wanted = [(k, lat) for lat in latencies for k in rows if k not in args.rows]
+    if not wanted:
+        return {}
+    if args.reuse_rows is None or not args.reuse_rows.is_file():
+        raise SystemExit(f"rows {', '.join(sorted({k for k, _ in wanted}))} are not run (--rows "
+                         f"{' '.join(args.rows)}): give the log of the sweep they come from with "
+                         "--reuse-rows")
+    found = {}
+    for line in args.reuse_rows.read_text().splitlines():
+        row = json.loads(line)
+        found[(row["row"], float(row["latency"]))] = row
+    missing = [f"({k}) at {lat:g} s" for k, lat in wanted if (k, lat) not in found]
+    if missing:
+        raise SystemExit(f"{args.reuse_rows} has no row {', '.join(missing)}")
+    out = {}
+    for key in wanted:
+        row = dict(found[key])
+        row["commit"] = row.get("commit") or args.reuse_commit
+        if not row["commit"]:
+            raise SystemExit(f"{args.reuse_rows}: row ({key[0]}) at {key[1]:g} s names no commit; state the "
+                             "one it ran on with --reuse-commit")
+        row.setdefault("history", [])
+        out[key] = row
+    return out
+
+
+def provenance_text(args: argparse.Namespace, rows: dict, reused: dict, commit: str) -> str:
+    """Which rows this command ran (on which commit) and which it took from an earlier sweep's log."""
+    if not reused:
+        return ""
+    ran = ", ".join(f"({k})" for k in rows if k in args.rows)
+    taken = sorted({(k, r["commit"]) for (k, _lat), r in reused.items()})
+    return (f"This command ran rows {ran} on commit {commit}; rows "
+            + ", ".join(f"({k}) (commit {c})" for k, c in taken)
+            + f" come from an earlier sweep's row log ({args.reuse_rows.name}, `--reuse-rows`), taken as "
+            "they were measured, not rerun: both cap their episodes at once (so the waves of an uncapped "
+            "run do not apply to them) and neither checkpoints with CRIU; what changed since that they "
+            "do read is the pool's CPU charge per operation, which (b)'s freeze decisions weigh. ")
 
 
 def budget_lines(c: dict, latency: float) -> list[str]:
@@ -796,6 +856,18 @@ def main() -> None:
         help="file each fixed-memory row is appended to (JSON lines) as it ends"
     )
     parser.add_argument(
+        "--rows", nargs="+", choices=("a", "b", "c"), default=["a", "b", "c"],
+        help="fixed-memory rows to run; the others come from --reuse-rows"
+    )
+    parser.add_argument(
+        "--reuse-rows", type=Path, default=None,
+        help="JSON-lines row log of an earlier sweep that the rows not in --rows are taken from"
+    )
+    parser.add_argument(
+        "--reuse-commit", default="",
+        help="the commit the reused rows ran on, for log lines that do not name one"
+    )
+    parser.add_argument(
         "--heavy-minutes", type=float, default=15.0, help="time limit of the heavy-task learning run"
     )
     parser.add_argument(
@@ -814,6 +886,12 @@ def main() -> None:
             options += " --latencies " + " ".join(f"{lat:g}" for lat in sorted(args.latencies))
         if args.steady_iterations != STEADY_ITERATIONS:
             options += f" --steady-iterations {args.steady_iterations}"
+        if sorted(args.rows) != ["a", "b", "c"]:
+            options += " --rows " + " ".join(sorted(args.rows))
+            if args.reuse_rows is not None:
+                options += f" --reuse-rows {args.reuse_rows}"
+            if args.reuse_commit:
+                options += f" --reuse-commit {args.reuse_commit}"
     if args.quick and not args.no_write:
         print("--quick writes nothing to docs/ (sections and images): its figures are a smoke test")
         args.no_write = True

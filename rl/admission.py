@@ -113,6 +113,11 @@ class SandboxGate:
         return self._demand > self.slots()
 
     @property
+    def playing(self) -> int:
+        """Episodes of the runs in progress (`demand`)."""
+        return self._demand
+
+    @property
     def waiting(self) -> bool:
         """Whether a thread is waiting for a slot now."""
         return bool(self._queue)

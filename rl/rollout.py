@@ -127,6 +127,7 @@ class RolloutStats:
     sandbox_paused_s: float = 0.0  # ... and paused
     pause_waits: list[float] = field(default_factory=list)  # the expected wait that triggered each pause
     slot_wait_s: float = 0.0  # seconds envs waited for a sandbox slot (rl.admission), summed over envs
+    waves: int = 0  # waves the groups were played in (`EpisodeRunner._groups_per_wave`)
     close_errors: int = 0  # envs whose close raised (logged; the sandbox may be left behind)
     errors: list[str] = field(default_factory=list)
     pool: list[dict] = field(default_factory=list)  # `PoolMetrics.to_dict()` of each worker's pool
@@ -150,6 +151,7 @@ class RolloutStats:
         out["sandbox_running_bytes"] = float(sum(p.get("running_bytes", 0.0) for p in self.pool))
         out["sandbox_slots"] = float(sum(p.get("slots", 0) for p in self.pool))
         out["sandbox_slot_wait_s"] = self.slot_wait_s
+        out["rollout_waves"] = float(self.waves)
         out["sandbox_running_s"] = self.sandbox_running_s
         out["sandbox_paused_s"] = self.sandbox_paused_s
         out["pauses_per_episode"] = self.pauses / self.episodes if self.episodes else 0.0
@@ -431,9 +433,9 @@ class EpisodeRunner:
         """One episode per group member for each seed; episodes come back group after group.
 
         ``policy_version()`` is called before every turn's generation and returns the weights version
-        the policy holds for it (None: version 0 throughout). With ``rollout.max_concurrent_episodes``
-        the groups are played in waves of at most that many episodes (whole groups, at least one).
-        ``tag`` names the run in a `snapshot` of it (the async driver's call number)."""
+        the policy holds for it (None: version 0 throughout). The groups are played in waves of whole
+        groups (`_groups_per_wave`). ``tag`` names the run in a `snapshot` of it (the async driver's
+        call number)."""
         stats = RolloutStats()
         started = time.perf_counter()
         self._generator = generator
@@ -449,17 +451,45 @@ class EpisodeRunner:
                 f"rollout.max_concurrent_episodes={cap} is below the group size {group_size}: episodes "
                 "are played in whole groups; set it to at least the group size (or None: no cap)"
             )
-        per_wave = (cap or len(episodes)) // group_size  # whole groups per wave, at least one
         with self._running(episodes, tag):
-            for w in range(0, len(seeds), per_wave):
+            w = 0
+            while w < len(seeds):
+                per_wave = self._groups_per_wave(group_size, len(seeds) - w)
                 wave = episodes[w * group_size : (w + per_wave) * group_size]
+                stats.waves += 1
                 with self._demand(len(wave)):
                     t0 = time.perf_counter()
                     envs, owned_forks = self._start_groups(seeds[w : w + per_wave], group_size, wave, stats)
                     stats.reset_s += time.perf_counter() - t0
                     self._play(wave, envs, stats, owned=owned_forks)
                     self._return_envs(envs, wave, owned_forks)
+                w += per_wave
         return self._finish(episodes, stats, started)
+
+    def _groups_per_wave(self, group_size: int, remaining: int) -> int:
+        """Whole groups (at least one) the next wave of a run plays, out of the ``remaining`` ones.
+
+        ``rollout.max_concurrent_episodes`` when set. Else all of them, except under admission control
+        when they outnumber the gate's free slots (``slots`` less the episodes other runs play): then
+        each turn would pause as many waiting sandboxes as there are episodes beyond those slots, so that
+        every episode's step gets a slot, and the wave plays them all only when the cost model would
+        pause that many for a turn's expected generation time (`PauseCostModel.decide`: the wait against
+        the pause + resume wall time, their CPU against the spare cores). When it would not (a policy
+        fast against a restore, or ``pause_policy=never``), the wave holds only the groups the free
+        slots fit, which then play without a pause."""
+        cap = self.max_concurrent_episodes
+        if cap is not None:
+            return min(remaining, max(1, cap // group_size))
+        if self.gate is None or self.pause_cost is None:
+            return remaining
+        free = self.gate.slots() - self.gate.playing
+        beyond = remaining * group_size - free
+        if beyond <= 0:
+            return remaining
+        wait = self.expected_generation_s(remaining * group_size)
+        if self.pause_cost.decide(wait, 0, beyond).count >= beyond:
+            return remaining
+        return min(remaining, max(1, free // group_size))
 
     @contextmanager
     def _demand(self, episodes: int):

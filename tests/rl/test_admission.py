@@ -98,6 +98,39 @@ def test_running_sandboxes_stay_within_the_budget_when_episodes_outnumber_its_sl
     ]
 
 
+def test_a_policy_too_fast_to_pay_for_pauses_plays_waves_that_fit_the_slots(sandbox_config):
+    """Under a binding budget (two slots) and a policy that answers at once: once the pool measured its
+    sandboxes, a run plays one group per wave, which fits the slots, so no env waits for a slot and no
+    waiting sandbox is paused; with `pause_policy=always` the same run plays every episode at once and
+    pauses the waiting sandboxes to fit."""
+    cfg = compose(
+        "env=kv_lookup",
+        f"env.kwargs.data_mib={DATA_MIB}",
+        "env.kwargs.max_turns=2",
+        "rollout.env_threads=6",
+        "rollout.sandbox_pool.overrides.warm_starts=true",
+        f"+rollout.sandbox_pool.overrides.memory_budget={BUDGET_MIB}m",
+    )
+    seeds = [4, 5, 6]
+    runs = {}
+    for policy in ("cost", "always"):
+        pool_cfg = replace(cfg.rollout.sandbox_pool, pause_policy=policy)
+        engine = TorchEngine(build_policy(cfg.model, seed=0), TOK)
+        runner = EpisodeRunner(cfg.env, replace(cfg.rollout, sandbox_pool=pool_cfg), engine, TOK,
+                               sandbox=sandbox_config)
+        try:
+            runner.run([1], group_size=2, generator=torch.Generator().manual_seed(0))  # measures a sandbox
+            assert runner.gate.slots() == 2
+            runs[policy] = runner.run(seeds, group_size=2, generator=torch.Generator().manual_seed(1))
+        finally:
+            runner.close()
+    (episodes, stats), (all_episodes, all_stats) = runs["cost"], runs["always"]
+    assert stats.waves == 3 and stats.slot_wait_s == 0 and not stats.pause_waits
+    assert stats.failed == 0 and [e.seed for e in episodes] == [s for s in seeds for _ in range(2)]
+    assert all_stats.waves == 1 and all_stats.slot_wait_s > 0 and all_stats.pause_waits
+    assert all_stats.failed == 0 and len(all_episodes) == 6
+
+
 def test_without_a_binding_budget_the_gate_never_waits_or_pauses(sandbox_config):
     """The default task under the default budget: its slots outnumber the episodes, so no env waits for
     one, and no sandbox is paused (pause_policy never): the same run as without a gate."""
@@ -125,6 +158,8 @@ def test_a_snapshot_and_its_resume_finish_under_a_one_slot_budget(sandbox_config
         "rollout.env_threads=4",
         "+rollout.sandbox_pool.overrides.memory_budget=1",
         "+rollout.sandbox_pool.overrides.idle_after_s=0",
+        # every episode at once in the one slot (the cost model would play them in waves of one group)
+        "rollout.sandbox_pool.pause_policy=always",
     )
     keeper = tmp_path / "keeper"
     keeper.mkdir()

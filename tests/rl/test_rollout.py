@@ -275,7 +275,8 @@ def test_sandboxes_are_pool_members_paused_over_budget_and_removed_at_close(poli
 
     # A 1-byte budget: every idle member is paused (LRU) to make room; steps resume them on demand.
     budget = {"memory_budget": "1", "idle_after_s": 0.0, "warm_starts": True}
-    runner = make_runner(policy, sandbox_config, group_start="fork", pool=budget)
+    # both groups at once (uncapped, the gate's one slot would play them in waves of one group)
+    runner = make_runner(policy, sandbox_config, group_start="fork", pool=budget, max_concurrent_episodes=4)
     pool = runner.sandbox_pool
     try:
         episodes, first = runner.run([1, 2], group_size=2, generator=torch.Generator().manual_seed(0))
