@@ -57,12 +57,38 @@ KINDS: list[tuple[str, tuple[str, ...]]] = [
     ("sh (the criu wrapper, hooks)", ("sh", "dash")),
 ]
 KERNEL_PREFIXES = ("kworker", "ksoftirqd", "rcu_", "kdamond", "kswapd", "kcompactd", "jbd2", "migration")
+CRIU_KIND, SANDBOX_KIND = "CRIU", "the sandbox's processes (a dump: CRIU's parasite; a fork: its copy's)"
+# what CRIU and the sandbox's processes spent their samples on, by symbol (first match; user-space
+# symbols are CRIU's own code and its libraries, with or without names)
+WORK: list[tuple[str, tuple[str, ...]]] = [
+    ("where interrupts come back on (a VM's perf samples there the work done with them off)",
+     ("_raw_spin_unlock_irq", "__raw_spin_unlock_irq", "raw_spin_rq_unlock_irq", "finish_task_switch")),
+    ("copying pages (memcpy, splice, copy to/from user)",
+     ("__pi_memcpy", "memcpy", "copy_page", "copy_mc_", "copy_user", "rep_movs", "_copy_to", "_copy_from",
+      "iter_file_splice", "splice", "pipe_", "page_cache_pipe", "vmsplice", "copy_page_to_iter",
+      "copy_page_from_iter")),
+    ("page faults, zeroing and allocating pages",
+     ("clear_page", "do_anonymous_page", "handle_mm_fault", "__handle_mm_fault", "do_user_addr_fault",
+      "exc_page_fault", "alloc_pages", "__alloc_", "get_page_from_freelist", "rmqueue", "folio_zero",
+      "do_pte_missing", "lru_", "__lruvec", "mod_memcg", "__memcg", "charge_memcg", "free_", "release_pages",
+      "__folio", "folio_", "zap_", "unmap_", "tlb_", "__mod_", "__count_memcg", "do_wp_page")),
+    ("file system and page cache (ext4, writeback)",
+     ("ext4_", "jbd2", "filemap", "__filemap", "block_", "mark_buffer", "iomap", "__dquot", "generic_perform",
+      "generic_write", "__es_", "es_", "__block", "balance_dirty", "writeback", "find_get", "xas_", "__xa")),
+    ("netfilter and socket queries (network lock, netns dump)",
+     ("ctnetlink", "nf_", "nft_", "ipt_", "ip6t_", "xt_", "tcp_diag", "inet_diag", "netlink", "__netlink",
+      "sock_diag", "nla_")),
+    ("reading the processes' state (/proc, maps, ptrace)",
+     ("pagemap", "smaps", "show_", "seq_", "proc_", "ptrace", "walk_", "pagemap_scan", "m_show", "m_start",
+      "__walk", "task_", "mas_", "mt_", "vma_", "__vma", "find_vma", "mmap", "__mmap", "do_mmap", "dup_mmap",
+      "dup_userfaultfd", "mprotect", "do_mprotect")),
+]
 OPS = ("pause", "resume", "warm start (fork of 1)")
 
 
 def kind_of(pid: int, comm: str, sandbox_pids: set[int]) -> str:
     if pid in sandbox_pids:
-        return "the sandbox's processes (a dump: CRIU's parasite; a fork: its copy's)"
+        return SANDBOX_KIND
     if pid == os.getpid():
         return "this benchmark (the client's calls)"
     for name, comms in KINDS:
@@ -73,10 +99,36 @@ def kind_of(pid: int, comm: str, sandbox_pids: set[int]) -> str:
     return "other processes"
 
 
+def work_of(symbol: str, user: bool) -> str:
+    """What a sample of CRIU or the sandbox's processes was doing, by its symbol (`WORK`)."""
+    if user:
+        return "user space (CRIU's own code and libraries)"
+    for name, prefixes in WORK:
+        if symbol.startswith(prefixes):
+            return name
+    return "other kernel work"
+
+
+def work_split(data: Path, pids: set[int]) -> dict[str, float]:
+    """CPU-s of CRIU's and the sandbox's processes' samples in ``data`` by what they were doing."""
+    report = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--sort", "pid,sym", "-F",
+                             "sample,pid,sym", "-g", "none"], capture_output=True, text=True, timeout=120)
+    work: dict[str, float] = defaultdict(float)
+    for line in report.stdout.splitlines():
+        parts = line.split(None, 3)  # samples, pid:comm, [k] or [.], symbol
+        if len(parts) != 4 or not parts[0].isdigit() or ":" not in parts[1]:
+            continue
+        pid_s, comm = parts[1].split(":", 1)
+        if not pid_s.isdigit() or kind_of(int(pid_s), comm, pids) not in (CRIU_KIND, SANDBOX_KIND):
+            continue
+        work[work_of(parts[3].strip(), parts[2] == "[.]")] += int(parts[0]) / FREQ
+    return work
+
+
 def perf_window(fn: Callable[[], object], sandbox_pids: Callable[[], set[int]], scratch: Path,
-                meter: OpCpu) -> tuple[dict[str, float], float, float, float]:
+                meter: OpCpu) -> tuple[dict[str, float], float, float, float, dict[str, float]]:
     """Run `fn` under `perf record -a`: (CPU-s per kind, the host's busy CPU-s, CPU-s the pool's meter
-    charges `fn`, seconds of `fn`)."""
+    charges `fn`, seconds of `fn`, CRIU's and the sandbox's CPU-s by what they did)."""
     data = scratch / "perf.data"
     perf = subprocess.Popen(["perf", "record", "-a", "-F", str(FREQ), "-o", str(data)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -102,7 +154,7 @@ def perf_window(fn: Callable[[], object], sandbox_pids: Callable[[], set[int]], 
         if comm.startswith("swapper"):  # idle
             continue
         kinds[kind_of(int(pid_s), comm.strip(), pids)] += int(parts[0]) / FREQ
-    return kinds, host, charged, seconds
+    return kinds, host, charged, seconds, work_split(data, pids)
 
 
 def measure(args: argparse.Namespace, scratch: Path) -> dict:
@@ -131,16 +183,17 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
         return [sb]
 
     meter = OpCpu()
-    runs: dict[str, list[tuple[dict[str, float], float, float, float]]] = {op: [] for op in OPS}
+    runs: dict[str, list[tuple[dict[str, float], float, float, float, dict[str, float]]]] = {
+        op: [] for op in OPS}
     for _ in range(args.reps):
         for op, fn, resume_after in (("pause", sb.pause, False), ("resume", resume, False),
                                      ("warm start (fork of 1)", warm_start, True)):
             if op == "warm start (fork of 1)":
                 sb.pause()  # a fork restores a paused sandbox's checkpoint
-            kinds, host, charged, seconds = perf_window(fn, sandbox_pids, scratch, meter)
+            kinds, host, charged, seconds, work = perf_window(fn, sandbox_pids, scratch, meter)
             idle, *_ = perf_window(lambda s=seconds: time.sleep(s), set, scratch, meter)
             net = {k: max(0.0, v - idle.get(k, 0.0)) for k, v in kinds.items()}
-            runs[op].append((net, host, charged, seconds))
+            runs[op].append((net, host, charged, seconds, work))
             for f in forks:
                 f.close()
             forks.clear()
@@ -181,6 +234,16 @@ def render(result: dict, facts: dict, args: argparse.Namespace, cmd: str) -> str
     for label, row in (("**all sampled**", sampled), ("host busy time (/proc/stat)", host),
                        ("charged by the pool (`OpCpu`)", charged), ("wall seconds", wall)):
         lines.append(f"| {label} | " + " | ".join(f"{c:.3f}" for c in row) + f" | {row[0] + row[1]:.3f} |")
+    works = sorted({w for op in OPS for *_, work in runs[op] for w in work},
+                   key=lambda w: -sum(p50(op, lambda r, w=w: r[4].get(w, 0.0)) for op in OPS[:2]))
+    lines += ["", "What CRIU and the sandbox's processes (the two largest rows above) spent those CPU-s on, "
+              "by the sampled function's name (kernel functions grouped by subsystem; user space is CRIU's "
+              "own code; not less the idle window, in which neither runs):", "",
+              "| CRIU + the sandbox's processes, doing | " + " | ".join(OPS) + " | pause + resume |",
+              "|---|" + "---|" * (len(OPS) + 1)]
+    for w in works:
+        cells = [p50(op, lambda r, w=w: r[4].get(w, 0.0)) for op in OPS]
+        lines.append(f"| {w} | " + " | ".join(f"{c:.3f}" for c in cells) + f" | {cells[0] + cells[1]:.3f} |")
     restored = ("" if result["source"] == HOST
                 else ", and on a resume or a fork the restored processes' cgroup")
     lines += ["", f"The pool's charge reads {cpu_source_words(result['source'])}{restored}. "

@@ -406,7 +406,8 @@ def memory_rows(cap: int) -> dict[str, tuple[str, list[str]]]:
             ],
         ),
         "c": (
-            "(c) async, all episodes at once, waiting sandboxes paused by CRIU (zero memory), forked groups",
+            "(c) async, no cap (waves fitting the slots when pausing would not pay), waiting sandboxes "
+            "paused by CRIU (zero memory), forked groups",
             [
                 "trainer.mode=async",
                 "env.group_start=fork",
@@ -683,6 +684,11 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
     if measured_c:
         lat, c = measured_c[-1]
         lines += [*cpu_lines(cost, c, group, lat, busy), "", *budget_lines(c, lat), ""]
+        lines += ["Waves row (c) played its groups in, per iteration (`rollout_waves`; 1: every episode at "
+                  "once, more: waves that fit the free slots, where the cost model would not pause the "
+                  "episodes beyond them for a turn): " + "; ".join(
+                      f"{lat:g} s: " + " / ".join(f"{h.get('rollout_waves', 0.0):.0f}" for h in r["history"])
+                      for lat, r in measured_c) + ".", ""]
     ok = [r for r in results.values() if "error" not in r and r.get("history")]
     if ok:
         best = max(ok, key=lambda r: r["best_success"])
@@ -753,12 +759,14 @@ def budget_lines(c: dict, latency: float) -> list[str]:
     """Whether row (c) kept the budget at ``latency`` (measured: the host's peak sample) and how."""
     slots = max(h.get("sandbox_slots", 0.0) for h in c["history"])  # admission control's slots
     wait = sum(h.get("sandbox_slot_wait_s", 0.0) for h in c["history"]) / len(c["history"])
+    waves = [h.get("rollout_waves", 0.0) for h in c["history"]]
     kept = c["peak_mib"] <= MEMORY_BUDGET_MIB
     how = (
         f"through the runner's admission control (`rollout.sandbox_pool.admission`, rl/admission.py): a "
         f"sandbox runs only in one of {slots:.0f} slots (`memory_budget` over the median RSS the pool "
-        f"measured), {wait:.0f} s of slot waits per iteration summed over episodes, and the cost model "
-        "pauses under pressure only as many waiting sandboxes as the budget needs"
+        f"measured), {wait:.0f} s of slot waits per iteration summed over episodes, the groups played in "
+        f"{' / '.join(f'{w:.0f}' for w in waves)} waves per iteration (`rollout_waves`; one: all at once), "
+        "and the cost model pauses under pressure only as many waiting sandboxes as the budget needs"
         if slots else "without admission control (`rollout.sandbox_pool.admission=false`)"
     )
     return [f"Budget, row (c) at {latency:g} s (measured, host samples): peak {c['peak_mib']:.0f} MiB "
