@@ -406,7 +406,7 @@ def memory_rows(cap: int) -> dict[str, tuple[str, list[str]]]:
             ],
         ),
         "c": (
-            "(c) async, no cap (waves fitting the slots when pausing would not pay), waiting sandboxes "
+            "(c) async, no cap (waves fitting the slots when faster than pausing), waiting sandboxes "
             "paused by CRIU (zero memory), forked groups",
             [
                 "trainer.mode=async",
@@ -685,8 +685,8 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
         lat, c = measured_c[-1]
         lines += [*cpu_lines(cost, c, group, lat, busy), "", *budget_lines(c, lat), ""]
         lines += ["Waves row (c) played its groups in, per iteration (`rollout_waves`; 1: every episode at "
-                  "once, more: waves that fit the free slots, where the cost model would not pause the "
-                  "episodes beyond them for a turn): " + "; ".join(
+                  "once, more: waves that fit the free slots, where those beat pausing the episodes beyond "
+                  "them every turn): " + "; ".join(
                       f"{lat:g} s: " + " / ".join(f"{h.get('rollout_waves', 0.0):.0f}" for h in r["history"])
                       for lat, r in measured_c) + ".", ""]
     ok = [r for r in results.values() if "error" not in r and r.get("history")]

@@ -470,26 +470,33 @@ class EpisodeRunner:
         """Whole groups (at least one) the next wave of a run plays, out of the ``remaining`` ones.
 
         ``rollout.max_concurrent_episodes`` when set. Else all of them, except under admission control
-        when they outnumber the gate's free slots (``slots`` less the episodes other runs play): then
-        each turn would pause as many waiting sandboxes as there are episodes beyond those slots, so that
-        every episode's step gets a slot, and the wave plays them all only when the cost model would
-        pause that many for a turn's expected generation time (`PauseCostModel.decide`: the wait against
-        the pause + resume wall time, their CPU against the spare cores). When it would not (a policy
-        fast against a restore, or ``pause_policy=never``), the wave holds only the groups the free
-        slots fit, which then play without a pause."""
+        when they outnumber the gate's free slots (``slots`` less the episodes other runs play). Then
+        there are two ways to play them: in waves of the groups the free slots fit, which never pause,
+        each turn taking one expected generation time ``wait`` per wave; or all at once, where each turn
+        pauses and resumes the ``beyond`` episodes that do not fit, so that every step gets a slot: a
+        turn then takes the longer of the wait and those pauses' and resumes' CPU spread over the host's
+        cores, plus one pause + resume in wall time (the pool's measured p50s, `PauseCostModel`):
+
+            all at once  when  max(wait, beyond × cpu_s / cores) + cost_s  <  waves × wait
+
+        so a policy fast against a restore plays waves, a slow one all at once. ``pause_policy=never``
+        always plays waves, ``always`` all at once."""
         cap = self.max_concurrent_episodes
         if cap is not None:
             return min(remaining, max(1, cap // group_size))
         if self.gate is None or self.pause_cost is None:
             return remaining
         free = self.gate.slots() - self.gate.playing
+        fit = max(1, free // group_size)
         beyond = remaining * group_size - free
-        if beyond <= 0:
+        if beyond <= 0 or remaining <= fit or self.pause_cost.policy == "always":
             return remaining
+        if self.pause_cost.policy == "never":
+            return fit
         wait = self.expected_generation_s(remaining * group_size)
-        if self.pause_cost.decide(wait, 0, beyond).count >= beyond:
-            return remaining
-        return min(remaining, max(1, free // group_size))
+        cores = os.cpu_count() or 1
+        turn_at_once = max(wait, beyond * self.pause_cost.cpu_s() / cores) + self.pause_cost.cost_s()
+        return remaining if turn_at_once < math.ceil(remaining / fit) * wait else fit
 
     @contextmanager
     def _demand(self, episodes: int):

@@ -101,8 +101,9 @@ def test_running_sandboxes_stay_within_the_budget_when_episodes_outnumber_its_sl
 def test_a_policy_too_fast_to_pay_for_pauses_plays_waves_that_fit_the_slots(sandbox_config):
     """Under a binding budget (two slots) and a policy that answers at once: once the pool measured its
     sandboxes, a run plays one group per wave, which fits the slots, so no env waits for a slot and no
-    waiting sandbox is paused; with `pause_policy=always` the same run plays every episode at once and
-    pauses the waiting sandboxes to fit."""
+    waiting sandbox is paused, while a policy that took a minute per turn would play them all at once
+    (one wait of a minute and the pauses against three waits); with `pause_policy=always` the same run
+    plays every episode at once and pauses the waiting sandboxes to fit."""
     cfg = compose(
         "env=kv_lookup",
         f"env.kwargs.data_mib={DATA_MIB}",
@@ -122,6 +123,10 @@ def test_a_policy_too_fast_to_pay_for_pauses_plays_waves_that_fit_the_slots(sand
             runner.run([1], group_size=2, generator=torch.Generator().manual_seed(0))  # measures a sandbox
             assert runner.gate.slots() == 2
             runs[policy] = runner.run(seeds, group_size=2, generator=torch.Generator().manual_seed(1))
+            if policy == "cost":  # the same pool's costs against a policy that takes a minute per turn
+                assert runner._groups_per_wave(2, 3) == 1
+                runner.expected_generation_s = lambda batch_size: 60.0
+                assert runner._groups_per_wave(2, 3) == 3  # one long wait beats three
         finally:
             runner.close()
     (episodes, stats), (all_episodes, all_stats) = runs["cost"], runs["always"]
