@@ -43,9 +43,11 @@ train_learning_curve.png, sync vs async: docs/img/train_sync_vs_async.png), part
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -492,7 +494,7 @@ def cpu_lines(cost: dict[str, float], c: dict, group: int, latency: float, busy:
     cores = os.cpu_count() or 1
     ceiling = cores / per_episode if per_episode > 0 else float("inf")
     return [
-        f"Moving a {cost['sandbox_mib']:.0f} MiB sandbox's state (measured before the runs on one sandbox of "
+        f"Moving a {cost['sandbox_mib']:.0f} MiB sandbox's state (measured by this command on one sandbox of "
         "the task: `heavy_sandbox_cost` in bench/train.py, the host's busy CPU time from /proc/stat, "
         f"medians of {cost['cycles']}; every process's time counts: before the bench "
         f"{other_load_text(busy)[:-1]}): a CRIU pause + resume costs {cost['cycle_cpu_s']:.2f} "
@@ -619,7 +621,7 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
                 continue
             results[(key, lat)] = run_memory_row(key, lat, overrides, args, user)
             with open(args.rows_log, "a") as log:  # each row as it ends: a long sweep's partial record
-                row = {k: v for k, v in results[(key, lat)].items() if k != "history"}
+                row = {k: v for k, v in results[(key, lat)].items() if k != "result"}  # a repr
                 line = {"row": key, "latency": lat, "commit": commit, **row}
                 log.write(json.dumps(line, default=str) + "\n")
     plot_sweep({key: {lat: results[(key, lat)].get("episodes_per_s") for lat in latencies} for key in rows},
@@ -649,7 +651,7 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
            f"{episodes // cap * turns * max(latencies) / 60:.0f} min per iteration, so {STEADY_ITERATIONS} "
            "iterations per row would take hours. "
            if args.steady_iterations < STEADY_ITERATIONS else "") +
-        + provenance_text(args, rows, reused, commit) +
+        provenance_text(args, rows, reused, commit) +
         "Peak memory: the largest sum, sampled every second from the host, of the cgroup RSS (anonymous + "
         "shared memory) of the run's sandbox containers that have processes (running or frozen; a "
         "CRIU-paused sandbox has none). Load: the mean 1-minute load average during the run "
@@ -684,9 +686,10 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
     if measured_c:
         lat, c = measured_c[-1]
         lines += [*cpu_lines(cost, c, group, lat, busy), "", *budget_lines(c, lat), ""]
-        lines += ["Waves row (c) played its groups in, per iteration (`rollout_waves`; 1: every episode at "
-                  "once, more: waves that fit the free slots, where those beat pausing the episodes beyond "
-                  "them every turn): " + "; ".join(
+        lines += ["Waves row (c) played its groups in, per iteration (`rollout_waves`, summed over the "
+                  "iteration's rollout calls: a call that plays every episode at once counts 1, one that "
+                  "plays waves fitting the free slots, where those beat pausing the episodes beyond them "
+                  "every turn, counts each wave): " + "; ".join(
                       f"{lat:g} s: " + " / ".join(f"{h.get('rollout_waves', 0.0):.0f}" for h in r["history"])
                       for lat, r in measured_c) + ".", ""]
     ok = [r for r in results.values() if "error" not in r and r.get("history")]
@@ -711,48 +714,57 @@ def git_commit() -> str:
 
 
 def reused_rows(args: argparse.Namespace, rows: dict, latencies: list[float]) -> dict:
-    """The rows this command does not run (those not in ``--rows``), from the last line of each in
-    ``--reuse-rows`` (the JSON-lines log of an earlier sweep); each must name the commit it ran on
-    (its ``commit`` field, else ``--reuse-commit``). Refuses a sweep with a row it can neither run nor
+    """The rows this command does not run (those not in ``--rows``), from the last line of each in the
+    ``--reuse-rows`` logs (JSON lines of earlier sweeps, read in order); each must name the commit it ran
+    on (its ``commit`` field, else ``--reuse-commit``). Refuses a sweep with a row it can neither run nor
     reuse."""
     wanted = [(k, lat) for lat in latencies for k in rows if k not in args.rows]
     if not wanted:
         return {}
-    if args.reuse_rows is None or not args.reuse_rows.is_file():
+    logs = [p for p in args.reuse_rows or [] if p.is_file()]
+    if not logs:
         raise SystemExit(f"rows {', '.join(sorted({k for k, _ in wanted}))} are not run (--rows "
-                         f"{' '.join(args.rows)}): give the log of the sweep they come from with "
-                         "--reuse-rows")
+                         f"{' '.join(args.rows) or 'none'}): give the logs of the sweeps they come from "
+                         "with --reuse-rows")
     found = {}
-    for line in args.reuse_rows.read_text().splitlines():
-        row = json.loads(line)
-        found[(row["row"], float(row["latency"]))] = row
+    for log in logs:
+        for line in log.read_text().splitlines():
+            row = json.loads(line)
+            found[(row["row"], float(row["latency"]))] = row
     missing = [f"({k}) at {lat:g} s" for k, lat in wanted if (k, lat) not in found]
     if missing:
-        raise SystemExit(f"{args.reuse_rows} has no row {', '.join(missing)}")
+        raise SystemExit(f"{', '.join(str(p) for p in logs)} hold no row {', '.join(missing)}")
     out = {}
     for key in wanted:
         row = dict(found[key])
         row["commit"] = row.get("commit") or args.reuse_commit
         if not row["commit"]:
-            raise SystemExit(f"{args.reuse_rows}: row ({key[0]}) at {key[1]:g} s names no commit; state the "
-                             "one it ran on with --reuse-commit")
-        row.setdefault("history", [])
+            raise SystemExit(f"row ({key[0]}) at {key[1]:g} s names no commit; state the one it ran on with "
+                             "--reuse-commit")
+        if "history" not in row:  # older logs kept it only inside the repr of the run's result
+            found_history = re.search(r"history=(\[.*\])\)$", str(row.get("result", "")), re.S)
+            row["history"] = ast.literal_eval(found_history.group(1)) if found_history else []
         out[key] = row
     return out
 
 
 def provenance_text(args: argparse.Namespace, rows: dict, reused: dict, commit: str) -> str:
-    """Which rows this command ran (on which commit) and which it took from an earlier sweep's log."""
+    """Which rows this command ran (on which commit) and which it took from earlier sweeps' logs."""
     if not reused:
         return ""
-    ran = ", ".join(f"({k})" for k in rows if k in args.rows)
+    ran = [f"({k})" for k in rows if k in args.rows]
     taken = sorted({(k, r["commit"]) for (k, _lat), r in reused.items()})
-    return (f"This command ran rows {ran} on commit {commit}; rows "
+    text = (("This command ran rows " + ", ".join(ran) + f" on commit {commit}; rows " if ran else "Rows ")
             + ", ".join(f"({k}) (commit {c})" for k, c in taken)
-            + f" come from an earlier sweep's row log ({args.reuse_rows.name}, `--reuse-rows`), taken as "
-            "they were measured, not rerun: both cap their episodes at once (so the waves of an uncapped "
-            "run do not apply to them) and neither checkpoints with CRIU; what changed since that they "
-            "do read is the pool's CPU charge per operation, which (b)'s freeze decisions weigh. ")
+            + " come from the row logs of earlier runs of this script ("
+            + ", ".join(p.name for p in args.reuse_rows) + ", `--reuse-rows`), taken as they were measured. ")
+    commits = {c for _k, c in taken} | ({commit} if ran else set())
+    if any(k in ("a", "b") for k, _c in taken) and len(commits) > 1:
+        text += ("Rows (a) and (b) were not rerun with the later code: both cap their episodes at once (so "
+                 "the waves of an uncapped run do not apply to them) and neither checkpoints with CRIU; what "
+                 "changed since that they do read is the pool's CPU charge per operation, which (b)'s freeze "
+                 "decisions weigh. ")
+    return text
 
 
 def budget_lines(c: dict, latency: float) -> list[str]:
@@ -765,7 +777,7 @@ def budget_lines(c: dict, latency: float) -> list[str]:
         f"through the runner's admission control (`rollout.sandbox_pool.admission`, rl/admission.py): a "
         f"sandbox runs only in one of {slots:.0f} slots (`memory_budget` over the median RSS the pool "
         f"measured), {wait:.0f} s of slot waits per iteration summed over episodes, the groups played in "
-        f"{' / '.join(f'{w:.0f}' for w in waves)} waves per iteration (`rollout_waves`; one: all at once), "
+        f"{' / '.join(f'{w:.0f}' for w in waves)} waves per iteration (`rollout_waves`, below), "
         "and the cost model pauses under pressure only as many waiting sandboxes as the budget needs"
         if slots else "without admission control (`rollout.sandbox_pool.admission=false`)"
     )
@@ -864,12 +876,14 @@ def main() -> None:
         help="file each fixed-memory row is appended to (JSON lines) as it ends"
     )
     parser.add_argument(
-        "--rows", nargs="+", choices=("a", "b", "c"), default=["a", "b", "c"],
-        help="fixed-memory rows to run; the others come from --reuse-rows"
+        "--rows", nargs="*", choices=("a", "b", "c"), default=["a", "b", "c"],
+        help="fixed-memory rows to run (none: the section from --reuse-rows alone); the others come from "
+        "--reuse-rows"
     )
     parser.add_argument(
-        "--reuse-rows", type=Path, default=None,
-        help="JSON-lines row log of an earlier sweep that the rows not in --rows are taken from"
+        "--reuse-rows", type=Path, nargs="+", default=None,
+        help="JSON-lines row logs of earlier sweeps (read in order, a later line wins) that the rows not "
+        "in --rows are taken from"
     )
     parser.add_argument(
         "--reuse-commit", default="",
@@ -895,9 +909,9 @@ def main() -> None:
         if args.steady_iterations != STEADY_ITERATIONS:
             options += f" --steady-iterations {args.steady_iterations}"
         if sorted(args.rows) != ["a", "b", "c"]:
-            options += " --rows " + " ".join(sorted(args.rows))
+            options += " --rows" + "".join(f" {r}" for r in sorted(args.rows))
             if args.reuse_rows is not None:
-                options += f" --reuse-rows {args.reuse_rows}"
+                options += " --reuse-rows " + " ".join(str(p) for p in args.reuse_rows)
             if args.reuse_commit:
                 options += f" --reuse-commit {args.reuse_commit}"
     if args.quick and not args.no_write:
