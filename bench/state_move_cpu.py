@@ -118,20 +118,25 @@ def work_of(symbol: str, user: bool) -> str:
     return "other kernel work"
 
 
-def work_split(data: Path, pids: set[int]) -> dict[str, float]:
-    """CPU-s of CRIU's and the sandbox's processes' samples in ``data`` by what they were doing."""
+def split_samples(data: Path, pids: set[int]) -> tuple[dict[str, float], dict[str, float]]:
+    """CPU-s of the samples in ``data`` by who ran them (`kind_of`, idle left out), and CRIU's and the
+    sandbox's processes' by what they were doing (`work_of`), from one `perf report` by pid and symbol."""
     report = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--sort", "pid,sym", "-F",
                              "sample,pid,sym", "-g", "none"], capture_output=True, text=True, timeout=120)
+    kinds: dict[str, float] = defaultdict(float)
     work: dict[str, float] = defaultdict(float)
     for line in report.stdout.splitlines():
         parts = line.split(None, 3)  # samples, pid:comm, [k] or [.], symbol
         if len(parts) != 4 or not parts[0].isdigit() or ":" not in parts[1]:
             continue
         pid_s, comm = parts[1].split(":", 1)
-        if not pid_s.isdigit() or kind_of(int(pid_s), comm, pids) not in (CRIU_KIND, SANDBOX_KIND):
+        if comm.startswith("swapper"):  # idle
             continue
-        work[work_of(parts[3].strip(), parts[2] == "[.]")] += int(parts[0]) / FREQ
-    return work
+        kind = kind_of(int(pid_s), comm, pids)
+        kinds[kind] += int(parts[0]) / FREQ
+        if kind in (CRIU_KIND, SANDBOX_KIND):
+            work[work_of(parts[3].strip(), parts[2] == "[.]")] += int(parts[0]) / FREQ
+    return kinds, work
 
 
 def perf_window(fn: Callable[[], object], sandbox_pids: Callable[[], set[int]], scratch: Path,
@@ -152,18 +157,8 @@ def perf_window(fn: Callable[[], object], sandbox_pids: Callable[[], set[int]], 
     pids = before | sandbox_pids()
     perf.send_signal(signal.SIGINT)
     perf.wait(timeout=60)
-    report = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--sort", "pid", "-F",
-                             "sample,pid", "-g", "none"], capture_output=True, text=True, timeout=120)
-    kinds: dict[str, float] = defaultdict(float)
-    for line in report.stdout.splitlines():
-        parts = line.split(None, 1)
-        if len(parts) != 2 or not parts[0].isdigit() or ":" not in parts[1]:
-            continue
-        pid_s, comm = parts[1].strip().split(":", 1)
-        if comm.startswith("swapper"):  # idle
-            continue
-        kinds[kind_of(int(pid_s), comm.strip(), pids)] += int(parts[0]) / FREQ
-    return kinds, host, charged, seconds, work_split(data, pids)
+    kinds, work = split_samples(data, pids)
+    return kinds, host, charged, seconds, work
 
 
 def measure(args: argparse.Namespace, scratch: Path) -> dict:

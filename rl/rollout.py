@@ -489,7 +489,7 @@ class EpisodeRunner:
         free = self.gate.slots() - self.gate.playing
         fit = max(1, free // group_size)
         beyond = remaining * group_size - free
-        if beyond <= 0 or remaining <= fit or self.pause_cost.policy == "always":
+        if remaining <= fit or self.pause_cost.policy == "always":  # (all fit: beyond <= 0 too)
             return remaining
         if self.pause_cost.policy == "never":
             return fit
