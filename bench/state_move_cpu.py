@@ -10,14 +10,20 @@ the pool charges it (`agentenv.pool.cpu.OpCpu`: the runtime's cgroup plus the ca
 operation's window is matched by an idle window of the same length right after it, whose samples are
 subtracted kind by kind (the background the host has anyway).
 
+With `--thp MODE ...` the whole measurement runs once per transparent-huge-page mode (the host-wide
+`/sys/kernel/mm/transparent_hugepage/enabled`, set for the run and put back after it): whether restoring
+into 2 MiB pages, which the per-page faults of a resume point to, makes a resume or a fork cheaper. The
+first mode's run fills the main tables; a last table compares the modes.
+
 Needs `perf` (Debian: linux-perf) and root. Writes the `state-move-cpu` section of docs/benchmarks.md
 (unless --no-write) and prints it.
-Usage: python bench/state_move_cpu.py [--mb 200] [--reps 4] [--no-write]
+Usage: python bench/state_move_cpu.py [--mb 200] [--reps 4] [--thp madvise always] [--no-write]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -27,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,6 +99,10 @@ WORK: list[tuple[str, tuple[str, ...]]] = [
       "dup_userfaultfd", "mprotect", "do_mprotect")),
 ]
 OPS = ("pause", "resume", "warm start (fork of 1)")
+THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+THP_MODES = ("always", "madvise", "never")
+FAULTS = "page faults, zeroing and allocating pages"
+TOP_FUNCTIONS = 3     # kernel functions of CRIU + the sandbox named per mode in the huge-page table
 
 
 def kind_of(pid: int, comm: str, sandbox_pids: set[int]) -> str:
@@ -118,13 +128,15 @@ def work_of(symbol: str, user: bool) -> str:
     return "other kernel work"
 
 
-def split_samples(data: Path, pids: set[int]) -> tuple[dict[str, float], dict[str, float]]:
+def split_samples(data: Path, pids: set[int]) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """CPU-s of the samples in ``data`` by who ran them (`kind_of`, idle left out), and CRIU's and the
-    sandbox's processes' by what they were doing (`work_of`), from one `perf report` by pid and symbol."""
+    sandbox's processes' by what they were doing (`work_of`) and by kernel function, from one `perf
+    report` by pid and symbol."""
     report = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--sort", "pid,sym", "-F",
                              "sample,pid,sym", "-g", "none"], capture_output=True, text=True, timeout=120)
     kinds: dict[str, float] = defaultdict(float)
     work: dict[str, float] = defaultdict(float)
+    functions: dict[str, float] = defaultdict(float)
     for line in report.stdout.splitlines():
         parts = line.split(None, 3)  # samples, pid:comm, [k] or [.], symbol
         if len(parts) != 4 or not parts[0].isdigit() or ":" not in parts[1]:
@@ -135,14 +147,19 @@ def split_samples(data: Path, pids: set[int]) -> tuple[dict[str, float], dict[st
         kind = kind_of(int(pid_s), comm, pids)
         kinds[kind] += int(parts[0]) / FREQ
         if kind in (CRIU_KIND, SANDBOX_KIND):
-            work[work_of(parts[3].strip(), parts[2] == "[.]")] += int(parts[0]) / FREQ
-    return kinds, work
+            symbol, user = parts[3].strip(), parts[2] == "[.]"
+            work[work_of(symbol, user)] += int(parts[0]) / FREQ
+            if not user:
+                functions[symbol] += int(parts[0]) / FREQ
+    return kinds, work, functions
 
 
 def perf_window(fn: Callable[[], object], sandbox_pids: Callable[[], set[int]], scratch: Path,
-                meter: OpCpu) -> tuple[dict[str, float], float, float, float, dict[str, float]]:
+                meter: OpCpu) -> tuple[dict[str, float], float, float, float, dict[str, float],
+                                       dict[str, float]]:
     """Run `fn` under `perf record -a`: (CPU-s per kind, the host's busy CPU-s, CPU-s the pool's meter
-    charges `fn`, seconds of `fn`, CRIU's and the sandbox's CPU-s by what they did)."""
+    charges `fn`, seconds of `fn`, CRIU's and the sandbox's CPU-s by what they did and by kernel
+    function)."""
     data = scratch / "perf.data"
     perf = subprocess.Popen(["perf", "record", "-a", "-F", str(FREQ), "-o", str(data)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -157,8 +174,8 @@ def perf_window(fn: Callable[[], object], sandbox_pids: Callable[[], set[int]], 
     pids = before | sandbox_pids()
     perf.send_signal(signal.SIGINT)
     perf.wait(timeout=60)
-    kinds, work = split_samples(data, pids)
-    return kinds, host, charged, seconds, work
+    kinds, work, functions = split_samples(data, pids)
+    return kinds, host, charged, seconds, work, functions
 
 
 def measure(args: argparse.Namespace, scratch: Path) -> dict:
@@ -187,17 +204,17 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
         return [sb]
 
     meter = OpCpu()
-    runs: dict[str, list[tuple[dict[str, float], float, float, float, dict[str, float]]]] = {
-        op: [] for op in OPS}
+    runs: dict[str, list[tuple[dict[str, float], float, float, float, dict[str, float],
+                               dict[str, float]]]] = {op: [] for op in OPS}
     for _ in range(args.reps):
         for op, fn, resume_after in (("pause", sb.pause, False), ("resume", resume, False),
                                      ("warm start (fork of 1)", warm_start, True)):
             if op == "warm start (fork of 1)":
                 sb.pause()  # a fork restores a paused sandbox's checkpoint
-            kinds, host, charged, seconds, work = perf_window(fn, sandbox_pids, scratch, meter)
+            kinds, host, charged, seconds, work, functions = perf_window(fn, sandbox_pids, scratch, meter)
             idle, *_ = perf_window(lambda s=seconds: time.sleep(s), set, scratch, meter)
             net = {k: max(0.0, v - idle.get(k, 0.0)) for k, v in kinds.items()}
-            runs[op].append((net, host, charged, seconds, work))
+            runs[op].append((net, host, charged, seconds, work, functions))
             for f in forks:
                 f.close()
             forks.clear()
@@ -207,7 +224,44 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
     return {"runs": runs, "rss": rss, "source": meter.source}
 
 
-def render(result: dict, facts: dict, args: argparse.Namespace, cmd: str) -> str:
+def thp_mode() -> str:
+    """The host's transparent-huge-page mode: the bracketed word of `THP_ENABLED`."""
+    text = THP_ENABLED.read_text()
+    return text[text.index("[") + 1:text.index("]")]
+
+
+@contextlib.contextmanager
+def thp_enabled(mode: str) -> Iterator[None]:
+    """The host's transparent-huge-page mode set to ``mode`` for the block, the previous one put back."""
+    before = thp_mode()
+    THP_ENABLED.write_text(mode)
+    try:
+        yield
+    finally:
+        THP_ENABLED.write_text(before)
+
+
+def thp_table(results: dict[str, dict]) -> list[str]:
+    """Each mode's host CPU, page-fault samples and wall time per operation, with the kernel functions
+    CRIU and the sandbox's processes spent most on."""
+    lines = ["", "The same operations with the host's transparent huge pages (`enabled` in "
+             f"`{THP_ENABLED}`) set to each mode for a whole run (set by this script, put back after):", "",
+             f"| THP `enabled` | operation | host busy CPU-s | CRIU + sandbox: {FAULTS} | wall seconds | "
+             "kernel functions CRIU + the sandbox spent most on (CPU-s) |", "|---|---|---|---|---|---|"]
+    for mode, result in results.items():
+        for op in OPS:
+            runs = result["runs"][op]
+            spent = {f: statistics.median(r[5].get(f, 0.0) for r in runs) for r in runs for f in r[5]}
+            top = sorted(((v, f) for f, v in spent.items()), reverse=True)
+            lines.append(f"| {mode} | {op} | {statistics.median(r[1] for r in runs):.3f} | "
+                         f"{statistics.median(r[4].get(FAULTS, 0.0) for r in runs):.3f} | "
+                         f"{statistics.median(r[3] for r in runs):.3f} | "
+                         + ", ".join(f"`{f}` {v:.3f}" for v, f in top[:TOP_FUNCTIONS]) + " |")
+    return lines
+
+
+def render(results: dict[str, dict], facts: dict, args: argparse.Namespace, cmd: str) -> str:
+    mode, result = next(iter(results.items()))
     runs = result["runs"]
     names = sorted({k for op in OPS for net, *_ in runs[op] for k in net},
                    key=lambda k: -sum(statistics.median(r[0].get(k, 0.0) for r in runs[op]) for op in OPS))
@@ -219,7 +273,9 @@ def render(result: dict, facts: dict, args: argparse.Namespace, cmd: str) -> str
         f"Command: `{cmd}`. One sandbox of {args.mb} MiB touched memory (RSS {result['rss'] / 2**20:.0f} "
         f"MiB), {args.reps} repetitions of each operation after one uncounted pause + resume; medians. "
         + ", ".join(f"{k} {v}" for k, v in facts["versions"].items())
-        + f"; {os.cpu_count()} CPU cores; {other_load_text(facts['busy'])}",
+        + f"; {os.cpu_count()} CPU cores; {other_load_text(facts['busy'])} "
+        f"Transparent huge pages: `{mode}`" + (" (the host's setting)." if mode == facts["thp"] else
+                                              f" (set for the run; the host's setting is `{facts['thp']}`)."),
         "",
         "CPU-s per operation by who spent them (`perf record -a`, every core sampled at "
         f"{FREQ} Hz, less an idle window of the same length right after):",
@@ -238,7 +294,7 @@ def render(result: dict, facts: dict, args: argparse.Namespace, cmd: str) -> str
     for label, row in (("**all sampled**", sampled), ("host busy time (/proc/stat)", host),
                        ("charged by the pool (`OpCpu`)", charged), ("wall seconds", wall)):
         lines.append(f"| {label} | " + " | ".join(f"{c:.3f}" for c in row) + f" | {row[0] + row[1]:.3f} |")
-    works = sorted({w for op in OPS for *_, work in runs[op] for w in work},
+    works = sorted({w for op in OPS for r in runs[op] for w in r[4]},
                    key=lambda w: -sum(p50(op, lambda r, w=w: r[4].get(w, 0.0)) for op in OPS[:2]))
     lines += ["", "What CRIU and the sandbox's processes (the two largest rows above) spent those CPU-s on, "
               "by the sampled function's name (kernel functions grouped by subsystem; user space is CRIU's "
@@ -254,6 +310,8 @@ def render(result: dict, facts: dict, args: argparse.Namespace, cmd: str) -> str
               "The host's busy time runs from the call to "
               f"{TAIL_S} s after it returns, the sampled rows over perf's whole window; both include "
               "whatever else ran (see the load above)."]
+    if len(results) > 1:
+        lines += thp_table(results)
     return "\n".join(lines)
 
 
@@ -262,6 +320,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mb", type=int, default=200, help="touched memory of the sandbox (MiB)")
     ap.add_argument("--reps", type=int, default=4, help="counted repetitions of each operation")
     ap.add_argument("--rows", type=int, default=400_000, help="SQLite rows the workload builds")
+    ap.add_argument("--thp", nargs="+", choices=THP_MODES, default=None,
+                    help="transparent-huge-page modes to measure in turn, the first in the main tables "
+                         "(default: the host's own, left as it is)")
     ap.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
     args = ap.parse_args(argv)
     if args.reps < 1 or args.mb < 1:
@@ -272,14 +333,20 @@ def main(argv: list[str] | None = None) -> None:
     cmd = ("python bench/state_move_cpu.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     from agentenv.backend import docker_client
 
-    facts = {"versions": versions(docker_client.api()), "busy": busy_cores_before()}
-    home = tempfile.mkdtemp(prefix="agentenv-bench-")
-    os.environ["AGENTENV_HOME"] = home  # a private registry: nothing of anyone else's is touched
-    try:
-        result = measure(args, Path(home))
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
-    text = render(result, facts, args, cmd)
+    facts = {"versions": versions(docker_client.api()), "busy": busy_cores_before(), "thp": thp_mode()}
+    modes = list(dict.fromkeys(args.thp or [facts["thp"]]))
+    if modes != [facts["thp"]] and not os.access(THP_ENABLED, os.W_OK):
+        raise SystemExit(f"--thp needs to write {THP_ENABLED} (root, a writable /sys)")
+    results: dict[str, dict] = {}
+    for mode in modes:
+        home = tempfile.mkdtemp(prefix="agentenv-bench-")
+        os.environ["AGENTENV_HOME"] = home  # a private registry: nothing of anyone else's is touched
+        try:
+            with thp_enabled(mode) if mode != facts["thp"] else contextlib.nullcontext():
+                results[mode] = measure(args, Path(home))
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+    text = render(results, facts, args, cmd)
     print(text)
     if not args.no_write:
         write_section("state-move-cpu", text)
