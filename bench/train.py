@@ -192,16 +192,16 @@ def _rate(r: dict, key: str, fmt: str) -> str:
     return format(value, fmt)
 
 
-def header(command: str, start_load: float) -> list[str]:
-    """The machine, the time, the command, and the 1-minute load average at the part's start (taken
-    before it ran anything: other jobs) and now."""
-    shared = ""
-    if start_load > 1.0:
-        shared = " — other jobs were running when it started, so wall times are upper bounds"
+def header(command: str, start_load: float, busy: float) -> list[str]:
+    """The machine, the time, the command, the 1-minute load average at the part's start and now, and
+    the cores other jobs kept busy just before it started (`busy_cores_before`: the load average still
+    counts a job that ended a minute ago, so it alone cannot say whether another job was running)."""
     return [
         f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), no GPU; "
         f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Command: `{command}`.",
-        f"Load average (1 min): {start_load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end{shared}.",
+        f"Load average (1 min): {start_load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; "
+        + other_load_text(busy).replace("**taken under load**", "**taken under load** (wall times are upper "
+                                        "bounds)"),
     ]
 
 
@@ -209,6 +209,7 @@ def part_train(args: argparse.Namespace, user: list[str], command: str) -> str:
     """The rollout micro-benchmark and the sync vs async training runs of `make train`'s config; the
     text of the ``bench:train`` section."""
     start_load = os.getloadavg()[0]
+    busy = busy_cores_before()  # other jobs' load before the part starts anything
     groups, repeats = (2, 2) if args.quick else (8, 3)
     rollout_group_size = compose(user).algo.group_size
 
@@ -248,7 +249,7 @@ def part_train(args: argparse.Namespace, user: list[str], command: str) -> str:
     lines = [
         "## Training (`bench/train.py`)",
         "",
-        *header(command, start_load),
+        *header(command, start_load, busy),
         "",
         "Rollout of the default task (GuessNumber, untrained tiny K3 policy, "
         f"{groups} groups x {rollout_group_size} episodes, {repeats} repeats; env steps/s = steps / "
@@ -632,7 +633,7 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
     lines = [
         "## Training at fixed memory (`bench/train.py --part memory`)",
         "",
-        *header(command, start_load),
+        *header(command, start_load, busy),
         "",
         f"Task `agentenv/KVLookup-v0` (`env={MEMORY_ENV}`: a service holding 200 MiB in memory; one "
         f"sandbox measured at {cost['sandbox_mib']:.0f} MiB, cgroup RSS after its install), k3_tiny, GRPO "
@@ -793,6 +794,7 @@ def part_heavy(args: argparse.Namespace, user: list[str], command: str) -> str:
     concurrency within the 2 GiB budget), no emulated latency, ``--heavy-minutes`` at most; the text of
     the ``bench:train-heavy`` section and its curve."""
     start_load = os.getloadavg()[0]
+    busy = busy_cores_before()  # other jobs' load before the part starts anything
     sandbox_mib = heavy_sandbox_cost(user, forks=0, cycles=0)["sandbox_mib"]  # measured, not typed
     _group, cap = memory_concurrency(user, sandbox_mib)
     _name, row_a = memory_rows(cap)["a"]
@@ -820,7 +822,7 @@ def part_heavy(args: argparse.Namespace, user: list[str], command: str) -> str:
     lines = [
         "## Learning the heavy task (`bench/train.py --part heavy`)",
         "",
-        *header(command, start_load),
+        *header(command, start_load, busy),
         "",
         f"`python -m rl.train env={MEMORY_ENV}` with row (a)'s setup of the fixed-memory table (sync, "
         f"seed-reset groups on live sandboxes, at most {cap} episodes at once within a "
