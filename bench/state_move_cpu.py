@@ -35,6 +35,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -105,6 +106,17 @@ FAULTS = "page faults, zeroing and allocating pages"
 TOP_FUNCTIONS = 3     # kernel functions of CRIU + the sandbox named per mode in the huge-page table
 
 
+class Window(NamedTuple):
+    """One operation's perf window."""
+
+    kinds: dict[str, float]      # CPU-s by who ran them (`kind_of`)
+    host: float                  # the host's busy CPU-s (/proc/stat)
+    charged: float               # CPU-s the pool's meter charges the operation (`OpCpu`)
+    seconds: float               # wall seconds of the operation
+    work: dict[str, float]       # CRIU's and the sandbox's CPU-s by what they did (`work_of`)
+    functions: dict[str, float]  # the same by kernel function
+
+
 def kind_of(pid: int, comm: str, sandbox_pids: set[int]) -> str:
     if pid in sandbox_pids:
         return SANDBOX_KIND
@@ -155,11 +167,8 @@ def split_samples(data: Path, pids: set[int]) -> tuple[dict[str, float], dict[st
 
 
 def perf_window(fn: Callable[[], object], sandbox_pids: Callable[[], set[int]], scratch: Path,
-                meter: OpCpu) -> tuple[dict[str, float], float, float, float, dict[str, float],
-                                       dict[str, float]]:
-    """Run `fn` under `perf record -a`: (CPU-s per kind, the host's busy CPU-s, CPU-s the pool's meter
-    charges `fn`, seconds of `fn`, CRIU's and the sandbox's CPU-s by what they did and by kernel
-    function)."""
+                meter: OpCpu) -> Window:
+    """Run `fn` under `perf record -a` and account its window."""
     data = scratch / "perf.data"
     perf = subprocess.Popen(["perf", "record", "-a", "-F", str(FREQ), "-o", str(data)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -175,7 +184,7 @@ def perf_window(fn: Callable[[], object], sandbox_pids: Callable[[], set[int]], 
     perf.send_signal(signal.SIGINT)
     perf.wait(timeout=60)
     kinds, work, functions = split_samples(data, pids)
-    return kinds, host, charged, seconds, work, functions
+    return Window(kinds, host, charged, seconds, work, functions)
 
 
 def measure(args: argparse.Namespace, scratch: Path) -> dict:
@@ -204,17 +213,16 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
         return [sb]
 
     meter = OpCpu()
-    runs: dict[str, list[tuple[dict[str, float], float, float, float, dict[str, float],
-                               dict[str, float]]]] = {op: [] for op in OPS}
+    runs: dict[str, list[Window]] = {op: [] for op in OPS}
     for _ in range(args.reps):
         for op, fn, resume_after in (("pause", sb.pause, False), ("resume", resume, False),
                                      ("warm start (fork of 1)", warm_start, True)):
             if op == "warm start (fork of 1)":
                 sb.pause()  # a fork restores a paused sandbox's checkpoint
-            kinds, host, charged, seconds, work, functions = perf_window(fn, sandbox_pids, scratch, meter)
-            idle, *_ = perf_window(lambda s=seconds: time.sleep(s), set, scratch, meter)
-            net = {k: max(0.0, v - idle.get(k, 0.0)) for k, v in kinds.items()}
-            runs[op].append((net, host, charged, seconds, work, functions))
+            window = perf_window(fn, sandbox_pids, scratch, meter)
+            idle = perf_window(lambda s=window.seconds: time.sleep(s), set, scratch, meter).kinds
+            net = {k: max(0.0, v - idle.get(k, 0.0)) for k, v in window.kinds.items()}
+            runs[op].append(window._replace(kinds=net))
             for f in forks:
                 f.close()
             forks.clear()
@@ -251,11 +259,12 @@ def thp_table(results: dict[str, dict]) -> list[str]:
     for mode, result in results.items():
         for op in OPS:
             runs = result["runs"][op]
-            spent = {f: statistics.median(r[5].get(f, 0.0) for r in runs) for r in runs for f in r[5]}
-            top = sorted(((v, f) for f, v in spent.items()), reverse=True)
-            lines.append(f"| {mode} | {op} | {statistics.median(r[1] for r in runs):.3f} | "
-                         f"{statistics.median(r[4].get(FAULTS, 0.0) for r in runs):.3f} | "
-                         f"{statistics.median(r[3] for r in runs):.3f} | "
+            names = {f for r in runs for f in r.functions}
+            top = sorted(((statistics.median(r.functions.get(f, 0.0) for r in runs), f) for f in names),
+                         reverse=True)
+            lines.append(f"| {mode} | {op} | {statistics.median(r.host for r in runs):.3f} | "
+                         f"{statistics.median(r.work.get(FAULTS, 0.0) for r in runs):.3f} | "
+                         f"{statistics.median(r.seconds for r in runs):.3f} | "
                          + ", ".join(f"`{f}` {v:.3f}" for v, f in top[:TOP_FUNCTIONS]) + " |")
     return lines
 
@@ -263,10 +272,10 @@ def thp_table(results: dict[str, dict]) -> list[str]:
 def render(results: dict[str, dict], facts: dict, args: argparse.Namespace, cmd: str) -> str:
     mode, result = next(iter(results.items()))
     runs = result["runs"]
-    names = sorted({k for op in OPS for net, *_ in runs[op] for k in net},
-                   key=lambda k: -sum(statistics.median(r[0].get(k, 0.0) for r in runs[op]) for op in OPS))
+    names = sorted({k for op in OPS for r in runs[op] for k in r.kinds},
+                   key=lambda k: -sum(statistics.median(r.kinds.get(k, 0.0) for r in runs[op]) for op in OPS))
 
-    def p50(op: str, pick: Callable[[tuple], float]) -> float:
+    def p50(op: str, pick: Callable[[Window], float]) -> float:
         return statistics.median(pick(r) for r in runs[op])
 
     lines = [
@@ -284,25 +293,25 @@ def render(results: dict[str, dict], facts: dict, args: argparse.Namespace, cmd:
         "|---|" + "---|" * (len(OPS) + 1),
     ]
     for name in names:
-        cells = [p50(op, lambda r, n=name: r[0].get(n, 0.0)) for op in OPS]
+        cells = [p50(op, lambda r, n=name: r.kinds.get(n, 0.0)) for op in OPS]
         lines.append(f"| {name} | " + " | ".join(f"{c:.3f}" for c in cells)
                      + f" | {cells[0] + cells[1]:.3f} |")
-    sampled = [p50(op, lambda r: sum(r[0].values())) for op in OPS]
-    host = [p50(op, lambda r: r[1]) for op in OPS]
-    charged = [p50(op, lambda r: r[2]) for op in OPS]
-    wall = [p50(op, lambda r: r[3]) for op in OPS]
+    sampled = [p50(op, lambda r: sum(r.kinds.values())) for op in OPS]
+    host = [p50(op, lambda r: r.host) for op in OPS]
+    charged = [p50(op, lambda r: r.charged) for op in OPS]
+    wall = [p50(op, lambda r: r.seconds) for op in OPS]
     for label, row in (("**all sampled**", sampled), ("host busy time (/proc/stat)", host),
                        ("charged by the pool (`OpCpu`)", charged), ("wall seconds", wall)):
         lines.append(f"| {label} | " + " | ".join(f"{c:.3f}" for c in row) + f" | {row[0] + row[1]:.3f} |")
-    works = sorted({w for op in OPS for r in runs[op] for w in r[4]},
-                   key=lambda w: -sum(p50(op, lambda r, w=w: r[4].get(w, 0.0)) for op in OPS[:2]))
+    works = sorted({w for op in OPS for r in runs[op] for w in r.work},
+                   key=lambda w: -sum(p50(op, lambda r, w=w: r.work.get(w, 0.0)) for op in OPS[:2]))
     lines += ["", "What CRIU and the sandbox's processes (the two largest rows above) spent those CPU-s on, "
               "by the sampled function's name (kernel functions grouped by subsystem; user space is CRIU's "
               "own code; not less the idle window, in which neither runs):", "",
               "| CRIU + the sandbox's processes, doing | " + " | ".join(OPS) + " | pause + resume |",
               "|---|" + "---|" * (len(OPS) + 1)]
     for w in works:
-        cells = [p50(op, lambda r, w=w: r[4].get(w, 0.0)) for op in OPS]
+        cells = [p50(op, lambda r, w=w: r.work.get(w, 0.0)) for op in OPS]
         lines.append(f"| {w} | " + " | ".join(f"{c:.3f}" for c in cells) + f" | {cells[0] + cells[1]:.3f} |")
     restored = ("" if result["source"] == HOST
                 else ", and on a resume or a fork the restored processes' cgroup")

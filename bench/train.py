@@ -200,8 +200,7 @@ def header(command: str, start_load: float, busy: float) -> list[str]:
         f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), no GPU; "
         f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Command: `{command}`.",
         f"Load average (1 min): {start_load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; "
-        + other_load_text(busy).replace("**taken under load**", "**taken under load** (wall times are upper "
-                                        "bounds)"),
+        + other_load_text(busy),
     ]
 
 
