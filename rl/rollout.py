@@ -328,6 +328,13 @@ class EpisodeRunner:
             stats.slot_wait_s += waited
         return taken
 
+    def _free_if_stopped(self, env: gymnasium.Env, slot: Slot | None) -> None:
+        """After a reset or step of ``env`` failed inside ``slot``: give the slot back at the end of the
+        use when no sandbox of the env runs any more (its create failed, it died), so that a failed
+        episode does not keep a slot parked until the end of the run."""
+        if slot is not None and not self._sandbox_running(env):
+            slot.freed = True
+
     @staticmethod
     def _sandbox_running(env: gymnasium.Env) -> bool:
         """Whether ``env``'s sandbox runs (holds memory) now; False when it has none or it is gone."""
@@ -363,6 +370,8 @@ class EpisodeRunner:
         """Release and pause one waiting env's sandbox (False: in use, gone, or the pause failed; the
         env's next step finds out)."""
         t = task(env)
+        if t.sandbox is None:  # its start failed or it was closed: nothing runs, nothing to pause
+            return False
         try:
             t.release_sandbox()
             return self.sandbox_pool.pause(t.sandbox)
@@ -551,11 +560,12 @@ class EpisodeRunner:
 
         def reset(job):
             env, seed = job
-            with self._admitted(env, stats):  # the reset creates or resumes its sandbox: a slot
+            with self._admitted(env, stats) as slot:  # the reset creates or resumes its sandbox: a slot
                 try:
                     observation, _ = env.reset(seed=seed)
                     return observation, None
                 except Exception as exc:  # the episode fails, not the run
+                    self._free_if_stopped(env, slot)
                     return None, exc
 
         results = list(self.threads.map(reset, jobs))
@@ -664,6 +674,7 @@ class EpisodeRunner:
                     try:
                         result = envs[i].step(action)
                     except Exception as exc:
+                        self._free_if_stopped(envs[i], slot)
                         return None, exc
                     ended = result[2] or result[3]
                     if slot is not None and ended and gated and id(envs[i]) in owned:

@@ -41,6 +41,15 @@ class HangsOnOddSeeds(GuessNumber):
         return super().act(action)
 
 
+class NoSandboxOnOddSeeds(GuessNumber):
+    """GuessNumber whose reset, for odd seeds, fails before it has a sandbox (a create that failed)."""
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        if seed is not None and seed % 2 and self.sandbox is None:
+            raise RuntimeError("no sandbox on purpose")
+        return super().reset(seed=seed, options=options)
+
+
 class CloseFails(ReasoningGym):
     """A task (no sandbox) whose ``close`` raises, as a sandbox that cannot be removed would; it takes
     (and ignores) GuessNumber's kwargs, so that the same env config makes it."""
@@ -78,6 +87,7 @@ for _name, _cls in {
     "RaisesOnOddSeeds": RaisesOnOddSeeds,
     "KillsItsSandbox": KillsItsSandbox,
     "HangsOnOddSeeds": HangsOnOddSeeds,
+    "NoSandboxOnOddSeeds": NoSandboxOnOddSeeds,
     "CloseFails": CloseFails,
     "RandomStart": RandomStart,
 }.items():

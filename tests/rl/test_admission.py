@@ -12,9 +12,10 @@ from rl_testutil import compose
 
 from agentenv import Sandbox
 from agentenv.errors import SandboxNotFound
+from rl.episode import Episode
 from rl.generation import TorchEngine
 from rl.policy import build_policy
-from rl.rollout import EpisodeRunner
+from rl.rollout import EpisodeRunner, RolloutStats
 from rl.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.docker
@@ -83,7 +84,8 @@ def test_running_sandboxes_stay_within_the_budget_when_episodes_outnumber_its_sl
     episodes, stats, sampler, slots, size = _play(cfg, sandbox_config, admission=True)
     # the pool measured its sandboxes: two fit the budget; all six episodes played to their end
     assert slots == 2 and 8 * 2**20 < size <= BUDGET_MIB * 2**20 // 2
-    assert stats.failed == 0 and len(episodes) == 6 and all(e.turns >= 1 for e in episodes)
+    assert stats.failed == 0, stats.errors
+    assert len(episodes) == 6 and all(e.turns >= 1 for e in episodes)
     assert stats.forks == 3 and stats.slot_wait_s > 0 and stats.pool_summary()["sandbox_slots"] == 2
     # never more running than slots, so never more memory than the budget
     assert sampler.counts and max(sampler.counts) <= slots
@@ -92,7 +94,8 @@ def test_running_sandboxes_stay_within_the_budget_when_episodes_outnumber_its_sl
     # The same run without the gate: the pool alone goes over (the resets, forks and steps of the groups
     # run at once), and the episodes are the same to the token (the gate changes when envs step only).
     ungated, ungated_stats, ungated_sampler, _, _ = _play(cfg, sandbox_config, admission=False)
-    assert ungated_stats.failed == 0 and max(ungated_sampler.counts) > slots
+    assert ungated_stats.failed == 0, ungated_stats.errors
+    assert max(ungated_sampler.counts) > slots
     assert [(e.tokens, e.logprobs, e.step_rewards) for e in ungated] == [
         (e.tokens, e.logprobs, e.step_rewards) for e in episodes
     ]
@@ -150,6 +153,28 @@ def test_without_a_binding_budget_the_gate_never_waits_or_pauses(sandbox_config)
     finally:
         runner.close()
     assert stats.failed == 0 and stats.slot_wait_s == 0 and stats.pauses == 0
+
+
+def test_a_start_that_made_no_sandbox_holds_no_slot(sandbox_config):
+    """A reset that failed before its env had a sandbox (e.g. its create failed) gives its slot back at
+    once: only the started env's sandbox holds one, and no later start waits for, or tries to pause, a
+    sandbox that does not exist."""
+    import fault_tasks  # noqa: F401  (registers faults/*)
+
+    cfg = compose("env.kwargs.max_turns=2", "rollout.env_threads=4")
+    env_cfg = replace(cfg.env, id="faults/NoSandboxOnOddSeeds-v0", group_start="seed")
+    policy = build_policy(cfg.model, seed=0)
+    runner = EpisodeRunner(env_cfg, cfg.rollout, TorchEngine(policy, TOK), TOK, sandbox=sandbox_config)
+    episodes = [Episode(env_cfg.id, seed, group) for group, seed in enumerate([1, 2])]
+    try:
+        envs, owned = runner._start_groups([1, 2], 1, episodes, RolloutStats())
+        assert [e.error is not None for e in episodes] == [True, False], [e.error for e in episodes]
+        assert "no sandbox on purpose" in episodes[0].error
+        assert runner.gate.held() == 1  # the started env's parked slot only
+        runner._return_envs(envs, episodes, owned)
+        assert runner.gate.held() == 1 and len(runner.free_envs) == 1  # the failed env was discarded
+    finally:
+        runner.close()
 
 
 def test_a_snapshot_and_its_resume_finish_under_a_one_slot_budget(sandbox_config, tmp_path):
