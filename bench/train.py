@@ -15,13 +15,13 @@ Four parts, all in this run on this machine (``--part train``, ``memory`` or ``h
    30 s: an emulation of a larger policy's generation time); rows (a) sync without pausing, concurrency
    capped by the budget (``rollout.max_concurrent_episodes``), (b) as (a) with waiting sandboxes frozen
    (``pause_method: freeze``, ``docker pause``: memory kept), (c) async with zero-memory waits (CRIU
-   pauses by the cost model) and forked groups. Each row trains 1 + ``--steady-iterations`` (5)
-   iterations, at most ``--memory-minutes``, and reports episodes/s over the iterations after the first
-   only (no number, and the reason, for a row that did not get them all). Columns: episodes/s, peak
-   sandbox memory sampled from the host (cgroup RSS of the run's containers), learner idle fraction,
-   time to success 0.3, ratios against (a); then the break-even latencies of (c) against (a), inferred by
-   interpolation between the measured latencies, the targets (met or missed), and the plot
-   docs/img/train_memory_sweep.png (episodes/s against latency).
+   pauses by the cost model), forked groups and the whole batch in one rollout call. Each row trains
+   1 + ``--steady-iterations`` (5) iterations, at most ``--memory-minutes``, and reports episodes/s over
+   the iterations after the first only (no number, and the reason, for a row that did not get them all).
+   Columns: episodes/s, peak sandbox memory sampled from the host (cgroup RSS of the run's containers),
+   learner idle fraction, time to success 0.3, ratios against (a); then the break-even latencies of (c)
+   against (a), inferred by interpolation between the measured latencies, the targets (met or missed),
+   and the plot docs/img/train_memory_sweep.png (episodes/s against latency).
 
 4. **Learning the heavy task** (``--part heavy``): k3_tiny trains on ``env=kv_lookup`` with row (a)'s
    setup and no emulated latency until success 0.9 or ``--heavy-minutes``: start, end and best success,
@@ -409,9 +409,12 @@ def memory_rows(cap: int) -> dict[str, tuple[str, list[str]]]:
         ),
         "c": (
             "(c) async, no cap (waves fitting the slots when faster than pausing), waiting sandboxes "
-            "paused by CRIU (zero memory), forked groups",
+            "paused by CRIU (zero memory), forked groups, the whole batch in one rollout call",
             [
                 "trainer.mode=async",
+                # a worker runs its calls one after another, so two calls in flight would play half the
+                # batch each and wait for the policy twice per turn; one call plays it all at once
+                "trainer.rollouts_in_flight=1",
                 "env.group_start=fork",
                 "rollout.sandbox_pool.pause_policy=cost",
                 "+rollout.sandbox_pool.overrides.idle_after_s=0",
