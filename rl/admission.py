@@ -19,8 +19,10 @@ by a running step comes back when the step ends.
 
 Envs are keyed by ``id``; every call that touches an env's sandbox from the runner goes through `use`
 or `pause`, so that a parked env is paused by one thread at a time and never while its owner uses it.
-The gate is shared by every run of one runner (async training plays several in threads): ``demand``
-counts the episodes of the runs in progress, and the budget *binds* when it exceeds ``slots``.
+The gate is shared by every thread of one runner (a rollout worker plays one run at a time, while a
+snapshot of the episodes in flight pauses and forks from another thread) and by all its runs:
+``demand`` counts the episodes of the runs in progress, and the budget *binds* when it exceeds
+``slots``.
 """
 
 from __future__ import annotations
