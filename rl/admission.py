@@ -270,6 +270,11 @@ class SandboxGate:
         finally:
             self._end(slot)
 
+    def parked(self, env: Any) -> bool:
+        """Whether ``env`` holds a parked slot now (its sandbox runs between its turns)."""
+        with self._cond:
+            return self._held.get(id(env)) == PARKED
+
     def held(self) -> int:
         """Slots held now (running, parked, being paused, or taken for a start)."""
         with self._cond:

@@ -21,8 +21,10 @@ sandboxes (`rl.admission.SandboxGate`, shared by every run of the runner): a res
 step (whose first command resumes the sandbox) runs only in one of ``memory_budget // measured sandbox
 RSS`` slots, waiting, or pausing sandboxes parked between their turns, when none is free; when the
 budget binds (more episodes in progress than slots), an env pauses its sandbox inside its slot right
-after its step if the cost model would pause it for the next generation or another env waits for a
-slot. Group starts fork in as many calls as free slots allow. When the slots outnumber the episodes
+after its step if another env waits for a slot, the envs whose sandboxes still run step first in the
+next turn (no resume), and the cost model does not pause those for the wait (they hold slots within
+the budget; the turn's steps pause and resume every episode beyond the slots anyway, on busy cores).
+Group starts fork in as many calls as free slots allow. When the slots outnumber the episodes
 nothing waits or pauses beyond what the cost model does anyway. Remote sandboxes are not gated.
 
 Waiting sandboxes (``sandbox_pool.pause_policy``, decided by `agentenv.pool.PauseCostModel`): while the
@@ -390,8 +392,14 @@ class EpisodeRunner:
         used = self.sandbox_pool.running_bytes()
         sizes = self.sandbox_pool.member_rss([getattr(task(env).sandbox, "id", "") for env in envs])
         decision: PauseDecision = self.pause_cost.decide(expected_wait_s, used, len(envs), sizes)
+        count = decision.count
+        if decision.reason == "cost" and self.gate is not None and self.gate.binds:
+            # a binding budget: the running sandboxes hold slots within it, and they step first after
+            # the wait (no resume); the turn's steps pause and resume every episode beyond the slots on
+            # busy cores, so pausing these for the wait would only add a pause and a resume to them
+            count = 0
         pause = self._pause_waiting if self.gate is None else self.gate.pause  # the gate frees their slots
-        largest = sorted(range(len(envs)), key=lambda i: sizes[i], reverse=True)[: decision.count]
+        largest = sorted(range(len(envs)), key=lambda i: sizes[i], reverse=True)[:count]
         jobs = [self.threads.submit(pause, envs[i]) for i in largest]
         try:
             yield
@@ -662,13 +670,12 @@ class EpisodeRunner:
                     episodes[i].append([tok.end_id], trained=False, version=version)
                 actions.append(tok.decode(gen.token_ids))
 
-            # a binding budget: a stepped env pauses inside its slot when the cost model would pause it
-            # for the next generation (else it keeps the slot, parked, until someone needs it)
+            # a binding budget: a stepped env pauses inside its slot when another env waits for one
+            # (else it keeps the slot, parked, until someone needs it), and the envs whose sandboxes
+            # still run step first (no resume)
             gated = self.gate is not None and self.gate.binds
-            next_wait = self.expected_generation_s(len(active)) if gated else 0.0
-            pause_after = gated and self.pause_cost.decide(next_wait, 0, len(active)).pause
 
-            def step(job, gated=gated, pause_after=pause_after, next_wait=next_wait):
+            def step(job, gated=gated):
                 i, action = job
                 with self._admitted(envs[i], stats) as slot:  # the step resumes its sandbox: a slot
                     try:
@@ -679,18 +686,20 @@ class EpisodeRunner:
                     ended = result[2] or result[3]
                     if slot is not None and ended and gated and id(envs[i]) in owned:
                         self._discard(envs[i], slot)  # `_return_envs` finds it closed
-                    elif slot is not None and not ended and (pause_after or self.gate.waiting):
-                        if slot.pause() and pause_after:  # its slot is free for a waiter right away
-                            with self._stats_lock:
-                                stats.pause_waits.append(next_wait)
+                    elif slot is not None and not ended and self.gate.waiting:
+                        slot.pause()  # its slot is free for the waiter right away
                     return result, None
 
+            jobs = list(zip(active, actions, strict=True))
+            if gated:
+                jobs.sort(key=lambda job: not self.gate.parked(envs[job[0]]))
             t = time.perf_counter()
-            results = list(self.threads.map(step, zip(active, actions, strict=True)))
+            results = dict(zip([i for i, _ in jobs], self.threads.map(step, jobs), strict=True))
             stats.env_step_s += time.perf_counter() - t
             stats.env_steps += len(active)
             still_active = []
-            for i, (result, error) in zip(active, results, strict=True):
+            for i in active:
+                result, error = results[i]
                 episode = episodes[i]
                 if error is not None:
                     episode.fail(error)

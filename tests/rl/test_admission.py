@@ -101,6 +101,38 @@ def test_running_sandboxes_stay_within_the_budget_when_episodes_outnumber_its_sl
     ]
 
 
+def test_under_a_binding_budget_running_sandboxes_wait_running_and_step_first(sandbox_config):
+    """Six episodes in two slots and a policy whose turns (3 s) are worth a pause for the cost model:
+    the sandboxes still running at a generation hold their slots through it (no pause for the wait:
+    the turn's steps pause and resume the episodes beyond the slots anyway) and step first, without a
+    resume, so each turn resumes at most the episodes beyond the slots plus one."""
+    cfg = compose(
+        "env=kv_lookup",
+        f"env.kwargs.data_mib={DATA_MIB}",
+        "env.kwargs.max_turns=2",
+        "rollout.env_threads=6",
+        "rollout.sandbox_pool.pause_policy=cost",
+        "rollout.policy_latency_s=3",
+        "rollout.sandbox_pool.overrides.warm_starts=true",
+        f"+rollout.sandbox_pool.overrides.memory_budget={BUDGET_MIB}m",
+        "+rollout.sandbox_pool.overrides.idle_after_s=0",
+    )
+    engine = TorchEngine(build_policy(cfg.model, seed=0), TOK)
+    runner = EpisodeRunner(cfg.env, cfg.rollout, engine, TOK, sandbox=sandbox_config)
+    try:
+        runner.run([1], group_size=2, generator=torch.Generator().manual_seed(0))  # measures a sandbox
+        with RunningSampler(runner.sandbox_pool) as sampler:
+            episodes, stats = runner.run([1, 2, 3], group_size=2, generator=torch.Generator().manual_seed(0))
+        slots = runner.gate.slots()
+    finally:
+        runner.close()
+    assert stats.failed == 0, stats.errors
+    assert slots == 2 and max(sampler.counts) <= slots and not stats.pause_waits
+    turns = max(e.turns for e in episodes)
+    assert turns == 2 and stats.env_steps == 12
+    assert stats.resumes <= stats.env_steps - turns * (slots - 1), (stats.resumes, stats.pauses)
+
+
 def test_a_policy_too_fast_to_pay_for_pauses_plays_waves_that_fit_the_slots(sandbox_config):
     """Under a binding budget (two slots) and a policy that answers at once: once the pool measured its
     sandboxes, a run plays one group per wave, which fits the slots, so no env waits for a slot and no
