@@ -329,22 +329,28 @@ class SandboxMemorySampler:
     """Host-side memory of the sandboxes of the pools named ``prefix-*``: every ``interval_s`` the sum of
     the cgroup RSS (anonymous + shared memory, `agentenv.backend.cgroups.read_usage`) of their
     containers that have processes (running or frozen; a CRIU-paused one has none), and the 1-minute
-    load average. Runs in a thread of the bench process while the training run's workers own the pools."""
+    load average. Runs in a thread of the bench process while the training run's workers own the pools.
+    The peak sample keeps what made it (each container's MiB, seconds since the sampler started), so a
+    peak over the budget can be explained from the row log."""
 
     def __init__(self, prefix: str, interval_s: float = 1.0) -> None:
         self.prefix = prefix
         self.interval_s = interval_s
         self.samples: list[tuple[int, int]] = []  # (bytes, sandboxes with processes) per sample
+        self.peak_parts_mib: list[int] = []  # each container's MiB in the peak sample, largest first
+        self.peak_at_s = 0.0  # when the peak sample was taken, seconds after start
         self.loads: list[float] = []
+        self._started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def _sample(self) -> tuple[int, int]:
+    def _sample(self) -> list[int]:
+        """The RSS bytes of each of the pools' containers that have processes."""
         from agentenv.backend import docker_client
         from agentenv.backend.cgroups import cgroup_dirs, read_usage
         from agentenv.pool.pool import LABEL_POOL
 
-        api, total, count = docker_client.api(), 0, 0
+        api, parts = docker_client.api(), []
         for c in api.containers(filters={"label": LABEL_POOL}):
             if not (c.get("Labels") or {}).get(LABEL_POOL, "").startswith(f"{self.prefix}-"):
                 continue
@@ -355,16 +361,19 @@ class SandboxMemorySampler:
             dirs = cgroup_dirs(pid) if pid else {}
             # only the container's own cgroup: a pid that is gone (or reused) would read another one's
             if c["Id"] in str(dirs.get("memory") or dirs.get("unified") or ""):
-                total += read_usage(pid).rss_bytes
-                count += 1
-        return total, count
+                parts.append(read_usage(pid).rss_bytes)
+        return parts
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                self.samples.append(self._sample())
+                parts = self._sample()
             except Exception:  # Docker busy: skip this sample
                 continue
+            if sum(parts) > self.peak_mib * 2**20:
+                self.peak_parts_mib = sorted((round(b / 2**20) for b in parts), reverse=True)
+                self.peak_at_s = time.monotonic() - self._started
+            self.samples.append((sum(parts), len(parts)))
             self.loads.append(os.getloadavg()[0])
 
     def __enter__(self) -> SandboxMemorySampler:
@@ -516,7 +525,9 @@ def run_memory_row(key: str, latency: float, overrides: list[str], args: argpars
     """One row of the table at one latency: `training_run` until ``--steady-iterations`` after the first
     (``trainer.iterations``) or ``--memory-minutes`` (``trainer.time_limit_s``), whichever comes first,
     with the host sampled for the sandboxes' memory; ``{"error": ...}`` when the run failed."""
-    prefix = f"bench-mem-{key}-{int(latency)}"
+    # a pool name of its own: sandboxes an earlier, killed run left under a reused name would be counted
+    # in this run's memory samples (and adopted by its pool)
+    prefix = f"bench-mem-{key}-{int(latency)}-{os.urandom(3).hex()}"
     print(f"memory row {key}, policy latency {latency:g} s ...", flush=True)
     run_overrides = [
         *fixed_memory_run(prefix, args.memory_minutes * 60),
@@ -539,6 +550,7 @@ def run_memory_row(key: str, latency: float, overrides: list[str], args: argpars
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     r["peak_mib"], r["peak_sandboxes"] = sampler.peak_mib, sampler.peak_sandboxes
+    r["peak_parts_mib"], r["peak_at_s"] = sampler.peak_parts_mib, sampler.peak_at_s
     r["load"] = sum(sampler.loads) / max(len(sampler.loads), 1)
     r["pause_s"] = max(h.get("sandbox_pause_p50_s", 0.0) for h in r["history"])
     r["resume_s"] = max(h.get("sandbox_resume_p50_s", 0.0) for h in r["history"])
@@ -688,7 +700,7 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
                   if "error" not in results[("c", lat)] and results[("c", lat)]["episodes"]]
     if measured_c:
         lat, c = measured_c[-1]
-        lines += [*cpu_lines(cost, c, group, lat, busy), "", *budget_lines(c, lat), ""]
+        lines += [*cpu_lines(cost, c, group, lat, busy), "", *budget_lines(measured_c), ""]
         lines += ["Waves row (c) played its groups in, per iteration (`rollout_waves`, summed over the "
                   "iteration's rollout calls: a call that plays every episode at once counts 1, one that "
                   "plays waves fitting the free slots, where those beat pausing the episodes beyond them "
@@ -770,22 +782,37 @@ def provenance_text(args: argparse.Namespace, rows: dict, reused: dict, commit: 
     return text
 
 
-def budget_lines(c: dict, latency: float) -> list[str]:
-    """Whether row (c) kept the budget at ``latency`` (measured: the host's peak sample) and how."""
+def peak_sample_words(c: dict) -> str:
+    """What made row ``c``'s peak memory sample, as its row log kept it."""
+    if not c.get("peak_parts_mib"):
+        return f"its peak sample summed {c['peak_sandboxes']} sandboxes; that run's log keeps no breakdown"
+    return (f"its peak sample, {c['peak_at_s']:.0f} s into the run, summed {c['peak_sandboxes']} sandboxes "
+            f"of {' + '.join(str(m) for m in c['peak_parts_mib'])} MiB")
+
+
+def budget_lines(measured_c: list[tuple[float, dict]]) -> list[str]:
+    """Whether row (c) kept the budget at every latency (measured: the host's peak sample; a peak over it
+    is shown with the containers that made it) and how, told on the highest latency."""
+    peaks = ", ".join(f"{lat:g} s {c['peak_mib']:.0f} MiB" for lat, c in measured_c)
+    over = [(lat, c) for lat, c in measured_c if c["peak_mib"] > MEMORY_BUDGET_MIB]
+    kept = ("kept at every latency" if not over else
+            "exceeded at " + "; ".join(f"{lat:g} s ({peak_sample_words(c)})" for lat, c in over))
+    latency, c = measured_c[-1]
     slots = max(h.get("sandbox_slots", 0.0) for h in c["history"])  # admission control's slots
     wait = sum(h.get("sandbox_slot_wait_s", 0.0) for h in c["history"]) / len(c["history"])
     waves = [h.get("rollout_waves", 0.0) for h in c["history"]]
-    kept = c["peak_mib"] <= MEMORY_BUDGET_MIB
     how = (
-        f"through the runner's admission control (`rollout.sandbox_pool.admission`, rl/admission.py): a "
-        f"sandbox runs only in one of {slots:.0f} slots (`memory_budget` over the median RSS the pool "
-        f"measured), {wait:.0f} s of slot waits per iteration summed over episodes, the groups played in "
-        f"{' / '.join(f'{w:.0f}' for w in waves)} waves per iteration (`rollout_waves`, below), "
-        "and the cost model pauses under pressure only as many waiting sandboxes as the budget needs"
-        if slots else "without admission control (`rollout.sandbox_pool.admission=false`)"
+        f"At {latency:g} s it went through the runner's admission control "
+        f"(`rollout.sandbox_pool.admission`, rl/admission.py): a sandbox runs only in one of {slots:.0f} "
+        f"slots (`memory_budget` over the median RSS the pool measured), {wait:.0f} s of slot waits per "
+        f"iteration summed over episodes, the groups played in {' / '.join(f'{w:.0f}' for w in waves)} "
+        "waves per iteration (`rollout_waves`, below), and the cost model pauses under pressure only as "
+        "many waiting sandboxes as the budget needs."
+        if slots else f"At {latency:g} s it ran without admission control "
+                      "(`rollout.sandbox_pool.admission=false`)."
     )
-    return [f"Budget, row (c) at {latency:g} s (measured, host samples): peak {c['peak_mib']:.0f} MiB "
-            f"against {MEMORY_BUDGET_MIB} MiB, {'kept' if kept else 'exceeded'}, {how}."]
+    return [f"Budget, row (c) (measured, host samples every second): peaks {peaks} against "
+            f"{MEMORY_BUDGET_MIB} MiB, {kept}. {how}"]
 
 
 HEAVY_TARGET = 0.9  # the success the heavy-task learning run aims at (mean of trainer.success_window)
@@ -800,8 +827,9 @@ def part_heavy(args: argparse.Namespace, user: list[str], command: str) -> str:
     sandbox_mib = heavy_sandbox_cost(user, forks=0, cycles=0)["sandbox_mib"]  # measured, not typed
     _group, cap = memory_concurrency(user, sandbox_mib)
     _name, row_a = memory_rows(cap)["a"]
+    heavy_pool = f"bench-heavy-{os.urandom(3).hex()}"  # its own: see run_memory_row
     overrides = [
-        *fixed_memory_run("bench-heavy", args.heavy_minutes * 60),
+        *fixed_memory_run(heavy_pool, args.heavy_minutes * 60),
         f"trainer.stop_at_success={HEAVY_TARGET}",
         *row_a,
         *user,
@@ -809,7 +837,7 @@ def part_heavy(args: argparse.Namespace, user: list[str], command: str) -> str:
     print(f"heavy task: learning run (at most {args.heavy_minutes:g} min) ...", flush=True)
     run_dir = Path(tempfile.mkdtemp(prefix="k3rl-bench-heavy-"))
     try:
-        with SandboxMemorySampler("bench-heavy") as sampler:
+        with SandboxMemorySampler(heavy_pool) as sampler:
             r = training_run(overrides, run_dir, target=HEAVY_TARGET)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -289,6 +289,28 @@ class SandboxPool:
         self.state.mark(sandbox.id, paused=True)
         return True
 
+    def _pause_idle_member(self, sandbox: Sandbox) -> str:
+        """Pause an idle member this caller has claimed, for the budget or the idle sweep: "paused";
+        "gone" when its owner closed (or removed) it since the registry read, which frees its memory as
+        well and is no failure; "kept" when it keeps running (another caller paused it first, or the
+        pause failed, e.g. at the disk cap: logged)."""
+        error: Exception | None = None
+        try:
+            if self._pause_member(sandbox):
+                return "paused"
+        except (CheckpointError, SandboxStateError) as e:
+            error = e
+        try:
+            gone = sandbox.status in ("closed", "broken")
+        except SandboxNotFound:
+            gone = True
+        if gone:
+            self.state.drop(sandbox.id)
+            return "gone"
+        if error is not None:
+            log.warning("pool %s: could not pause idle sandbox %s: %s", self.name, sandbox.id, error)
+        return "kept"
+
     @property
     def _freezes(self) -> bool:
         return self.settings.pause_method == "freeze"
@@ -583,10 +605,8 @@ class SandboxPool:
                 if not self.state.claim_for_pause(m.sandbox_id):
                     continue  # in use right now
                 try:
-                    if self._pause_member(sb):
+                    if self._pause_idle_member(sb) != "kept":
                         used -= rss
-                except (CheckpointError, SandboxStateError) as e:  # e.g. the disk cap: it keeps running
-                    log.warning("pool %s: could not pause idle sandbox %s: %s", self.name, sb.id, e)
                 finally:
                     self.state.end_pause(m.sandbox_id)
                 if used + need <= budget:
@@ -612,9 +632,7 @@ class SandboxPool:
                     and self.state.claim_for_pause(m.sandbox_id)
                 ):
                     try:
-                        n += self._pause_member(sb)
-                    except (CheckpointError, SandboxStateError) as e:
-                        log.warning("pool %s: could not pause idle sandbox %s: %s", self.name, sb.id, e)
+                        n += self._pause_idle_member(sb) == "paused"
                     finally:
                         self.state.end_pause(m.sandbox_id)
             return n

@@ -86,6 +86,43 @@ def test_leased_member_is_never_paused_and_strict_budget_raises(pool_factory):
     assert a.status == "paused"
 
 
+def test_members_closed_by_their_owners_while_the_budget_pauses_them_count_as_freed(
+        pool_factory, monkeypatch, caplog):
+    """The budget reads the running members, then pauses them one by one; an owner may close its member
+    in between (before the pause looks at it, or while the pause runs). Either way its memory is gone:
+    the budget counts it freed and drops it, and logs no failed pause."""
+    pool = pool_factory("gone", memory_budget=1, idle_after_s=0.0, warm_starts=False)
+    a = pool.create()
+    with pool.using(a):  # in use: creating b (over the 1-byte budget) cannot pause it
+        b = pool.create()
+    assert (a.status, b.status) == ("running", "running")
+    over_before = pool.metrics().over_budget
+    read_running = pool._running
+
+    def running_then_owners_close():
+        running, used = read_running()
+        for _member, sb, _rss in running:
+            if sb.id == a.id:
+                sb.close()  # closed before the pause looks at it
+            elif sb.id == b.id:
+                pause = sb.pause
+
+                def close_then_pause(sb=sb, pause=pause):
+                    sb.close()  # closed while the pause runs
+                    return pause()
+
+                sb.pause = close_then_pause
+        return running, used
+
+    monkeypatch.setattr(pool, "_running", running_then_owners_close)
+    with caplog.at_level("WARNING", logger="agentenv"):
+        assert pool.ensure_budget(0) == 0, "both closed members' memory counts as freed"
+    assert not [r for r in caplog.records if "could not pause" in r.getMessage()], caplog.text
+    assert (a.status, b.status) == ("closed", "closed")
+    assert {m.sandbox_id for m in pool.state.members()}.isdisjoint({a.id, b.id}), "dropped from the pool"
+    assert pool.metrics().over_budget == over_before, "the budget was kept"
+
+
 def test_concurrent_threads_share_a_tight_pool(pool_factory):
     pool = pool_factory("threads", memory_budget="8m", idle_after_s=0.0)
     members = [pool.create() for _ in range(3)]
