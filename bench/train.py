@@ -330,24 +330,25 @@ class SandboxMemorySampler:
     the cgroup RSS (anonymous + shared memory, `agentenv.backend.cgroups.read_usage`) of their
     containers that have processes (running or frozen; a CRIU-paused one has none), and the 1-minute
     load average. Runs in a thread of the bench process while the training run's workers own the pools.
-    The peak sample keeps what made it (each container's MiB, seconds since the sampler started), so a
-    peak over the budget can be explained from the row log."""
+    The peak sample keeps what made it (each container's RSS, memory limit and process count, and the
+    seconds since the sampler started), so a peak over the budget can be explained from the row log."""
 
     def __init__(self, prefix: str, interval_s: float = 1.0) -> None:
         self.prefix = prefix
         self.interval_s = interval_s
         self.samples: list[tuple[int, int]] = []  # (bytes, sandboxes with processes) per sample
-        self.peak_parts_mib: list[int] = []  # each container's MiB in the peak sample, largest first
+        self.peak_parts: list[dict] = []  # each container in the peak sample (`_sample`), largest first
         self.peak_at_s = 0.0  # when the peak sample was taken, seconds after start
         self.loads: list[float] = []
         self._started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def _sample(self) -> list[int]:
-        """The RSS bytes of each of the pools' containers that have processes."""
+    def _sample(self) -> list[dict]:
+        """Each of the pools' containers that have processes: its cgroup RSS in bytes, its memory limit
+        (None: none set) and how many processes its cgroup holds."""
         from agentenv.backend import docker_client
-        from agentenv.backend.cgroups import cgroup_dirs, read_usage
+        from agentenv.backend.cgroups import cgroup_dirs, cgroup_pids, read_usage
         from agentenv.pool.pool import LABEL_POOL
 
         api, parts = docker_client.api(), []
@@ -359,9 +360,11 @@ class SandboxMemorySampler:
             except Exception:  # removed meanwhile
                 continue
             dirs = cgroup_dirs(pid) if pid else {}
+            memory_dir = dirs.get("memory") or dirs.get("unified")
             # only the container's own cgroup: a pid that is gone (or reused) would read another one's
-            if c["Id"] in str(dirs.get("memory") or dirs.get("unified") or ""):
-                parts.append(read_usage(pid).rss_bytes)
+            if memory_dir is not None and c["Id"] in str(memory_dir):
+                parts.append({"container": c["Id"][:12], "rss": read_usage(pid).rss_bytes,
+                              "limit": memory_limit(memory_dir), "processes": len(cgroup_pids(pid))})
         return parts
 
     def _loop(self) -> None:
@@ -370,10 +373,12 @@ class SandboxMemorySampler:
                 parts = self._sample()
             except Exception:  # Docker busy: skip this sample
                 continue
-            if sum(parts) > self.peak_mib * 2**20:
-                self.peak_parts_mib = sorted((round(b / 2**20) for b in parts), reverse=True)
+            total = sum(p["rss"] for p in parts)
+            if total > self.peak_mib * 2**20:
+                self.peak_parts = sorted(({**p, "rss_mib": round(p["rss"] / 2**20)} for p in parts),
+                                         key=lambda p: -p["rss"])
                 self.peak_at_s = time.monotonic() - self._started
-            self.samples.append((sum(parts), len(parts)))
+            self.samples.append((total, len(parts)))
             self.loads.append(os.getloadavg()[0])
 
     def __enter__(self) -> SandboxMemorySampler:
@@ -550,7 +555,7 @@ def run_memory_row(key: str, latency: float, overrides: list[str], args: argpars
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     r["peak_mib"], r["peak_sandboxes"] = sampler.peak_mib, sampler.peak_sandboxes
-    r["peak_parts_mib"], r["peak_at_s"] = sampler.peak_parts_mib, sampler.peak_at_s
+    r["peak_parts"], r["peak_at_s"] = sampler.peak_parts, sampler.peak_at_s
     r["load"] = sum(sampler.loads) / max(len(sampler.loads), 1)
     r["pause_s"] = max(h.get("sandbox_pause_p50_s", 0.0) for h in r["history"])
     r["resume_s"] = max(h.get("sandbox_resume_p50_s", 0.0) for h in r["history"])
@@ -782,12 +787,32 @@ def provenance_text(args: argparse.Namespace, rows: dict, reused: dict, commit: 
     return text
 
 
+def memory_limit(memory_dir: Path) -> int | None:
+    """The memory limit of a cgroup in bytes (v1 ``memory.limit_in_bytes``, v2 ``memory.max``); None
+    when it sets none."""
+    for name in ("memory.limit_in_bytes", "memory.max"):
+        try:
+            text = (memory_dir / name).read_text().strip()
+        except OSError:
+            continue
+        return None if text == "max" or int(text) >= 2**62 else int(text)
+    return None
+
+
 def peak_sample_words(c: dict) -> str:
-    """What made row ``c``'s peak memory sample, as its row log kept it."""
-    if not c.get("peak_parts_mib"):
+    """What made row ``c``'s peak memory sample, as its row log kept it: each container's RSS, and its
+    limit and processes where one read above its own limit."""
+    parts = c.get("peak_parts")
+    if not parts:
         return f"its peak sample summed {c['peak_sandboxes']} sandboxes; that run's log keeps no breakdown"
+
+    def part(p: dict) -> str:
+        over = p["limit"] is not None and p["rss"] > p["limit"]
+        return (f"{p['rss_mib']} MiB (container {p['container']}, above its own {p['limit'] / 2**20:.0f} MiB "
+                f"limit, {p['processes']} processes in its cgroup)" if over else f"{p['rss_mib']} MiB")
+
     return (f"its peak sample, {c['peak_at_s']:.0f} s into the run, summed {c['peak_sandboxes']} sandboxes "
-            f"of {' + '.join(str(m) for m in c['peak_parts_mib'])} MiB")
+            f"of {' + '.join(part(p) for p in parts)}")
 
 
 def budget_lines(measured_c: list[tuple[float, dict]]) -> list[str]:
