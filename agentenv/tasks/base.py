@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import shlex
 import string
 import time
 from contextlib import AbstractContextManager
@@ -272,6 +273,16 @@ class SandboxTask(gym.Env[str, str]):
                 result,
             )
         return result
+
+    def run_agent_command(self, command: str, cwd: str, limit_s: int, max_chars: int) -> str:
+        """The observation of an agent's command line: run in ``cwd`` under the game's own ``limit_s``
+        (``timeout``: exit 124 is an ordinary result), its output cut to ``max_chars``. A line no shell
+        can take (a NUL byte: argv strings end at one) is the agent's mistake, told back as its
+        observation, never an infrastructure failure of the episode."""
+        if "\0" in command:
+            return "sh: cannot run a command that contains a NUL byte"
+        output = self.run(f"cd {cwd} && timeout {limit_s} sh -c {shlex.quote(command)}").output
+        return output[:max_chars] or "(no output)"
 
     def _session_in(self, sandbox: SandboxHandle) -> ShellSession:
         """This env's session in ``sandbox`` (a new one when the env moved to another sandbox)."""

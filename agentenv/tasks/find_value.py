@@ -64,6 +64,4 @@ class FindValue(SandboxTask):
             submitted = action[len("submit") :].strip()
             success = submitted == self._answer
             return Outcome("correct" if success else "wrong", done=True, success=success)
-        command = f"cd /workspace/tree && timeout 5 sh -c {shlex.quote(action)}"
-        output = self.run(command).output
-        return Outcome(output[: self.max_output_chars] or "(no output)")
+        return Outcome(self.run_agent_command(action, "/workspace/tree", 5, self.max_output_chars))

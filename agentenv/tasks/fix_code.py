@@ -97,8 +97,7 @@ class FixCode(SandboxTask):
         return Outcome(self._shell(action))
 
     def _shell(self, action: str) -> str:
-        output = self.run(f"cd /workspace/fix && timeout 5 sh -c {shlex.quote(action)}").output
-        return output[: self.max_output_chars] or "(no output)"
+        return self.run_agent_command(action, "/workspace/fix", 5, self.max_output_chars)
 
     def reward(self, outcome: Outcome) -> float:
         return float(outcome.info.get("passed_fraction", 0.0))

@@ -94,6 +94,18 @@ def test_find_value_is_solved_by_reading_the_files(make_task):
     assert terminated and reward == 1.0 and info["success"]
 
 
+@pytest.mark.parametrize("task_id", ["agentenv/FindValue-v0", "agentenv/FixCode-v0"])
+def test_a_command_no_shell_can_run_is_the_agents_observation_not_a_failure(make_task, task_id):
+    """An untrained policy samples any byte: a NUL in its command line (no argv string can hold one)
+    is told back to it as the observation, the episode goes on, and the next command runs."""
+    env = make_task(task_id)
+    env.reset(seed=3)
+    observation, reward, terminated, truncated, _ = env.step("ls\x00 -la")
+    assert "NUL" in observation and not (terminated or truncated) and reward == 0.0
+    listing, *_ = env.step("echo still here")
+    assert listing.strip() == "still here"
+
+
 def test_fix_code_reward_is_the_fraction_of_tests_passed(make_task):
     env = make_task("agentenv/FixCode-v0")
     seed = next(s for s in range(100) if problem_index(s) == 0)  # the `add` problem
