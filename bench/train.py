@@ -336,7 +336,6 @@ class SandboxMemorySampler:
     def __init__(self, prefix: str, interval_s: float = 1.0) -> None:
         self.prefix = prefix
         self.interval_s = interval_s
-        self.samples: list[tuple[int, int]] = []  # (bytes, sandboxes with processes) per sample
         self.peak_parts: list[dict] = []  # each container in the peak sample (`_sample`), largest first
         self.peak_at_s = 0.0  # when the peak sample was taken, seconds after start
         self.loads: list[float] = []
@@ -373,12 +372,10 @@ class SandboxMemorySampler:
                 parts = self._sample()
             except Exception:  # Docker busy: skip this sample
                 continue
-            total = sum(p["rss"] for p in parts)
-            if total > self.peak_mib * 2**20:
+            if sum(p["rss"] for p in parts) > self.peak_mib * 2**20:
                 self.peak_parts = sorted(({**p, "rss_mib": round(p["rss"] / 2**20)} for p in parts),
                                          key=lambda p: -p["rss"])
                 self.peak_at_s = time.monotonic() - self._started
-            self.samples.append((total, len(parts)))
             self.loads.append(os.getloadavg()[0])
 
     def __enter__(self) -> SandboxMemorySampler:
@@ -391,12 +388,12 @@ class SandboxMemorySampler:
 
     @property
     def peak_mib(self) -> float:
-        return max(self.samples, default=(0, 0))[0] / 2**20
+        return sum(p["rss"] for p in self.peak_parts) / 2**20
 
     @property
     def peak_sandboxes(self) -> int:
         """How many sandboxes had processes at the peak sample."""
-        return max(self.samples, default=(0, 0))[1]
+        return len(self.peak_parts)
 
 
 def memory_rows(cap: int) -> dict[str, tuple[str, list[str]]]:
