@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentenv import checks
-from agentenv.backend import select_backend
 from agentenv.backend.base import (
     LABEL_HOME,
     Checkpoint,
@@ -27,6 +26,7 @@ from agentenv.backend.base import (
     SandboxBackend,
     ShellStream,
 )
+from agentenv.backend.selection import select_backend
 from agentenv.checks import MAX_FORKS, workspace_path
 from agentenv.config import SandboxConfig
 from agentenv.errors import (
@@ -39,6 +39,7 @@ from agentenv.errors import (
     SandboxNotFound,
     SandboxStateError,
 )
+from agentenv.faults import crash_point
 from agentenv.locks import sandbox_lock
 from agentenv.paths import agentenv_home
 from agentenv.registry import Registry, SandboxRecord
@@ -48,6 +49,10 @@ from agentenv.session import Session
 __all__ = ["MAX_FORKS", "Sandbox", "remove_sandbox", "runtime", "workspace_path"]
 
 CONTAINER_REMOVED = "its container was removed outside AgentENV"
+# Labels `agentenv serve` sets on the sandboxes it serves (this key names the server, keys below it hold
+# the facts of its E2B row: agentenv/server/store.py). A fork inherits its source's labels but these: a
+# fork made outside the server (the CLI, a script) is not the server's; the server labels its own forks.
+SERVED_LABEL = "org.k3rl.agentenv.e2b"
 _EXIT_REFUSED = 3   # in-container file scripts: path resolves outside the work dir
 _EXIT_TOO_BIG = 4   # in-container file scripts: file larger than file_limit_bytes
 _EXIT_MISSING = 5   # in-container file scripts: no such file
@@ -370,6 +375,7 @@ class Sandbox:
                 self._rt.registry.update_sandbox(self.id, state="broken",
                                                  reason="its container stopped during a failed checkpoint")
             raise
+        crash_point("pause-dumped")
         self._rt.registry.insert_checkpoint(self.id, ck)
         self._rt.registry.update_sandbox(self.id, state="paused", reason=None,
                                          cpu_seconds_before=rec.cpu_seconds_before + cpu_now)
@@ -406,6 +412,7 @@ class Sandbox:
     def _drop_checkpoint(self, rec: SandboxRecord, ck: Checkpoint) -> None:
         """Delete a checkpoint the sandbox no longer needs: its images and its registry row."""
         self._rt.backend.discard_checkpoint(self._ref(rec), ck)
+        crash_point("checkpoint-discarded")
         self._rt.registry.delete_checkpoint(ck.id)
 
     def freeze(self) -> None:
@@ -448,7 +455,7 @@ class Sandbox:
         """`n` new running sandboxes restored from this one's checkpoint (its memory and files). A
         running source is paused for the copy and resumed afterwards; a paused one stays paused.
         Forks share all memory, PRNG state included: reseed from /run/agentenv/seed if that matters.
-        `labels`: the forks' labels (default: the source's)."""
+        `labels`: the forks' labels (default: the source's but `SERVED_LABEL`'s)."""
         n = checks.fork_count(n)
         labels = checks.sandbox_labels(labels)
         with self._lock("fork"):
@@ -475,7 +482,7 @@ class Sandbox:
         and its checkpoint is deleted once all are done; the source is brought back (or tried) also when
         the forks fail. Returns the forks and the source's resume error (None: resumed, or not asked)."""
         cfg = self.config
-        fork_labels = dict(rec.labels) if labels is None else dict(labels)
+        fork_labels = inherited_labels(rec.labels) if labels is None else dict(labels)
         ids = [secrets.token_hex(6) for _ in range(n)]
         for sid in ids:  # rows first, so that gc sees forks in progress as 'creating'
             self._rt.registry.insert_sandbox(id=sid, state="creating", image=rec.image, user=rec.user,
@@ -560,6 +567,11 @@ def remove_sandbox(rt: _Runtime, rec: SandboxRecord, reason: str | None = None) 
     while (ck := rt.registry.latest_checkpoint(rec.id)) is not None:
         rt.registry.delete_checkpoint(ck.id)
     rt.registry.update_sandbox(rec.id, state="closed", **({} if reason is None else {"reason": reason}))
+
+
+def inherited_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """The labels a fork takes from its source: all but `SERVED_LABEL` and the keys below it."""
+    return {k: v for k, v in labels.items() if k != SERVED_LABEL and not k.startswith(SERVED_LABEL + ".")}
 
 
 def _confine(workspace: str) -> str:

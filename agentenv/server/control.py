@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentenv.checks import MAX_FORKS
 from agentenv.errors import AgentEnvError, SandboxNotFound, SandboxStateError
-from agentenv.sandbox import Sandbox
+from agentenv.faults import crash_point
+from agentenv.sandbox import Sandbox, inherited_labels
 from agentenv.server.errors import ApiError
 from agentenv.server.metrics import Metrics
 from agentenv.server.reaper import NEVER
@@ -267,14 +268,16 @@ def control_router(state: ServerState) -> APIRouter:
                                 f"supported by agentenv serve: {_MEMORY_KEPT}")
         timeout = ttl(body.timeout)
         snap = state.store.snapshot(body.templateID)
+        template = snap["snapshot_id"] if snap is not None else body.templateID
+        metadata, env_vars, auto_pause = body.metadata or {}, body.envVars or {}, bool(body.autoPause)
+        labels = state.store.served_labels(template, metadata, env_vars, auto_pause)
         if snap is not None:  # a snapshot: fork its paused sandbox (memory and files)
-            sb = Sandbox.get(snap["snapshot_id"]).fork(1)[0]
+            source = Sandbox.get(snap["snapshot_id"])
+            sb = source.fork(1, labels={**inherited_labels(source.labels), **labels})[0]
         else:
-            sb = Sandbox.create(image=body.templateID, labels={"org.k3rl.agentenv.e2b": "1"})
+            sb = Sandbox.create(image=body.templateID, labels=labels)
         try:
-            template = snap["snapshot_id"] if snap is not None else body.templateID
-            rec = state.store.insert(sb.id, template, body.metadata or {}, body.envVars or {}, timeout,
-                                     bool(body.autoPause))
+            rec = state.store.insert(sb.id, template, metadata, env_vars, timeout, auto_pause)
         except BaseException:
             sb.close()
             raise
@@ -373,8 +376,10 @@ def control_router(state: ServerState) -> APIRouter:
         sb, _rec, status = served(sandbox_id)
         if status == "paused":
             raise SandboxStateError(f"sandbox {sandbox_id} is already paused")
+        crash_point("pause-start")
         with state.gone_if_broken(sb):
             sb.pause()
+        crash_point("pause-recorded")
         state.store.set_end(sb.id, time.time())
         return Response(status_code=204)
 
@@ -444,7 +449,9 @@ def control_router(state: ServerState) -> APIRouter:
         sb, rec, _status = served(sandbox_id, "running", "paused")
         out = []
         metadata = rec.metadata if body.metadata is None else body.metadata
-        for child in sb.fork(body.count or 1):
+        labels = {**inherited_labels(sb.labels),
+                  **state.store.served_labels(rec.template_id, metadata, rec.env_vars, rec.auto_pause)}
+        for child in sb.fork(body.count or 1, labels=labels):
             crec = state.store.insert(child.id, rec.template_id, metadata, rec.env_vars, timeout,
                                       rec.auto_pause)
             out.append(ForkResult(sandbox=created(child, crec)))
@@ -496,7 +503,9 @@ def control_router(state: ServerState) -> APIRouter:
             raise ApiError(400, "filesystem-only snapshots are not supported by agentenv serve: snapshots "
                                 "always hold memory and files (CRIU)")
         sb, rec, _status = served(sandbox_id, "running", "paused")
-        snap = sb.fork(1)[0]
+        labels = {**inherited_labels(sb.labels),
+                  **state.store.snapshot_labels(sb.id, body.name, rec.template_id)}
+        snap = sb.fork(1, labels=labels)[0]
         try:
             snap.pause()
             old = state.store.snapshot(body.name) if body.name else None

@@ -2,14 +2,25 @@
 sandbox's container (killed, OOM, removed), or dockerd (a restart stops every running container).
 
 - `recover` runs once at start-up, before the first request: what a dead server left half-done is
-  finished or undone (a create or fork it never answered is removed, a resume that ran on after it died
-  is rolled back to the paused state, a record whose container is gone is forgotten);
+  finished or undone (a create or fork it left half made is removed; a pause whose dump finished is
+  recorded, the sandbox paused, else it runs on; a resume that ran on after it died is rolled back to the
+  paused state while its checkpoint is intact, else recorded; a record whose container is gone is
+  forgotten), and the E2B row of every sandbox the server owns is made again from its labels when
+  missing (a lost or emptied `e2b.sqlite3`, or a create it never answered);
 - `sweep` runs in the reaper's thread every `liveness_check_interval_s`: a running sandbox whose
-  container stopped is forgotten, so that listing no longer shows it;
+  container stopped is forgotten (unless a dead pause left it paused: `agentenv.server.interrupted`),
+  so that listing no longer shows it;
 - `settle` checks one sandbox when a request reaches it (marked broken, or its container stopped);
 - `forget` removes a gone sandbox (container, volume, checkpoints, E2B row) and keeps why in the
   registry's row, which `gone_reason` reads back: every later request on it is told why, not just
   "not found".
+
+Only what the server provably made is ever removed: a sandbox labelled with this home's server id
+(`agentenv.server.store`), or one with a row in its store. A fork made outside the server (`agentenv fork`
+of a served sandbox) is neither, and is never touched. An empty or missing store removes nothing: the
+rows are rebuilt from the labels, which carry every fact a row holds but the envd access token (a new one
+is issued: the token opens the data plane and stays out of labels), so a rebuild keeps all that refusing
+to start would have kept, and serves the sandboxes again.
 
 Every change to a sandbox holds its registry lock (`agentenv.locks`), so nothing here races a pause,
 resume or kill in progress: a sandbox whose lock is busy is left for the next round.
@@ -26,27 +37,32 @@ from agentenv.errors import SandboxBusy
 from agentenv.locks import sandbox_lock
 from agentenv.registry import SandboxRecord
 from agentenv.sandbox import CONTAINER_REMOVED, remove_sandbox, runtime
+from agentenv.server.interrupted import checkpoint_intact, drop_leftovers, finish_pause
 from agentenv.server.store import E2BStore
 
 log = logging.getLogger(__name__)
-E2B_LABEL = "org.k3rl.agentenv.e2b"  # every sandbox made through the API (and its forks) carries it
 GONE = "gone: "                       # prefix of the registry reason of a sandbox forgotten here
 LOCK_TIMEOUT_S = 2.0                  # start-up: how long to wait for a sandbox's lock
 CHECK_LOCK_S = 0.3                    # a request's check: a sandbox busy longer is someone else's to settle
+DUMP_WAIT_S = 120.0                   # start-up: how long a dump a dead server started may still run
+STOPPED_DUMP_WAIT_S = 10.0            # a stopped container: how long its dump's processes may take to end
 
 
 @dataclass
 class Recovery:
     """What `recover` did, by sandbox id."""
 
-    unanswered: list[str] = field(default_factory=list)   # made by a dead server, never handed out
+    unanswered: list[str] = field(default_factory=list)   # half made by a dead server: removed
+    paused: list[str] = field(default_factory=list)       # a pause whose dump finished: recorded
     rolled_back: list[str] = field(default_factory=list)  # a resume that outlived its server: paused again
     resumed: list[str] = field(default_factory=list)      # a resume that finished but for its record
     gone: list[str] = field(default_factory=list)         # container gone or stopped: forgotten
+    rebuilt: list[str] = field(default_factory=list)      # E2B row made again from the labels
     busy: list[str] = field(default_factory=list)         # locked by another process: left alone
 
     def any(self) -> bool:
-        return bool(self.unanswered or self.rolled_back or self.resumed or self.gone)
+        return bool(self.unanswered or self.paused or self.rolled_back or self.resumed or self.gone
+                    or self.rebuilt)
 
 
 def why_dead(st: ContainerState | None) -> str:
@@ -74,11 +90,21 @@ def gone_reason(sandbox_id: str) -> str | None:
     return rec.reason[len(GONE):]
 
 
+def stopped(store: E2BStore, rec: SandboxRecord, why: str) -> str | None:
+    """A sandbox recorded running whose container is not running (the caller holds its lock): paused, when
+    a pause that died left its finished dump (None); else forgotten, and `why` returned."""
+    if finish_pause(runtime(), rec, STOPPED_DUMP_WAIT_S) is not None:
+        log.warning("sandbox %s: a pause that died after its dump is recorded: the sandbox is paused", rec.id)
+        return None
+    forget(store, rec, why)
+    return why
+
+
 def settle(store: E2BStore, sandbox_id: str, probe: bool = False) -> str | None:
     """None while the sandbox is fine; else forget it and return why it is gone: it is marked broken (its
     container died under a command or a pause), or, with `probe`, the registry says running but its
-    container is not (one inspect). A sandbox whose lock another request holds counts as fine: that
-    request notices for itself."""
+    container is not (one inspect; a dead pause's finished dump makes it paused instead). A sandbox whose
+    lock another request holds counts as fine: that request notices for itself."""
     rt = runtime()
     try:
         with sandbox_lock(rt.registry.lock_dir, sandbox_id, CHECK_LOCK_S, "check a sandbox"):
@@ -91,7 +117,7 @@ def settle(store: E2BStore, sandbox_id: str, probe: bool = False) -> str | None:
                 st = rt.backend.state(ContainerRef(rec.container or "", rec.volume or ""))
                 if st is not None and st.running:
                     return None
-                why = why_dead(st)
+                return stopped(store, rec, why_dead(st))
             else:
                 return None
             forget(store, rec, why)
@@ -100,20 +126,20 @@ def settle(store: E2BStore, sandbox_id: str, probe: bool = False) -> str | None:
         return None
 
 
-def recover(store: E2BStore) -> Recovery:
-    """Start-up: settle every sandbox an earlier server of this home left (see the module docstring).
-    Only one server may use a home at a time (`agentenv serve` holds `server.lock`), so nothing found
-    here is in the middle of a request."""
+def recover(store: E2BStore, ttl_s: float) -> Recovery:
+    """Start-up: settle every sandbox an earlier server of this home left (see the module docstring);
+    `ttl_s`: the time to live of a running sandbox whose row is rebuilt. Only one server may use a home
+    at a time (`agentenv serve` holds `server.lock`), so nothing found here is in the middle of a request."""
     rt = runtime()
     out = Recovery()
-    served = set(store.ids()) | {s["snapshot_id"] for s in store.snapshots()}
+    rows = set(store.ids()) | {s["snapshot_id"] for s in store.snapshots()}
     for rec in rt.registry.list_sandboxes(include_closed=False):
-        if rec.labels.get(E2B_LABEL) != "1":
-            continue
+        if not (store.owns(rec) or rec.id in rows):
+            continue  # not provably this server's (e.g. `agentenv fork` of a served sandbox): not touched
         try:
             with sandbox_lock(rt.registry.lock_dir, rec.id, LOCK_TIMEOUT_S, "recover"):
                 rec = rt.registry.get_sandbox(rec.id) or rec
-                _recover_one(store, rec, rec.id in served, out)
+                _recover_one(store, _owned(store, rec), rec.id in rows, ttl_s, out)
         except SandboxBusy:
             out.busy.append(rec.id)
     for sid in store.ids():  # E2B rows whose sandbox the registry closed or lost
@@ -123,12 +149,22 @@ def recover(store: E2BStore) -> Recovery:
     return out
 
 
-def _recover_one(store: E2BStore, rec: SandboxRecord, served: bool, out: Recovery) -> None:
+def _owned(store: E2BStore, rec: SandboxRecord) -> SandboxRecord:
+    """`rec`, labelled as this server's when its row here says so but its labels do not (made before
+    labels named the server); the registry's labels are what later recoveries read."""
+    labels = None if store.owns(rec) else store.labels_of_row(rec.id)
+    if labels is None:
+        return rec
+    runtime().registry.update_sandbox(rec.id, labels={**rec.labels, **labels})
+    return runtime().registry.get_sandbox(rec.id) or rec
+
+
+def _recover_one(store: E2BStore, rec: SandboxRecord, has_row: bool, ttl_s: float, out: Recovery) -> None:
     rt = runtime()
-    ref = ContainerRef(rec.container or "", rec.volume or "")
-    if rec.state == "creating" or not served:
-        # a create or fork whose answer never left the dead server: nobody knows its id. Its container
-        # may exist without the registry knowing it yet (Docker finished the create the server asked for)
+    if rec.state == "creating":
+        # a create or fork that never finished: its container may exist without the registry knowing it
+        # yet (Docker finished the create the server asked for). A finished one without a row (a lost
+        # store, or an answer that never left) is kept: its row is rebuilt below.
         flt = {"label": f"{LABEL_SANDBOX}={rec.id}"}
         for c in docker_client.api().containers(all=True, filters=flt):
             rt.backend.remove(ContainerRef(c["Id"], ""))
@@ -139,25 +175,46 @@ def _recover_one(store: E2BStore, rec: SandboxRecord, served: bool, out: Recover
         return
     if rec.state not in ("running", "paused"):
         return  # broken: the first request on it reports why and forgets it
-    st = rt.backend.state(ref) if ref.container else None
-    if rec.state == "running":
-        if st is None or not st.running:
-            why = why_dead(st) if st is not None else "its container is gone (a kill in progress when the " \
-                "server died, or removed outside AgentENV)"
-            forget(store, rec, why + " (found when the server restarted)")
-            out.gone.append(rec.id)
+    if rec.state == "running" and finish_pause(rt, rec, DUMP_WAIT_S) is not None:
+        out.paused.append(rec.id)  # a pause that died after its dump
+        rec = rt.registry.get_sandbox(rec.id) or rec
+    if not _settle_container(store, rec, out):
         return
+    drop_leftovers(rt, rec)
+    if not has_row and store.row_from_labels(rec, ttl_s) is not None:
+        out.rebuilt.append(rec.id)
+
+
+def _settle_container(store: E2BStore, rec: SandboxRecord, out: Recovery) -> bool:
+    """Bring a running or paused sandbox in line with its container; False when it is forgotten."""
+    rt = runtime()
+    ref = ContainerRef(rec.container or "", rec.volume or "")
+    st = rt.backend.state(ref) if ref.container else None
     if st is None:
         forget(store, rec, "its container is gone (a kill in progress when the server died, or removed "
                            "outside AgentENV; found when the server restarted)")
         out.gone.append(rec.id)
-    elif st.running:  # paused in the registry, yet running: a resume outlived its server
-        if rt.registry.latest_checkpoint(rec.id) is not None:
+        return False
+    if rec.state == "running":
+        if not st.running:
+            forget(store, rec, why_dead(st) + " (found when the server restarted)")
+            out.gone.append(rec.id)
+            return False
+        while (ck := rt.registry.latest_checkpoint(rec.id)) is not None:  # a fork's, kept for its copies
+            rt.backend.discard_checkpoint(ref, ck)
+            rt.registry.delete_checkpoint(ck.id)
+        return True
+    if st.running:  # paused in the registry, yet running: a resume outlived its server
+        ck = rt.registry.latest_checkpoint(rec.id)
+        if ck is not None and checkpoint_intact(rt, ck):
             docker_client.api().kill(ref.container)  # the checkpoint, still there, stays the truth
             out.rolled_back.append(rec.id)
-        else:  # the restore had finished and its checkpoint was dropped: only the record was missing
+        else:  # the restore was verified and its checkpoint dropped: only the record was missing
+            if ck is not None:
+                rt.registry.delete_checkpoint(ck.id)
             rt.registry.update_sandbox(rec.id, state="running", reason=None)
             out.resumed.append(rec.id)
+    return True
 
 
 def sweep(store: E2BStore) -> list[str]:
@@ -165,7 +222,7 @@ def sweep(store: E2BStore) -> list[str]:
     inspect, under the sandbox's lock, per suspect); returns their ids."""
     rt = runtime()
     running = [r for r in rt.registry.list_sandboxes(include_closed=False)
-               if r.state == "running" and r.container and r.labels.get(E2B_LABEL) == "1"]
+               if r.state == "running" and r.container and store.owns(r)]
     if not running:
         return []
     flt = {"label": f"{LABEL_HOME}={rt.home}", "status": "running"}
@@ -182,8 +239,8 @@ def sweep(store: E2BStore) -> list[str]:
                 st = rt.backend.state(ContainerRef(rec.container or "", rec.volume or ""))
                 if st is not None and st.running:
                     continue
-                forget(store, rec, why_dead(st))
-                gone.append(rec.id)
+                if stopped(store, rec, why_dead(st)) is not None:
+                    gone.append(rec.id)
         except SandboxBusy:
             continue  # a pause or a command holds it: they notice themselves, or the next round does
     return gone

@@ -37,7 +37,7 @@ def serve(host: str | None = None, port: int | None = None) -> int:
     settings, state, source = build(host, port)
     _check_bindable(settings.host, settings.port)
     lock_fd = hold_home(state.home)  # noqa: F841 - held (flock) until this process ends, however it ends
-    done = recover(state.store)
+    done = recover(state.store, settings.default_timeout_s)
     if done.any() or done.busy:
         print(f"agentenv serve: recovered after an earlier server's end: {_recovery_text(done)}",
               file=sys.stderr)
@@ -86,10 +86,12 @@ def hold_home(home: Path) -> int:
 
 def _recovery_text(done: Recovery) -> str:
     parts = [f"{len(ids)} {what}" for what, ids in (
-        ("sandboxes it made without answering removed", done.unanswered),
+        ("sandboxes it left half made removed", done.unanswered),
+        ("interrupted pauses recorded (paused)", done.paused),
         ("interrupted resumes rolled back (paused)", done.rolled_back),
         ("finished resumes recorded (running)", done.resumed),
         ("sandboxes whose container is gone removed", done.gone),
+        ("E2B rows rebuilt from the sandboxes' labels (e2b.sqlite3 lost them)", done.rebuilt),
         ("sandboxes busy in another process left alone", done.busy)) if ids]
     return "; ".join(parts)
 

@@ -1,0 +1,134 @@
+"""`agentenv serve` killed (SIGKILL) in the middle of a pause, or of a resume, then started again on the same
+home: the sandbox is back, paused when its checkpoint finished (a resume restores it, verified), else
+running, with its files and its processes' memory. The kill lands at named points through
+`$AGENTENV_FAULT` (`agentenv.faults`), and once for real while CRIU dumps (the dump outlives the server).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+from netns_hosts import API_KEY
+from test_server_faults import CALL_TIMEOUT_S, _listed, _sdk, served  # noqa: F401 - `served`: the fixture
+
+pytestmark = pytest.mark.docker
+
+# A process that keeps 48 MiB of random bytes in memory and their hash in a tmpfs file: the same hash
+# after a resume proves the processes came back from the checkpoint (a fresh start has no /tmp/token).
+MEMORY_PROCESS = (
+    "nohup python3 -c \"import hashlib,os,time; b=os.urandom(48<<20); "
+    "open('/tmp/token','w').write(hashlib.sha256(b).hexdigest()); time.sleep(10**6)\" >/dev/null 2>&1 & "
+    "while [ ! -s /tmp/token ]; do sleep 0.05; done; cat /tmp/token")
+HEADERS = {"X-API-Key": API_KEY}
+
+
+def _sandbox_with_state(srv) -> tuple[object, str, str]:
+    """A running SDK sandbox with a file in its work dir and a process holding memory: (sandbox, the
+    file's text, the process's token)."""
+    sbx = _sdk().create("base", timeout=600, request_timeout=CALL_TIMEOUT_S)
+    mark = f"written before the pause by {sbx.sandbox_id}\n"
+    sbx.files.write("mark.txt", mark, request_timeout=CALL_TIMEOUT_S)
+    token = sbx.commands.run(MEMORY_PROCESS, request_timeout=CALL_TIMEOUT_S).stdout.strip()
+    assert len(token) == 64, token
+    return sbx, mark, token
+
+
+def _died_in(srv, call: threading.Thread | None = None) -> None:
+    """The server was SIGKILLed (by its crash point, or by the test)."""
+    assert srv.proc.wait(timeout=60) == -9, srv.log.read_text()[-2000:]
+    if call is not None:
+        call.join(timeout=CALL_TIMEOUT_S)
+        assert not call.is_alive(), "the client's call hung after the server died"
+
+
+def _post_pause(srv, sandbox_id: str) -> list[BaseException]:
+    """The pause call, expected to break with the server's death; its error is kept in the list."""
+    errors: list[BaseException] = []
+    try:
+        httpx.post(f"{srv.url}/sandboxes/{sandbox_id}/pause", headers=HEADERS, timeout=CALL_TIMEOUT_S)
+    except httpx.TransportError as e:
+        errors.append(e)
+    return errors
+
+
+def _back_and_usable(srv, sandbox_id: str, state: str, mark: str, token: str) -> None:
+    """Listed in `state`; connect (a resume when paused), then its file and its process's memory are there
+    and commands run."""
+    assert _listed().get(sandbox_id) == state, (sandbox_id, _listed(), srv.log.read_text()[-3000:])
+    sbx = _sdk().connect(sandbox_id, timeout=600, request_timeout=CALL_TIMEOUT_S)
+    assert sbx.files.read("mark.txt", request_timeout=CALL_TIMEOUT_S) == mark
+    assert sbx.commands.run("cat /tmp/token", request_timeout=CALL_TIMEOUT_S).stdout.strip() == token
+    assert sbx.commands.run("echo ok", request_timeout=CALL_TIMEOUT_S).stdout == "ok\n"
+    sbx.pause(request_timeout=CALL_TIMEOUT_S)  # and it pauses and resumes again
+    again = _sdk().connect(sandbox_id, timeout=600, request_timeout=CALL_TIMEOUT_S)
+    assert again.commands.run("cat /tmp/token", request_timeout=CALL_TIMEOUT_S).stdout.strip() == token
+    again.kill(request_timeout=CALL_TIMEOUT_S)
+
+
+def _left_in_store(srv, sandbox_id: str) -> list[str]:
+    """Files of the sandbox's container in the checkpoint store (reservations, work dirs, images)."""
+    from agentenv.backend.settings import BackendSettings
+
+    short = srv.container_of(sandbox_id)  # `docker ps -q`: the id's first 12 digits
+    dirs = BackendSettings.load().store_dir.glob(short + "*")
+    return sorted(p.name for cdir in dirs for p in cdir.iterdir())
+
+
+@pytest.mark.parametrize(("point", "state"), [
+    ("pause-start", "running"),     # before anything happened
+    ("pause-dumped", "paused"),     # CRIU's dump finished and the container stopped; the registry not told
+    ("pause-recorded", "paused"),   # the registry says paused; the E2B row's end time not yet set
+])
+def test_a_server_killed_at_a_point_of_a_pause_loses_nothing(served, point, state):  # noqa: F811
+    served.stop()
+    served.start(AGENTENV_FAULT=point)
+    sbx, mark, token = _sandbox_with_state(served)
+    assert _post_pause(served, sbx.sandbox_id), "the pause answered although the server died in it"
+    _died_in(served)
+    served.start()
+    assert len(_left_in_store(served, sbx.sandbox_id)) == (state == "paused")  # one checkpoint, no leftover
+    _back_and_usable(served, sbx.sandbox_id, state, mark, token)
+
+
+def test_a_server_killed_while_criu_dumps_loses_nothing(served):  # noqa: F811
+    """A real kill -9 while the dump runs: containerd's `ctr` and CRIU finish it after the server is gone,
+    so the restarted server finds the container stopped and images without the backend's record."""
+    from agentenv.server.interrupted import dump_running
+
+    sbx, mark, token = _sandbox_with_state(served)
+    container = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", served.container_of(sbx.sandbox_id)],
+                               capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    errors: list[BaseException] = []
+    call = threading.Thread(target=lambda: errors.extend(_post_pause(served, sbx.sandbox_id)), daemon=True)
+    call.start()
+    deadline = time.monotonic() + CALL_TIMEOUT_S
+    while not dump_running(container):
+        assert call.is_alive(), "the pause finished before its dump was seen running"
+        assert time.monotonic() < deadline, "no dump of the sandbox started"
+        time.sleep(0.002)
+    served.kill9()
+    _died_in(served, call)
+    assert errors, "the pause answered although the server died in it"
+    served.start()
+    assert len(_left_in_store(served, sbx.sandbox_id)) == 1  # the finished checkpoint; no reservation
+    _back_and_usable(served, sbx.sandbox_id, "paused", mark, token)
+
+
+def test_a_server_killed_after_a_verified_resume_dropped_its_checkpoint(served):  # noqa: F811
+    """The resume restored (verified) and deleted its checkpoint, then the server died before recording
+    the sandbox running: it is running after the restart (a rollback would stop it with no images left)."""
+    sbx, mark, token = _sandbox_with_state(served)
+    sbx.pause(request_timeout=CALL_TIMEOUT_S)
+    served.stop()
+    served.start(AGENTENV_FAULT="checkpoint-discarded")
+    with pytest.raises(httpx.TransportError):
+        httpx.post(f"{served.url}/sandboxes/{sbx.sandbox_id}/connect", headers=HEADERS, json={"timeout": 600},
+                   timeout=CALL_TIMEOUT_S)
+    _died_in(served)
+    served.start()
+    assert _left_in_store(served, sbx.sandbox_id) == []  # the half-deleted images went
+    _back_and_usable(served, sbx.sandbox_id, "running", mark, token)
