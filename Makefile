@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: bootstrap lock test test-fast train bench bench-sandbox bench-server-load bench-restore-paths bench-state-move-cpu bench-model bench-kernels bench-train bench-learning bench-teacher bench-engines image lint
+.PHONY: bootstrap lock test test-fast train bench bench-cli bench-sandbox bench-server-load bench-restore-paths bench-state-move-cpu bench-model bench-kernels bench-train bench-learning bench-teacher bench-engines image lint
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -26,7 +26,10 @@ train: bootstrap
 image: bootstrap
 	$(VENV)/bin/agentenv images build
 
-bench: bench-model bench-kernels bench-sandbox bench-server-load bench-restore-paths bench-state-move-cpu bench-train bench-learning bench-teacher bench-engines
+bench: bench-cli bench-model bench-kernels bench-sandbox bench-server-load bench-restore-paths bench-state-move-cpu bench-train bench-learning bench-teacher bench-engines
+
+bench-cli: bootstrap
+	$(PY) bench/cli_startup.py $(ARGS)
 
 bench-model: bootstrap
 	$(PY) bench/model.py $(ARGS)

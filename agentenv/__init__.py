@@ -12,10 +12,8 @@ for the API, the CLI, the security defaults and the limits of pause/fork.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agentenv.api import SandboxFactory, SandboxHandle, ShellSession
-from agentenv.config import SandboxConfig
 from agentenv.errors import (
     AgentEnvError,
     BackendUnavailable,
@@ -29,11 +27,21 @@ from agentenv.errors import (
     SandboxNotFound,
     SandboxStateError,
 )
-from agentenv.results import ExecResult, SandboxStats
 
-# The local runtime (Docker client, CRIU backend, registry) loads on first use of these names, so that
-# a remote client, the errors or the configs import without it.
-_LAZY = {"Sandbox": "agentenv.sandbox", "SandboxPool": "agentenv.pool", "PoolMetrics": "agentenv.pool"}
+if TYPE_CHECKING:
+    from agentenv.api import SandboxFactory, SandboxHandle, ShellSession
+    from agentenv.config import SandboxConfig
+    from agentenv.pool import PoolMetrics, SandboxPool
+    from agentenv.results import ExecResult, SandboxStats
+    from agentenv.sandbox import Sandbox
+
+# Only the errors load with the package: every other name loads on its first use, so that importing any
+# module of it (the `agentenv` command, a remote client) pays only for what it uses. The local runtime
+# (Docker client, CRIU backend, registry) is behind `Sandbox` and the pool; the configs read YAML.
+_LAZY = {"Sandbox": "agentenv.sandbox", "SandboxPool": "agentenv.pool", "PoolMetrics": "agentenv.pool",
+         "SandboxFactory": "agentenv.api", "SandboxHandle": "agentenv.api", "ShellSession": "agentenv.api",
+         "SandboxConfig": "agentenv.config", "ExecResult": "agentenv.results",
+         "SandboxStats": "agentenv.results"}
 
 
 def __getattr__(name: str) -> Any:

@@ -19,19 +19,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import docker
-
-from agentenv import images
-from agentenv.config import SandboxConfig
 from agentenv.errors import AgentEnvError, BackendUnavailable, ConfigError
 from agentenv.paths import SERVER_ENV
-from agentenv.sandbox import Sandbox, runtime
 
 if TYPE_CHECKING:
     from agentenv.remote import SandboxHost
+    from agentenv.sandbox import Sandbox
 
-# agentenv.remote (the HTTP client, the e2b protocol) is imported only by the verbs that talk to a server:
-# half a second of start-up every local command would pay.
+# Each verb imports what it needs when it runs: the sandbox runtime (the Docker SDK, the CRIU backend),
+# the image recipes and agentenv.remote (the HTTP client, the e2b protocol) are tenths of a second of
+# start-up that `--help`, `ls` and every other verb would otherwise pay (bench/cli_startup.py).
 
 PROG = "agentenv"
 
@@ -72,6 +69,8 @@ def _sandboxes(args: argparse.Namespace) -> type[Sandbox] | SandboxHost:
     """Where the sandbox verbs act: this machine's sandboxes, or the `--server` host's (same methods:
     create, get, list)."""
     if not args.server:
+        from agentenv.sandbox import Sandbox
+
         return Sandbox
     from agentenv.remote import SandboxHost
 
@@ -99,6 +98,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         data = {"server": host.url, **host.info()}
         _emit(args, data, lambda: [print(f"{k:26} {v}") for k, v in data.items()])
         return 0
+    from agentenv import images
+    from agentenv.sandbox import runtime
+
     try:
         rt = runtime()
     except BackendUnavailable as e:
@@ -125,6 +127,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_images_build(args: argparse.Namespace) -> int:
+    from agentenv import images
+
     names = [args.name] if args.name else images.recipe_names()
     built = [images.build(n, force=args.force, quiet=args.quiet or args.json).to_dict() for n in names]
     _emit(args, built, lambda: [print(b["tag"]) for b in built])
@@ -132,6 +136,8 @@ def cmd_images_build(args: argparse.Namespace) -> int:
 
 
 def cmd_images_ls(args: argparse.Namespace) -> int:
+    from agentenv import images
+
     rows = [i.to_dict() for i in images.list_images()]
     _emit(args, rows, lambda: _table(
         [[r["name"], r["tag"], "yes" if r["built"] else "no", _mib(r["size_bytes"]) if r["built"] else "-",
@@ -143,6 +149,8 @@ def cmd_create(args: argparse.Namespace) -> int:
     if args.server and args.set:
         raise ConfigError("--set changes this machine's sandbox config; a remote sandbox takes its host's "
                           "config (conf/sandbox/default.yaml on the host)")
+    from agentenv.config import SandboxConfig
+
     cfg = SandboxConfig.load().with_assignments(args.set or [])
     sb = _sandboxes(args).create(image=args.image, memory=args.memory, cpus=args.cpus, config=cfg,
                         labels=_kv_pairs(args.label, "--label"))
@@ -159,7 +167,13 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    rows = [s.describe() for s in _sandboxes(args).list(include_closed=args.all)]
+    if args.server:
+        rows = [s.describe() for s in _sandboxes(args).list(include_closed=args.all)]
+    else:  # the registry alone: listing needs neither Docker nor the backend
+        from agentenv.paths import agentenv_home
+        from agentenv.registry import Registry
+
+        rows = [r.describe() for r in Registry(agentenv_home().resolve()).list_sandboxes(args.all)]
     _emit(args, rows, lambda: _table(
         [[r["id"], r["state"], r["image"], r["user"], r["parent"] or "-"] for r in rows],
         ["ID", "STATE", "IMAGE", "USER", "PARENT"]))
@@ -335,6 +349,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _docker_errors() -> tuple[type[BaseException], ...]:
+    """The Docker SDK's error class when a verb loaded the SDK (only then can it raise one), else none."""
+    docker = sys.modules.get("docker")
+    return (docker.errors.DockerException,) if docker is not None else ()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -353,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AgentEnvError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
-    except docker.errors.DockerException as e:
+    except _docker_errors() as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"{PROG}: error: Docker: {first}", file=sys.stderr)
         return 1

@@ -64,6 +64,12 @@ class SandboxRecord:
     created_at: float
     updated_at: float
 
+    def describe(self) -> dict[str, Any]:
+        """JSON-friendly summary (what `agentenv ls/create --json` print)."""
+        return {"id": self.id, "state": self.state, "image": self.image, "user": self.user,
+                "parent": self.parent_id, "created_at": self.created_at, "reason": self.reason,
+                "labels": self.labels, "container": (self.container or "")[:12]}
+
 
 def _sandbox(row: sqlite3.Row) -> SandboxRecord:
     d = dict(row)

@@ -47,7 +47,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentenv.errors import BackendUnavailable
 from agentenv.paths import conf_dir
-from rl.config import ConfigError, EnvConfig, RunConfig, load
+from rl.config import ConfigError, EnvConfig, RunConfig
+from rl.config.load import load
 from rl.episode import Episode
 from rl.experts import Expert, ExpertError, expert_for
 from rl.seeds import demonstration_seeds

@@ -27,7 +27,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from agentenv.paths import conf_dir
-from rl.config import ConfigError, RunConfig, load
+from rl.config import ConfigError, RunConfig
+from rl.config.load import load
 
 
 def resolve_config(cfg: DictConfig) -> RunConfig:

@@ -4,8 +4,10 @@
 Every import counts: at module level, inside a function (a lazy import) and under ``if TYPE_CHECKING``,
 since each says that one module's idea depends on another's. ``from a.b import c`` is an edge to module
 ``a.b.c`` when that is a module (a file or a package), else to ``a.b``; relative imports are resolved
-against the importing module's package. A circle is a strongly connected group of two or more modules
-(or a module importing itself); each is printed with one path around it.
+against the importing module's package. Each import is also an edge to the packages Python runs first
+(``import a.b.c`` and ``from a.b import c`` run ``a/__init__.py`` and ``a/b/__init__.py``), except the
+importing module's own packages, which ran before it. A circle is a strongly connected group of two or
+more modules (or a module importing itself); each is printed with one path around it.
 
     python scripts/import_cycles.py                 # agentenv rl model kernels; exit 1 on any circle
     python scripts/import_cycles.py agentenv rl     # only these packages
@@ -48,7 +50,8 @@ def _absolute(module: str, is_package: bool, level: int, name: str | None) -> st
 
 
 def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
-    """The project modules that ``module`` imports anywhere in its file."""
+    """The project modules that ``module`` imports anywhere in its file, with the packages each import
+    runs first (see the module docstring)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     is_package = path.name == "__init__.py"
     found: set[str] = set()
@@ -60,7 +63,15 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
                 found.add(sub if sub in known else target)
-    return {m for m in found if m in known and m != module} | ({module} if module in found else set())
+    running = packages_of(module) | {module}  # a package's __init__ runs before its submodules too
+    first = {package for m in found for package in packages_of(m)} - running
+    return {m for m in found | first if m in known and m != module} | ({module} if module in found else set())
+
+
+def packages_of(module: str) -> set[str]:
+    """The packages Python runs before ``module`` itself: ``a`` and ``a.b`` for ``a.b.c``."""
+    parts = module.split(".")
+    return {".".join(parts[:n]) for n in range(1, len(parts))}
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -1,5 +1,6 @@
 """No import circles inside the project's packages (scripts/import_cycles.py), and the reader itself finds
-the circles it should: lazy, relative, through a package's submodule, and none where there is none."""
+the circles it should: lazy, relative, through a package's submodule, through the parent packages Python
+runs first, and none where there is none."""
 
 from __future__ import annotations
 
@@ -45,14 +46,41 @@ def test_relative_and_type_checking_imports_count_and_a_submodule_is_its_own_nod
         "pkg/alone.py": "from pkg.sub import inner\nimport pkg.top\n",
     })
     (members, path), = find_cycles(root, ["pkg"])
-    assert members == ["pkg.sub.inner", "pkg.top"]
-    assert path[0] == path[-1] == "pkg.sub.inner"
+    # pkg.top's import of pkg.sub.inner runs pkg/sub/__init__.py first, which imports pkg.sub.inner too
+    assert members == ["pkg.sub", "pkg.sub.inner", "pkg.top"]
+    assert path == ["pkg.sub", "pkg.sub.inner", "pkg.top", "pkg.sub"]
 
 
 def test_a_tree_without_circles_has_none(tmp_path):
+    """A package's __init__ importing its own submodules is no circle: the submodules' imports of their
+    siblings run the package, which is already running (it ran before them)."""
     root = write(tmp_path, {
         "pkg/__init__.py": "from pkg.a import f\n",
         "pkg/a.py": "import os\nfrom pkg.b import g\n",
         "pkg/b.py": "def g():\n    import json\n    return json\n",
     })
+    assert find_cycles(root, ["pkg"]) == []
+
+
+def test_a_circle_through_a_parent_package_that_python_runs_first_is_found(tmp_path):
+    """``pkg.util`` imports only the leaf ``pkg.sub.base``, but Python runs ``pkg/sub/__init__.py`` first,
+    which imports ``pkg.sub.impl``, which imports ``pkg.util``: a circle Python trips over."""
+    root = write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/sub/__init__.py": "from pkg.sub.impl import run\n",
+        "pkg/sub/impl.py": "from pkg.util import helper\n\ndef run():\n    return helper()\n",
+        "pkg/sub/base.py": "class Base:\n    pass\n",
+        "pkg/util.py": "from pkg.sub.base import Base\n\ndef helper():\n    return Base\n",
+    })
+    (members, path), = find_cycles(root, ["pkg"])
+    assert members == ["pkg.sub", "pkg.sub.impl", "pkg.util"]
+    assert path == ["pkg.sub", "pkg.sub.impl", "pkg.util", "pkg.sub"]
+    ran = subprocess.run([sys.executable, "-c", "import pkg.util"], cwd=root, capture_output=True, text=True,
+                         timeout=60)
+    assert "partially initialized module 'pkg.util'" in ran.stderr  # Python reads it the same way
+
+    (root / "pkg/util.py").write_text("import pkg.sub.base\n\ndef helper():\n    return pkg.sub.base.Base\n")
+    assert [m for m, _ in find_cycles(root, ["pkg"])] == [members]  # `import a.b.c` runs a.b too
+    # without the package's __init__ importing its submodule there is no circle: the leaf alone is fine
+    (root / "pkg/sub/__init__.py").write_text("")
     assert find_cycles(root, ["pkg"]) == []

@@ -1,40 +1,12 @@
-"""The container runtime behind one seam (`SandboxBackend`, implemented once by `runtime.CriuRuntime`).
+"""The container runtime behind one seam (`SandboxBackend`, implemented by `runtime.CriuRuntime`).
 
 Two backends, named in conf/agentenv/backend.yaml (`backend`, or `$AGENTENV_BACKEND`), share everything
 but the dump: `fastpath` (containerd's checkpoint RPC) and `docker-criu` (Docker's checkpoint API). When
-the configured one cannot run on this host, `select_backend` raises BackendUnavailable with the reason,
-unless `fallback: docker-criu` is configured; the backend says which it is and why (`agentenv info`).
+the configured one cannot run on this host, `selection.select_backend` raises BackendUnavailable with the
+reason, unless `fallback: docker-criu` is configured; the backend says which it is and why (`agentenv info`).
+
+This file imports no module of its own: Python runs it before any module of the package (`docker_client`,
+`base`, `cgroups`), and the runtime imports the Docker SDK and `agentenv.images`, which imports
+`docker_client` from here: an import circle, and the Docker SDK in every process that reads a cgroup.
 """
 
-from __future__ import annotations
-
-import os
-from pathlib import Path
-
-from agentenv.backend.host import probe
-from agentenv.backend.runtime import CriuRuntime
-from agentenv.backend.settings import BackendSettings, default_settings_path
-from agentenv.errors import BackendUnavailable
-
-
-def select_backend(home: Path, settings: BackendSettings | None = None) -> CriuRuntime:
-    """The backend this process uses for the registry at `home` (see the module docstring)."""
-    settings = settings or BackendSettings.load()
-    where = ("$AGENTENV_BACKEND" if os.environ.get("AGENTENV_BACKEND") == settings.backend
-             else f"`backend` in {default_settings_path()}")
-    try:
-        host = probe(settings)
-    except BackendUnavailable as e:
-        if settings.fallback in ("none", settings.backend):
-            raise BackendUnavailable(
-                f"the configured AgentENV backend {settings.backend!r} ({where}) cannot run on this host: "
-                f"{e}. Fix that, or set `fallback: docker-criu` in {default_settings_path()} to use Docker's "
-                "checkpoint path instead") from None
-        host = probe(settings, settings.fallback)
-        return CriuRuntime(home, settings, host, settings.fallback,
-                           reason=f"fallback: the configured backend {settings.backend!r} ({where}) cannot "
-                                  f"run here ({e}); `fallback: {settings.fallback}` is configured")
-    return CriuRuntime(home, settings, host, settings.backend, reason=f"configured ({where})")
-
-
-__all__ = ["BackendSettings", "CriuRuntime", "select_backend"]

@@ -21,18 +21,22 @@ the kernel included). Readers:
   runtime work at the same time (another sandbox's `docker exec`) is charged too; with the host's
   counter, every process's work is: an upper bound, which makes the cost model err on the side of not
   pausing.
-* `SpareCores` is the host's idle cores (cores × idle fraction) over the last `window_s` seconds, from
-  readings it keeps: what a batch of pauses could use without taking CPU from the learner or the
-  policy. A container's CPU quota (cgroup v2 ``cpu.max`` of this process) caps it when one is set.
+* `SpareCores` is the idle cores over the last `window_s` seconds, from readings it keeps: what a batch
+  of pauses could use without taking CPU from the learner or the policy. It counts only the CPUs this
+  process may run on (its affinity: `taskset`, a cpuset) and is capped by the CPU quotas on its cgroup
+  path (`cpu_quota_cores`: v1 ``cpu.cfs_quota_us``, v2 ``cpu.max``, its own cgroup and every ancestor):
+  at most `effective_cores()`.
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
 import resource
 import threading
 import time
 from collections import deque
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,16 +44,26 @@ from agentenv.backend.cgroups import CGROUP_ROOT, cgroup_dirs
 from agentenv.backend.procs import pids_named
 
 PROC_STAT = Path("/proc/stat")
+PROC_SELF_CGROUP = Path("/proc/self/cgroup")
+PROC_SELF_MOUNTINFO = Path("/proc/self/mountinfo")
 
 
-def host_cpu_times() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole host since boot (/proc/stat's first line; idle and iowait
-    are the not-busy part)."""
-    fields = [int(x) for x in PROC_STAT.read_text().split("\n", 1)[0].split()[1:9]]
-    user, nice, system, idle, iowait, irq, softirq, steal = fields
+def host_cpu_times(cpus: Collection[int] | None = None) -> tuple[float, float]:
+    """(busy, total) CPU seconds since boot of the whole host (/proc/stat's first line) or, given
+    ``cpus``, of those CPUs together (their ``cpuN`` lines); idle and iowait are the not-busy part."""
+    lines = PROC_STAT.read_text().splitlines()
+    if cpus is None:
+        rows = [lines[0]]
+    else:
+        wanted = {f"cpu{n}" for n in cpus}
+        rows = [line for line in lines if line.split(" ", 1)[0] in wanted]
     tick = os.sysconf("SC_CLK_TCK")
-    busy = (user + nice + system + irq + softirq + steal) / tick
-    return busy, busy + (idle + iowait) / tick
+    busy = idle = 0
+    for row in rows:
+        user, nice, system, idle_t, iowait, irq, softirq, steal = (int(x) for x in row.split()[1:9])
+        busy += user + nice + system + irq + softirq + steal
+        idle += idle_t + iowait
+    return busy / tick, (busy + idle) / tick
 
 
 def host_cpu_seconds() -> float:
@@ -57,36 +71,122 @@ def host_cpu_seconds() -> float:
     return host_cpu_times()[0]
 
 
-def cpu_quota_cores(cgroup_root: Path = Path("/sys/fs/cgroup")) -> float | None:
-    """Cores this process may use by its cgroup v2 ``cpu.max`` quota; None when there is none (``max``,
-    cgroup v1, or no such file)."""
+@dataclass(frozen=True)
+class CgroupMount:
+    """One mounted cgroup hierarchy (a line of /proc/self/mountinfo): v1 with its controllers, or v2."""
+
+    root: str  # the part of the hierarchy mounted here ("/" unless a cgroup namespace or a bind mount)
+    mount_point: Path
+    version: int  # 1 or 2
+    options: frozenset[str]  # the super options: a v1 hierarchy's controllers are among them
+
+
+def cgroup_mounts(mountinfo: Path = PROC_SELF_MOUNTINFO) -> list[CgroupMount]:
+    """The cgroup hierarchies mounted in this process's mount namespace."""
+    mounts = []
+    for line in mountinfo.read_text().splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
+            continue
+        root, point = (f.replace("\\040", " ") for f in fields[3:5])
+        mounts.append(CgroupMount(root, Path(point), 2 if tail[0] == "cgroup2" else 1,
+                                  frozenset(tail[2].split(","))))
+    return mounts
+
+
+def _cgroup_chain(mount: CgroupMount, path: str) -> Iterator[Path]:
+    """The folders of cgroup ``path`` (as /proc/PID/cgroup names it) and of each ancestor visible under
+    ``mount``, innermost first; none when the path lies outside the mounted part of the hierarchy."""
+    rel = posixpath.relpath(path, mount.root)
+    if rel == ".." or rel.startswith("../"):
+        return
+    folder = mount.mount_point / ("" if rel == "." else rel)
+    while True:
+        yield folder
+        if folder == mount.mount_point:
+            return
+        folder = folder.parent
+
+
+def _quota(folder: Path, version: int) -> float | None:
+    """Cores one cgroup folder's CPU quota allows; None when it sets none (or cannot be read)."""
     try:
-        rel = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
-                   if line.startswith("0::"))
-        quota, period = (cgroup_root / rel.lstrip("/") / "cpu.max").read_text().split()[:2]
-    except (OSError, StopIteration, ValueError):
+        if version == 1:
+            quota = int((folder / "cpu.cfs_quota_us").read_text())
+            period = int((folder / "cpu.cfs_period_us").read_text())
+        else:
+            max_quota, max_period = (folder / "cpu.max").read_text().split()[:2]
+            if max_quota == "max":
+                return None
+            quota, period = int(max_quota), int(max_period)
+    except (OSError, ValueError):
         return None
-    return None if quota == "max" else int(quota) / int(period)
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def cpu_quota_cores(proc_cgroup: Path = PROC_SELF_CGROUP,
+                    mountinfo: Path = PROC_SELF_MOUNTINFO) -> float | None:
+    """The fewest cores any CPU quota on this process's cgroup path allows: cgroup v1
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` in the hierarchy holding the ``cpu`` controller and v2
+    ``cpu.max``, each at the process's own cgroup and every ancestor up to the mount (a parent's quota
+    binds its children); the folders come from /proc/self/cgroup and /proc/self/mountinfo. None when no
+    quota is set anywhere."""
+    try:
+        memberships = [line.split(":", 2) for line in proc_cgroup.read_text().splitlines()
+                       if line.count(":") >= 2]
+        mounts = cgroup_mounts(mountinfo)
+    except OSError:
+        return None
+    quotas = []
+    for hierarchy, controllers, path in memberships:
+        if hierarchy == "0" and controllers == "":
+            candidates = [m for m in mounts if m.version == 2]
+        elif "cpu" in controllers.split(","):
+            candidates = [m for m in mounts if m.version == 1 and "cpu" in m.options]
+        else:
+            continue
+        for mount in candidates:
+            chain = list(_cgroup_chain(mount, path))
+            if chain:
+                quotas += [q for q in (_quota(f, mount.version) for f in chain) if q is not None]
+                break
+    return min(quotas, default=None)
+
+
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity: `taskset`, a cpuset), in order."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def effective_cores(cpus: Collection[int] | None = None, quota: float | None = None) -> float:
+    """The cores this process can use at once: its affinity's CPU count (``cpus``, default
+    `usable_cpus()`), capped by its CPU quota (``quota``, default `cpu_quota_cores()`)."""
+    count = float(len(usable_cpus() if cpus is None else cpus))
+    quota = cpu_quota_cores() if quota is None else quota
+    return count if quota is None else min(count, quota)
 
 
 class SpareCores:
-    """Idle cores of the host over the last `window_s` seconds (see the module docstring).
+    """Idle cores this process could use over the last `window_s` seconds (see the module docstring).
 
-    Every call reads /proc/stat and keeps the reading; the answer is the idle share between the oldest
-    reading inside the window and now. The first call (no earlier reading at least `min_span_s` old)
-    waits `min_span_s` for a second one."""
+    Every call reads /proc/stat's lines of the CPUs of this process's affinity (`cpus`) and keeps the
+    reading; the answer is their idle share between the oldest reading inside the window and now, times
+    their count, capped by `cores` (`effective_cores`: the quota may allow fewer than the CPUs). The
+    first call (no earlier reading at least `min_span_s` old) waits `min_span_s` for a second one."""
 
     def __init__(self, window_s: float = 10.0, min_span_s: float = 0.2) -> None:
         self.window_s = window_s
         self.min_span_s = min_span_s
-        self.cores = os.cpu_count() or 1
+        self.cpus = usable_cpus()
         self.quota = cpu_quota_cores()
+        self.cores = effective_cores(self.cpus, self.quota)
         self._readings: deque[tuple[float, float, float]] = deque()  # (monotonic t, busy s, total s)
         self._lock = threading.Lock()
         self._read()
 
     def _read(self) -> tuple[float, float, float]:
-        busy, total = host_cpu_times()
+        busy, total = host_cpu_times(self.cpus)
         reading = (time.monotonic(), busy, total)
         self._readings.append(reading)
         return reading
@@ -102,8 +202,7 @@ class SpareCores:
         if total <= total0:
             return 0.0
         idle_share = 1.0 - (busy - busy0) / (total - total0)
-        spare = max(0.0, idle_share) * self.cores
-        return spare if self.quota is None else min(spare, self.quota)
+        return min(max(0.0, idle_share) * len(self.cpus), self.cores)
 
 
 RUNTIME_DAEMONS = ("dockerd", "containerd")  # their cgroups hold the runtime's CPU (see the docstring)

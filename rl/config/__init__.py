@@ -1,12 +1,13 @@
 """The run config: typed schemas of ``conf/`` (`RunConfig` and one dataclass per group), loaded and
-checked up front by `load`. A bad value stops the run with one `ConfigError` line naming the key and
-the file to fix, before Ray or any sandbox starts.
+checked up front by `rl.config.load.load`. A bad value stops the run with one `ConfigError` line naming
+the key and the file to fix, before Ray or any sandbox starts.
 
-`ConfigError` is the project's one config error (AgentENV's `agentenv.errors.ConfigError`).
+`ConfigError` is the project's one config error (AgentENV's `agentenv.errors.ConfigError`). This package
+holds only the schemas: the loader's checks import the engines and the env wrappers, which import the
+schemas, so every import of a schema would run the loader (and close a circle) if this file imported it.
 """
 
 from agentenv.errors import ConfigError
-from rl.config.load import load, register_schemas
 from rl.config.schema import (
     AlgoConfig,
     EnvConfig,
@@ -28,8 +29,4 @@ __all__ = [
     "SandboxPoolConfig",
     "TokenizerConfig",
     "TrainerConfig",
-    "load",
-    "register_schemas",
 ]
-
-register_schemas()  # at import, so that group files of `python -m rl.train` can name them in defaults

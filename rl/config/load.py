@@ -167,3 +167,6 @@ def load(cfg: DictConfig) -> RunConfig:
             message = _keyed("sandbox", message.removeprefix("sandbox: "), set(run.sandbox))
         raise ConfigError(f"{message} ({origin.of(message.split(':', 1)[0])})") from None
     return run
+
+
+register_schemas()  # at import, so that group files of `python -m rl.train` can name them in defaults

@@ -12,8 +12,9 @@ import pytest
 from agentenv_testutil import ROOT, SMALL, count, run_cli, start_counter
 
 from agentenv import Sandbox, SandboxConfig
-from agentenv.backend import BackendSettings, select_backend
 from agentenv.backend.containerd import SYSTEM_SOCKET, find_containerd, resolve_address, serving
+from agentenv.backend.selection import select_backend
+from agentenv.backend.settings import BackendSettings
 from agentenv.errors import BackendUnavailable, ConfigError
 from agentenv.sandbox import runtime
 

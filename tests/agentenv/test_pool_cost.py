@@ -5,7 +5,6 @@ the decision reads the pool's event log, which the tests fill."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import time
 import uuid
@@ -14,7 +13,7 @@ import pytest
 
 from agentenv.pool import PAUSE_POLICIES, PauseCostModel, SandboxPool, cpu
 from agentenv.pool.cost import budget_count
-from agentenv.pool.cpu import HOST, CpuReading, OpCpu, SpareCores, cgroup_cpu_seconds, runtime_cgroups
+from agentenv.pool.cpu import HOST, CpuReading, OpCpu, cgroup_cpu_seconds, runtime_cgroups
 from agentenv.pool.state import PoolState
 
 MIB = 2**20
@@ -166,12 +165,10 @@ def test_runtime_cgroups_outermost_and_none_when_a_daemon_is_in_the_root(monkeyp
     assert runtime_cgroups([], root) == []
 
 
-def test_timed_pool_events_record_their_cpu_and_spare_cores_are_bounded(pool):
+def test_timed_pool_events_record_their_cpu(pool):
     pool._timed("pause", lambda: _burn(0.2))
     cpu_p50 = pool.state.percentiles("pause", 10, "cpu_s")[0]
-    assert cpu_p50 >= 0.15
-    spare = SpareCores(window_s=5.0, min_span_s=0.1)()
-    assert 0.0 <= spare <= (os.cpu_count() or 1)
+    assert cpu_p50 >= 0.15  # (`SpareCores` against real limits: test_pool_cpu_limits.py)
 
 
 def test_event_logs_from_before_the_cpu_column_get_it(tmp_path):

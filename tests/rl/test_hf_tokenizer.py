@@ -17,7 +17,7 @@ from test_demonstrations import assert_rl_layout, demonstrations
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from rl.config import load
+from rl.config.load import load
 from rl.demonstrations import read_demonstrations
 from rl.tokenizer import HFTokenizer, build_tokenizer
 

@@ -10,7 +10,8 @@ from rl_testutil import ROOT, compose
 
 from agentenv.errors import ConfigError as AgentEnvConfigError
 from model.config import K3Config
-from rl.config import AlgoConfig, ConfigError, EnvConfig, RunConfig, register_schemas
+from rl.config import AlgoConfig, ConfigError, EnvConfig, RunConfig
+from rl.config.load import register_schemas
 
 
 def test_default_config_loads_as_typed_objects():
