@@ -21,6 +21,10 @@ CUDA (run when a GPU is visible; none was lent while this was written, so that p
 FLOP model for KDA (per head and 64-token chunk C, head dims K, V; dense matmuls as executed, the
 triangular solve left out): forward = 4C²K (scores) + 2C²(K+V) (WY products) + 2C²V + 6CKV (state
 and output); forward+backward = 3 × forward (the usual convention).
+
+The GPU check (``scripts/gpu_check.sh``, ``bench/gpu_check.py``) uses `kernel_cases` / `check_kernel`:
+every Triton kernel against its PyTorch reference (and fla's ``chunk_kda``) in fp32 and bf16, forward
+and backward, errors and times; on the CPU (its dry run) the same kernels run in Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -94,6 +99,19 @@ def cuda_ms(fn: Callable[[], object]) -> float:
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=5, rep=50, return_mode="median"))
+
+
+def time_ms(fn: Callable[[], object], device: str) -> float:
+    """Milliseconds of one ``fn()``: `cuda_ms` on the GPU; on the CPU the best of 3 wall times (the
+    GPU check's dry run: there the figure only shows the step ran)."""
+    if device == "cuda":
+        return cuda_ms(fn)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
 
 
 # ---------------------------------------------------------------------------------------------- CPU
@@ -201,48 +219,191 @@ def bench_cuda_kda(quick: bool) -> list[str]:
     return lines
 
 
-def bench_cuda_moe(quick: bool) -> list[str]:
+def moe_inputs(M: int, E: int, top_k: int, L: int, I: int, device: str, dtype: torch.dtype) -> dict:
+    """Routed-expert inputs: M tokens of width L, E experts of intermediate width I, top-k routing."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    return {
+        "x": torch.randn(M, L, device=device, generator=gen).to(dtype),
+        "expert_ids": torch.rand(M, E, device=device, generator=gen).topk(top_k, dim=-1).indices,
+        "expert_weights": torch.rand(M, top_k, device=device, generator=gen),
+        "w_gate": (0.02 * torch.randn(E, I, L, device=device, generator=gen)).to(dtype),
+        "w_up": (0.02 * torch.randn(E, I, L, device=device, generator=gen)).to(dtype),
+        "w_down": (0.02 * torch.randn(E, L, I, device=device, generator=gen)).to(dtype),
+    }
+
+
+def moe_rows(device: str, E: int, top_k: int, L: int, I: int, token_counts: tuple[int, ...]) -> list[str]:
+    """Grouped GEMM vs the per-expert loop, bf16: a check of the output, then fwd and fwd+bwd times."""
     from kernels.moe.grouped import moe_experts_triton
 
-    k3 = model_config("k3")
-    L, I = k3["routed_expert_hidden_size"], k3["moe_intermediate_size"]  # K3's expert shapes
-    E, top_k = 64, 8  # the issue's 64-expert target (K3 itself: 896 experts, top-16)
-    token_counts = (4096,) if quick else (4096, 16384)
     lines = [
-        f"MoE, {E} experts top-{top_k}, K3 expert shapes (latent L={L}, intermediate I={I}), bf16:",
+        f"MoE, {E} experts top-{top_k}, latent L={L}, intermediate I={I}, bf16, {device}:",
         "",
         "| tokens | pass | grouped GEMM ms | per-expert loop ms | ratio |",
         "|---:|---|---:|---:|---:|",
     ]
     for M in token_counts:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        x = torch.randn(M, L, device="cuda", generator=gen).bfloat16()
-        w_gate = (0.02 * torch.randn(E, I, L, device="cuda", generator=gen)).bfloat16()
-        w_up = (0.02 * torch.randn(E, I, L, device="cuda", generator=gen)).bfloat16()
-        w_down = (0.02 * torch.randn(E, L, I, device="cuda", generator=gen)).bfloat16()
-        ids = torch.rand(M, E, device="cuda", generator=gen).topk(top_k, dim=-1).indices
-        weights = torch.rand(M, top_k, device="cuda", generator=gen)
-        tensors = (x, weights, w_gate, w_up, w_down)
+        x = moe_inputs(M, E, top_k, L, I, device, torch.bfloat16)
         with torch.no_grad():
-            y_ours = moe_experts_triton(x, ids, weights, w_gate, w_up, w_down).float()
-            y_loop = moe_experts_reference(x, ids, weights, w_gate, w_up, w_down).float()
+            y_ours = moe_experts_triton(**x).float()
+            y_loop = moe_experts_reference(**x).float()
         rel = ((y_ours - y_loop).abs().max() / y_loop.abs().max()).item()
         lines.insert(1, f"check at {M} tokens: max |Δy| / max |y| = {rel:.1e} (grouped vs loop, bf16)")
         for name, backward in (("fwd", False), ("fwd+bwd", True)):
             timings = []
             for fn in (moe_experts_triton, moe_experts_reference):
-                leaves = [t.detach().clone().requires_grad_(backward) for t in tensors]
+                leaves = {n: t.detach().clone().requires_grad_(backward and t.is_floating_point())
+                          for n, t in x.items()}  # fmt: skip
 
-                def run(fn=fn, leaves=leaves, backward=backward, ids=ids) -> None:
-                    y = fn(leaves[0], ids, leaves[1], *leaves[2:])
+                def run(fn=fn, leaves=leaves, backward=backward) -> None:
+                    y = fn(**leaves)
                     if backward:
                         y.float().sum().backward()
 
-                timings.append(cuda_ms(run))
+                timings.append(time_ms(run, device))
             line = f"| {M} | {name} | {timings[0]:.2f} | {timings[1]:.2f} | {timings[1] / timings[0]:.1f}× |"
             print(line, flush=True)
             lines.append(line)
     return lines
+
+
+def bench_cuda_moe(quick: bool) -> list[str]:
+    k3 = model_config("k3")
+    L, I = k3["routed_expert_hidden_size"], k3["moe_intermediate_size"]  # K3's expert shapes
+    E, top_k = 64, 8  # the issue's 64-expert target (K3 itself: 896 experts, top-16)
+    return moe_rows("cuda", E, top_k, L, I, (4096,) if quick else (4096, 16384))
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+TOLERANCE = {torch.float32: 5e-3, torch.bfloat16: 5e-2}  # fp32: tl.dot takes fp32 operands as TF32 on GPUs
+
+
+@dataclass(frozen=True)
+class KernelCase:
+    """One kernel of the GPU check: ``ours`` against ``reference`` on ``make(device, dtype)``'s inputs
+    (keyword arguments of both); ``backward``: whether it has one to check."""
+
+    name: str
+    make: Callable[[str, torch.dtype], dict]
+    ours: Callable[..., object]
+    reference: Callable[..., object]
+    backward: bool = True
+    shape: str = ""
+
+
+def _first(out: object) -> torch.Tensor:
+    """A kernel's output tensor (KDA kernels return (o, final_state))."""
+    return out[0] if isinstance(out, tuple) else out
+
+
+def scaled_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual − expected| / max(1, max |expected|) (as the kernel tests measure it)."""
+    expected = expected.double()
+    if not expected.numel():
+        return 0.0
+    return (actual.double() - expected).abs().max().item() / max(1.0, expected.abs().max().item())
+
+
+def _outputs(fn: Callable[..., object], x: dict, backward: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``fn``'s output on leaf copies of ``x`` and, with ``backward``, the gradients of a fixed weighted sum
+    of it with respect to every floating input."""
+    leaves = {n: t.detach().clone().requires_grad_(backward and t.is_floating_point()) for n, t in x.items()}
+    out = _first(fn(**leaves))
+    if not backward:
+        return out.detach(), []
+    weight = torch.randn(out.shape, device=out.device, generator=torch.Generator(out.device).manual_seed(1))
+    (out.float() * weight).sum().backward()
+    return out.detach(), [t.grad for t in leaves.values() if t.requires_grad]
+
+
+def _fwd_bwd_run(fn: Callable[..., object], x: dict, backward: bool) -> Callable[[], None]:
+    leaves = {n: t.detach().clone().requires_grad_(backward and t.is_floating_point()) for n, t in x.items()}
+
+    def run() -> None:
+        if not backward:
+            with torch.no_grad():
+                fn(**leaves)
+            return
+        for t in leaves.values():
+            t.grad = None
+        _first(fn(**leaves)).float().sum().backward()
+
+    return run
+
+
+def check_kernel(case: KernelCase, dtype: torch.dtype, device: str) -> dict:
+    """``case`` in ``dtype``: the largest scaled error of its output and gradients against the reference
+    (run in fp32 on the same, ``dtype``-rounded inputs), the verdict at `TOLERANCE`, and the times (ms)
+    of forward and forward+backward, ours and the reference's in ``dtype``."""
+    x = case.make(device, dtype)
+    upcast = {n: t.float() if t.is_floating_point() else t for n, t in x.items()}
+    out, grads = _outputs(case.ours, x, case.backward)
+    ref_out, ref_grads = _outputs(case.reference, upcast, case.backward)
+    errors = [scaled_error(out, ref_out)]
+    errors += [scaled_error(a, b) for a, b in zip(grads, ref_grads, strict=True)]
+    finite = bool(torch.isfinite(out).all()) and all(bool(torch.isfinite(g).all()) for g in grads)
+    row = {"kernel": case.name, "shape": case.shape, "dtype": str(dtype).removeprefix("torch."),
+           "error": max(errors), "ok": finite and max(errors) <= TOLERANCE[dtype]}  # fmt: skip
+    for who, fn in (("ours", case.ours), ("reference", case.reference)):
+        row[f"{who}_fwd_ms"] = time_ms(_fwd_bwd_run(fn, x, False), device)
+        row[f"{who}_fwd_bwd_ms"] = time_ms(_fwd_bwd_run(fn, x, True), device) if case.backward else None
+    return row
+
+
+def fla_chunk_kda() -> Callable[..., object] | None:
+    """flash-linear-attention's ``chunk_kda``, or None when ``fla`` does not import."""
+    return _fla_chunk_kda()
+
+
+def kernel_cases(device: str, small: bool) -> list[KernelCase]:
+    """The kernels of the GPU check with their references; ``small``: the dry run's tiny shapes."""
+    from kernels.kda.chunk import chunk_kda_triton
+    from kernels.kda.fused_recurrent import fused_recurrent_kda_triton
+    from kernels.kda.reference import fused_recurrent_kda_reference
+    from kernels.moe.grouped import moe_experts_triton
+    from kernels.situ_glu import situ_glu_reference
+    from kernels.situ_glu_triton import situ_glu_triton
+
+    B, T, H, D = (1, 64, 1, 16) if small else (2, 4096, 16, 128)
+    decode = (2, 1, 1, 16) if small else (64, 1, 16, 128)
+    rows, width = (64, 32) if small else (16384, 4096)
+    M, E, top_k, L, I = (32, 4, 2, 16, 32) if small else (4096, 16, 4, 512, 256)
+
+    def kda(b, t, h, d):
+        return lambda device, dtype: kda_inputs(b, t, h, d, d, device, dtype)
+
+    def with_state(device, dtype):
+        b, _t, h, d = decode
+        x = kda_inputs(*decode, d, device, dtype)
+        gen = torch.Generator(device=device).manual_seed(2)
+        x["initial_state"] = torch.randn(b, h, d, d, device=device, generator=gen)
+        return x
+
+    def moe(device, dtype):
+        return moe_inputs(M, E, top_k, L, I, device, dtype)
+
+    def glu(device, dtype):
+        gen = torch.Generator(device=device).manual_seed(3)
+        gate, up = (4 * torch.randn(2, rows, width, device=device, generator=gen)).to(dtype)
+        return {"gate": gate, "up": up}
+
+    cases = [
+        KernelCase("chunk_kda", kda(B, T, H, D), chunk_kda_triton, chunk_kda_reference,
+                   shape=f"B={B} T={T} H={H} D={D}"),
+        KernelCase("fused_recurrent_kda (decode)", with_state, fused_recurrent_kda_triton,
+                   fused_recurrent_kda_reference, backward=False,
+                   shape=f"B={decode[0]} T=1 H={decode[2]} D={decode[3]}"),
+        KernelCase("situ_glu", glu, situ_glu_triton, situ_glu_reference, shape=f"{rows}x{width}"),
+        KernelCase("moe_experts (grouped GEMM)", moe, moe_experts_triton, moe_experts_reference,
+                   shape=f"M={M} E={E} top-{top_k} L={L} I={I}"),
+    ]  # fmt: skip
+    fla = fla_chunk_kda()
+    if fla is not None:
+        cases.append(KernelCase("chunk_kda (fla)", kda(B, T, H, D), fla, chunk_kda_reference,
+                                shape=f"B={B} T={T} H={H} D={D}"))  # fmt: skip
+    return cases
 
 
 # ---------------------------------------------------------------------------------------------- report

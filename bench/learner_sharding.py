@@ -161,11 +161,11 @@ def main() -> None:
                             f"**{ratio:.3f}x** | {r['step_s']:.1f} | {r['full'] / 2**20:.1f} | "
                             f"{r['publish_peak'] / 2**20:.1f} |")  # fmt: skip
                 m = r["metrics"]
-                if ep > 1:
+                if ep > 1 and rank == 0:  # the step's traffic, summed over the ranks: the same on each
                     latent, backbone = m["ep_latent_bytes"], m["ep_backbone_bytes"]
                     traffic_rows.append(
-                        f"| {model} | {rank} | {int(m['ep_pairs']):,} | {int(latent):,} | "
-                        f"{int(backbone):,} | **{latent / backbone:.3f}** |"
+                        f"| {model} | {int(m['ep_pairs']):,} | {int(latent):,} | "
+                        f"{int(m['ep_metadata_bytes']):,} | {int(backbone):,} | **{latent / backbone:.3f}** |"
                     )
             print("\n".join(rows[-2:]), flush=True)
     body = "\n".join([
@@ -183,9 +183,11 @@ def main() -> None:
         "| publish peak MiB |",
         "|---|---|---|---|---|---|---|---|",
         *rows,
-        "\nExpert all_to_all traffic of one step, data + expert parallel (bytes each rank sent to the other "
-        "rank, forward and backward, every MoE layer; *backbone* = the same pairs at the backbone width):\n",
-        "| model | rank | (token, expert) pairs routed | latent bytes sent | backbone-width bytes | ratio |",
+        "\nExpert all_to_all traffic of one step, data + expert parallel (bytes the two ranks sent each "
+        "other, forward and backward, every MoE layer, summed over the ranks; *metadata* = the pair counts "
+        "and expert ids sent first; *backbone* = the same pairs' activations at the backbone width):\n",
+        "| model | (token, expert) pairs routed | latent bytes sent | metadata bytes | backbone-width bytes "
+        "| ratio |",
         "|---|---|---|---|---|---|",
         *traffic_rows,
         "\n" + k3_counted(),

@@ -10,7 +10,8 @@ experts' ranks and back **in the latent space** (after W_down, before W_up), as 
 With K3's shapes (l = d / 2) every pair costs half the bytes of dispatching x at the backbone width d.
 The gate weights p stay on the token's rank (the router's gradient never travels); the backward pass runs
 the same two exchanges in reverse (`_AllToAll`). `ExpertTraffic` counts the bytes each rank sends to
-other ranks (forward and backward), beside what the same pairs would cost at width d.
+other ranks (forward and backward), beside what the same pairs would cost at width d, and the routing
+metadata that goes first (each destination's pair count, then the expert id of every pair sent).
 
 Uses the default ``torch.distributed`` group (gloo or NCCL; both implement ``all_to_all_single`` with
 uneven splits). `shard_experts` keeps only a rank's own experts in the model.
@@ -27,15 +28,19 @@ from torch import nn
 
 @dataclass
 class ExpertTraffic:
-    """Bytes this rank sent to other ranks through the expert all_to_alls (forward and backward), the
-    same pairs' bytes at the backbone width, and the (token, expert) pairs routed from this rank."""
+    """What this rank sent to other ranks through the expert all_to_alls: the activations (forward and
+    backward) in the latent width (``latent_bytes``) and what the same pairs would cost at the backbone
+    width (``backbone_bytes``); the routing metadata (``metadata_bytes``: the pair counts per destination
+    and the expert ids of the pairs, forward only; a backbone-width dispatch sends the same); the
+    (token, expert) pairs routed from this rank. Bytes sent = ``latent_bytes + metadata_bytes``."""
 
     latent_bytes: int = 0
     backbone_bytes: int = 0
+    metadata_bytes: int = 0
     pairs: int = 0
 
     def reset(self) -> None:
-        self.latent_bytes = self.backbone_bytes = self.pairs = 0
+        self.latent_bytes = self.backbone_bytes = self.metadata_bytes = self.pairs = 0
 
 
 class _AllToAll(torch.autograd.Function):
@@ -100,6 +105,9 @@ class ExpertParallel:
         # which of this rank's experts each received row goes to (ids travel once, no gradient)
         local_ids = expert.new_empty(sum(recv_counts))
         dist.all_to_all_single(local_ids, expert.contiguous(), recv_counts, send_counts)
+        off_rank = sum(send_counts) - send_counts[self.rank]  # pairs whose expert another rank holds
+        counts_bytes = (self.size - 1) * send.element_size()  # the counts for the other ranks
+        self.traffic.metadata_bytes += counts_bytes + off_rank * expert.element_size()
         received = _AllToAll.apply(
             h[token], send_counts, recv_counts, self.rank, self.traffic, self.backbone_width
         )

@@ -136,7 +136,7 @@ class DataParallel:
         for key in ("clip_fraction", "approx_kl"):
             local[key] = local[key] * token_share
         summed_keys = sorted(k for k in local if k != "grad_norm")
-        total = self.group.all_reduce_sum(torch.tensor([local[k] for k in summed_keys], dtype=torch.float64))
+        total = self.group.all_reduce_sum(self.group.tensor([local[k] for k in summed_keys], torch.float64))
         return metrics | dict(zip(summed_keys, total.tolist(), strict=True))
 
     # ------------------------------------------------------------------ balancing
@@ -145,20 +145,29 @@ class DataParallel:
         return self.group.all_gather_rows(scores)
 
     def summed_loads(self, loads: torch.Tensor) -> torch.Tensor:
-        return self.group.all_reduce_sum(loads)
+        return self.summed(loads)
+
+    def summed(self, counts: torch.Tensor) -> torch.Tensor:
+        """``counts`` summed over the ranks (a batch-wide figure from each rank's share of it), on the
+        device ``counts`` came from."""
+        return self.group.all_reduce_sum(counts.to(self.group.device)).to(counts.device)
 
     def traffic(self) -> dict[str, float]:
-        """Bytes this rank sent through the expert all_to_alls since the last call, latent and at the
-        backbone width (all MoE layers, forward and backward), and the pairs it routed; counters reset."""
+        """What every rank sent through the expert all_to_alls since the last call, summed over the ranks
+        (`model.expert_parallel.ExpertTraffic`: activations in the latent width and at the backbone width,
+        all MoE layers, forward and backward; the routing metadata; the pairs routed); counters reset."""
         if not self.dispatchers:
             return {}
-        latent = sum(d.traffic.latent_bytes for d in self.dispatchers)
-        backbone = sum(d.traffic.backbone_bytes for d in self.dispatchers)
-        pairs = sum(d.traffic.pairs for d in self.dispatchers)
+        keys = ("latent_bytes", "backbone_bytes", "metadata_bytes", "pairs")
+        local = [float(sum(getattr(d.traffic, key) for d in self.dispatchers)) for key in keys]
         for d in self.dispatchers:
             d.traffic.reset()
+        total = dict(zip(keys, self.group.all_reduce_sum(self.group.tensor(local, torch.float64)).tolist(),
+                         strict=True))
         return {
-            "ep_latent_bytes": float(latent),
-            "ep_backbone_bytes": float(backbone),
-            "ep_pairs": float(pairs),
+            "ep_latent_bytes": total["latent_bytes"],
+            "ep_backbone_bytes": total["backbone_bytes"],
+            "ep_metadata_bytes": total["metadata_bytes"],
+            "ep_sent_bytes": total["latent_bytes"] + total["metadata_bytes"],
+            "ep_pairs": total["pairs"],
         }

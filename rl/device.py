@@ -5,6 +5,9 @@ config error (`check_device`, run with the config checks). The driver resolves t
 (`resolve_device`) and hands the actors the resolved value, so the learner and every rollout worker
 agree on it and Ray is asked for GPUs only when they will be used.
 
+On CUDA the actors' GPU shares must fit (`GpuDemand`, checked with the config): Ray places each share on
+one GPU, and a learner of several ranks needs one whole GPU per rank (NCCL refuses two ranks on one GPU).
+
 On CUDA (`Placement`): rollout workers hold the policy in bf16 on the GPU; the learner keeps its fp32
 weights and AdamW state (as on the CPU) on the GPU and runs forward and backward under bf16 autocast.
 The model's ops pick their Triton kernels for CUDA tensors by themselves (`kernels.dispatch`). On the CPU
@@ -14,6 +17,7 @@ nothing changes: fp32, no autocast, no GPU request.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,11 +76,61 @@ class Placement:
         return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
 
 
+RAY_UNITS = 10_000  # Ray counts fractional resources in 1/10,000ths: the shares are compared in those
+
+
+@dataclass(frozen=True)
+class GpuDemand:
+    """The GPU shares of a ``trainer.device=cuda`` run: ``world_size`` learner ranks of ``learner_gpus``
+    each and ``num_workers`` rollout workers of ``worker_gpus`` each (``trainer.learner_gpus``,
+    ``trainer.learner.world_size``, ``rollout.num_workers``, ``trainer.worker_gpus``)."""
+
+    learner_gpus: float
+    world_size: int
+    num_workers: int
+    worker_gpus: float
+
+    @classmethod
+    def of(cls, cfg: Any) -> GpuDemand:
+        trainer = cfg.trainer
+        return cls(trainer.learner_gpus, trainer.learner.world_size, cfg.rollout.num_workers,
+                   trainer.worker_gpus)  # fmt: skip
+
+    @property
+    def whole_gpu_per_rank(self) -> bool:
+        """Whether each learner rank gets a GPU of its own, as NCCL needs with more than one rank."""
+        return round(self.learner_gpus * RAY_UNITS) == RAY_UNITS
+
+    @property
+    def gpus(self) -> int:
+        """The GPUs Ray needs to place every share: a fractional share lives on one GPU, so the count is
+        a packing, not the sum. Each rank on a GPU of its own (one rank: its GPU has room for workers
+        beside it), the workers in what is left on the ranks' GPUs, then ``1 // worker_gpus`` per GPU."""
+        learner, worker = round(self.learner_gpus * RAY_UNITS), round(self.worker_gpus * RAY_UNITS)
+        beside = self.world_size * ((RAY_UNITS - learner) // worker)
+        rest = max(0, self.num_workers - beside)
+        return self.world_size + math.ceil(rest / (RAY_UNITS // worker))
+
+    def problem(self, available: int | None) -> tuple[str, str] | None:
+        """(config key, what is wrong) when the shares cannot be placed, else None. ``available``: the
+        GPUs of the host (local Ray), None on a cluster (then only the per-rank rule is checked)."""
+        if self.world_size > 1 and not self.whole_gpu_per_rank:
+            return ("trainer.learner_gpus",
+                    f"trainer.learner.world_size={self.world_size} with trainer.learner_gpus="
+                    f"{self.learner_gpus:g}: NCCL needs one whole GPU per rank; set trainer.learner_gpus=1")
+        if available is not None and self.gpus > available:
+            ranks = f" x {self.world_size} ranks" if self.world_size > 1 else ""
+            return ("trainer.worker_gpus",
+                    f"the learner ({self.learner_gpus:g} GPU{ranks}) and {self.num_workers} worker(s) of "
+                    f"{self.worker_gpus:g} GPU need {self.gpus} GPUs (Ray places each share on one GPU) "
+                    f"but this host has {available}")
+        return None
+
+
 def actor_gpu_options(device: str, gpus: float) -> dict[str, Any]:
     """The Ray actor options of a GPU share: ``{"num_gpus": gpus}`` on cuda, nothing on the CPU (so a
     CPU run's actor options stay exactly what they were)."""
     return {"num_gpus": gpus} if device == "cuda" else {}
-
 
 
 def learner_options(cfg: Any) -> dict[str, Any]:

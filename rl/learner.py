@@ -57,7 +57,7 @@ from rl.init_weights import load_init_weights
 from rl.optim import build_optimizer, optimizer_step
 from rl.policy import build_policy
 from rl.ranks import RankGroup
-from rl.routing import recorded_routes, routing_mismatch
+from rl.routing import mismatch_counts, mismatch_metrics, recorded_routes
 from rl.seeds import maxvio_floor_seed
 from rl.shard_checkpoint import consolidated, load_sharded, save_sharded
 from rl.sharding import sharded_optimizer_step
@@ -215,9 +215,14 @@ class Learner:
         if self.parallel is not None:  # every rank's pre-update log-probs and values, for the whole batch
             old_logp = self.parallel.gather_rows(old_logp, everything, len(episodes))
             old_values = self.parallel.gather_rows(old_values, everything, len(episodes))
-        routing = {}  # the learner's own routing vs the rollout's, before this batch's updates (own rows)
-        if batch.routes is not None:
-            routing = routing_mismatch(first_router_stats, batch.attention_mask[mine], batch.routes[mine])
+        routing = {}  # the learner's own routing vs the rollout's, before this batch's updates
+        if batch.routes is not None:  # counted on this rank's rows, summed over the ranks, then divided
+            layers, counts = mismatch_counts(
+                first_router_stats, batch.attention_mask[mine], batch.routes[mine]
+            )
+            if self.parallel is not None:
+                counts = self.parallel.summed(counts)
+            routing = mismatch_metrics(layers, counts)
         advantages, returns = self.advantages(batch, old_values)
         is_weights = None
         if algo.tis_cap is not None:

@@ -9,16 +9,21 @@ rank 0's node IP and a port free there, asked from rank 0 itself once Ray has pl
 
 A rank that fails (its process or node lost, an exception) ends the call with `LearnerRankLost`, which
 names the rank and its node: the run stops there (a learner rank is never restarted, so the ranks'
-shards cannot silently diverge); the last complete checkpoint is untouched and resumes the run.
+shards cannot silently diverge); the last complete checkpoint is untouched and resumes the run. When a
+rank's process dies, its peers' collectives fail at once, often before Ray has declared the actor dead:
+the first call to fail is then a survivor's. So the rank named is the one whose actor Ray says died (its
+call or a ping fails with `RayActorError`, waited for up to ``DEATH_WAIT_S``), and only when none died
+(an exception in a live rank) the first one whose call failed (`lost_rank`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -29,6 +34,41 @@ from rl.errors import LearnerRankLost
 log = logging.getLogger(__name__)
 
 PLACEMENT_TIMEOUT_S = 120.0  # how long Ray may take to find room for every rank
+# how long a failed call waits for Ray to say which rank's actor died (a lost node is declared dead after
+# Ray's health checks miss: about 30 s with its defaults); only a failure without a death waits it all
+DEATH_WAIT_S = 30.0
+
+
+def first_line(exc: BaseException) -> str:
+    """``Type: first line`` of an error; of the exception a rank raised for a `RayTaskError`."""
+    cause = exc.cause if isinstance(exc, RayTaskError) and exc.cause is not None else exc
+    text = str(cause).strip()
+    return f"{type(cause).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def lost_rank(actors: list, refs: list, first: int, error: RayError, wait_s: float = DEATH_WAIT_S
+              ) -> tuple[int, RayError]:  # fmt: skip
+    """The rank to blame for a call whose ``refs[first]`` failed with ``error``: the rank whose actor
+    died (its call, or a ping of it, fails with `RayActorError`), else ``first``. Waits at most ``wait_s``
+    for Ray to tell, less once every rank is known to be alive (its call returned or its ping answered)."""
+    if isinstance(error, RayActorError):
+        return first, error
+    pings = [actor.__ray_ready__.remote() for actor in actors]
+    rank_of = {ref: rank for rank, ref in enumerate(refs)} | {ref: rank for rank, ref in enumerate(pings)}
+    pending = [ref for ref in refs + pings if ref != refs[first]]
+    alive: set[int] = set()
+    deadline = time.monotonic() + wait_s
+    while pending and len(alive) < len(actors) and (left := deadline - time.monotonic()) > 0:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayActorError as exc:
+                return rank_of[ref], exc
+            except RayError:
+                continue  # another survivor's failure
+            alive.add(rank_of[ref])
+    return first, error
 
 
 class LearnerGroup:
@@ -85,14 +125,18 @@ class LearnerGroup:
             try:
                 ray.get(ready[0])
             except RayError as exc:
-                rank = refs.index(ready[0])
+                first = refs.index(ready[0])
+                rank, cause = lost_rank(actors, refs, first, exc)
                 node = self.nodes[rank].get("ip", "?") if rank < len(self.nodes) else "?"
+                seen_first = "" if rank == first else (
+                    f" (its actor died or is unreachable; rank {first}'s call failed first: "
+                    f"{first_line(exc)})"
+                )
                 raise LearnerRankLost(
                     f"learner rank {rank} of {len(self.actors)} (node {node}) failed in {method}: "
-                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. The run stops "
-                    "(a learner rank is not restarted); the last complete checkpoint resumes it "
-                    "(trainer.resume=<run dir>)"
-                ) from exc
+                    f"{first_line(cause)}{seen_first}. The run stops (a learner rank is not restarted); "
+                    "the last complete checkpoint resumes it (trainer.resume=<run dir>)"
+                ) from cause
         return ray.get(refs)
 
     def _call(self, method: str, *args: Any, ranks: list | None = None) -> Any:

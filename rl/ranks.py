@@ -2,9 +2,11 @@
 the few collectives the sharded learner needs on top of ``torch.distributed``.
 
 The group is a real ``torch.distributed`` process group: gloo when the learner runs on the CPU, NCCL on
-CUDA. Its rendezvous address (the IP of rank 0's node and a free port there) comes from Ray in
-`rl.learner_group`; tests spawn plain processes with a loopback address. One group per process: the
-learner is the only user of ``torch.distributed`` in a learner actor.
+CUDA (`backend_for`). A collective takes tensors on the device its backend works on, and one function
+says which (`collective_device`: cpu for gloo, cuda for NCCL, which refuses CPU tensors); the group's
+collectives check it (`RankGroup.device`). Its rendezvous address (the IP of rank 0's node and a free port
+there) comes from Ray in `rl.learner_group`; tests spawn plain processes with a loopback address. One
+group per process: the learner is the only user of ``torch.distributed`` in a learner actor.
 """
 
 from __future__ import annotations
@@ -27,15 +29,34 @@ class RankGroup:
     world_size: int
     expert_parallel: int
 
+    @property
+    def device(self) -> torch.device:
+        """The device of the tensors this group's collectives take (`collective_device` of its backend)."""
+        return collective_device(dist.get_backend())
+
+    def tensor(self, values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
+        """A new 1-d tensor of ``values`` on the group's device, to hand to a collective."""
+        return torch.tensor(values, dtype=dtype, device=self.device)
+
+    def _on_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor``, which a collective is about to take; a clear error if it is not on the group's
+        device."""
+        if tensor.device.type != self.device.type:
+            raise ValueError(
+                f"a {dist.get_backend()} collective needs tensors on {self.device.type}, got one on "
+                f"{tensor.device} (rl.ranks.collective_device)"
+            )
+        return tensor
+
     def all_reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
         """The sum of ``values`` over the ranks (a new tensor; every rank gets it)."""
-        out = values.detach().clone()
+        out = self._on_device(values).detach().clone()
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out
 
     def all_gather_equal(self, tensor: torch.Tensor) -> torch.Tensor:
         """``[world_size, *tensor.shape]``: every rank's ``tensor`` (same shape on all ranks), rank order."""
-        tensor = tensor.detach().contiguous()
+        tensor = self._on_device(tensor).detach().contiguous()
         out = torch.empty((self.world_size * tensor.numel(),), dtype=tensor.dtype, device=tensor.device)
         dist.all_gather_single(out, tensor.reshape(-1))
         return out.view(self.world_size, *tensor.shape)
@@ -43,7 +64,7 @@ class RankGroup:
     def all_gather_rows(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every rank's ``tensor`` ``[m_r, ...]`` (row counts may differ) concatenated in rank order."""
         tensor = tensor.detach().contiguous()
-        counts = self.all_gather_equal(torch.tensor([tensor.shape[0]], device=tensor.device)).reshape(-1)
+        counts = self.all_gather_equal(self.tensor([tensor.shape[0]], torch.long)).reshape(-1)
         longest = int(counts.max())
         padded = torch.zeros((longest, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
         padded[: tensor.shape[0]] = tensor
@@ -54,6 +75,20 @@ class RankGroup:
 def backend_for(device: torch.device) -> str:
     """gloo for CPU tensors, NCCL for CUDA ones."""
     return "nccl" if device.type == "cuda" else "gloo"
+
+
+COLLECTIVE_DEVICES = {"gloo": "cpu", "nccl": "cuda"}  # backend -> the device type of its tensors
+
+
+def collective_device(backend: str) -> torch.device:
+    """The device whose tensors a ``backend`` group's collectives take: cpu for gloo, cuda for NCCL (the
+    current GPU: a learner rank sees only its own). The one answer to "where must this tensor live
+    before it is reduced or gathered"."""
+    name = str(backend).lower()
+    if name not in COLLECTIVE_DEVICES:
+        raise ValueError(f"torch.distributed backend {backend!r}: no known collective device (one of "
+                         f"{sorted(COLLECTIVE_DEVICES)})")
+    return torch.device(COLLECTIVE_DEVICES[name])
 
 
 def free_port() -> int:

@@ -10,6 +10,9 @@ them out on the batch's input positions. With ``algo.routing_replay`` the learne
 own top-k set differs from the record, per MoE layer (``routing_mismatch/layerN``), their mean over the
 layers (``routing_mismatch``) and the share that differ in any layer (``routing_mismatch_any``). With
 replay on, the router's own choice is still computed in the same forward (`RouterStats.own_ids`).
+
+The shares are derived from counts (`mismatch_counts`, then `mismatch_metrics`), so that a sharded learner
+sums its ranks' counts before dividing: the logged figures are the whole batch's, not one rank's rows'.
 """
 
 from __future__ import annotations
@@ -48,21 +51,43 @@ def own_routing(router_stats: list[RouterStats], attention_mask: torch.Tensor) -
     return torch.stack(layers, dim=2)
 
 
-def routing_mismatch(
+def mismatch_counts(
     router_stats: list[RouterStats], attention_mask: torch.Tensor, routes: torch.Tensor
-) -> dict[str, float]:
-    """The mismatch metrics (module docstring) of one forward over a batch with `Batch.routes` ``routes``;
-    {} when no token has a record (an engine that records none) or the model has no MoE layer."""
+) -> tuple[list[int], torch.Tensor]:
+    """(the MoE layers, counts) of one forward over a batch with `Batch.routes` ``routes``: counts is
+    float64 ``[n_layers + 2]`` on the batch's device: per layer the recorded tokens whose own top-k set
+    differs from the record, then the tokens that differ in any layer, then the recorded tokens. Counts
+    add up over the ranks of a sharded learner; they are zeros when no token here has a record."""
+    layers = [stats.layer for stats in router_stats]
+    counts = torch.zeros(len(layers) + 2, dtype=torch.float64, device=attention_mask.device)
     mask = recorded_mask(routes)
-    if not router_stats or not bool(mask.any()):
-        return {}
+    if not layers or not bool(mask.any()):
+        return layers, counts
     own = own_routing(router_stats, attention_mask)[:, :-1][mask]  # [n, L, k], the recorded positions
     recorded = routes[mask].to(own.device)
     differs = (own.sort(-1).values != recorded.sort(-1).values).any(-1)  # [n, L] top-k sets differ
-    per_layer = differs.float().mean(0)
-    layers = [stats.layer for stats in router_stats]
-    metrics = {f"routing_mismatch/layer{n}": float(v) for n, v in zip(layers, per_layer, strict=True)}
-    metrics["routing_mismatch"] = float(per_layer.mean())
-    metrics["routing_mismatch_any"] = float(differs.any(-1).float().mean())
-    metrics["routing_recorded_tokens"] = float(mask.sum())
+    counts[: len(layers)] = differs.sum(0).to(counts)
+    counts[-2] = differs.any(-1).sum().to(counts)
+    counts[-1] = float(mask.sum())
+    return layers, counts
+
+
+def mismatch_metrics(layers: list[int], counts: torch.Tensor) -> dict[str, float]:
+    """The mismatch metrics (module docstring) of `mismatch_counts` (summed over ranks, or not); {} when no
+    token has a record (an engine that records none) or the model has no MoE layer."""
+    recorded = float(counts[-1])
+    if not layers or recorded == 0:
+        return {}
+    per_layer = [float(c) / recorded for c in counts[: len(layers)].tolist()]
+    metrics = {f"routing_mismatch/layer{n}": v for n, v in zip(layers, per_layer, strict=True)}
+    metrics["routing_mismatch"] = sum(per_layer) / len(per_layer)
+    metrics["routing_mismatch_any"] = float(counts[-2]) / recorded
+    metrics["routing_recorded_tokens"] = recorded
     return metrics
+
+
+def routing_mismatch(
+    router_stats: list[RouterStats], attention_mask: torch.Tensor, routes: torch.Tensor
+) -> dict[str, float]:
+    """The mismatch metrics of one forward over ``attention_mask``'s rows (one process's view)."""
+    return mismatch_metrics(*mismatch_counts(router_stats, attention_mask, routes))

@@ -43,6 +43,7 @@ COMPUTE_MODULES = (
     "tests/rl/test_learner.py",
     "tests/rl/test_learner_ranks.py",
     "tests/rl/test_policy.py",
+    "tests/rl/test_ranks.py",
     "tests/rl/test_rl_config.py",
     "tests/rl/test_routing_replay.py",
     "tests/rl/test_tokenizer.py",

@@ -193,29 +193,26 @@ def check_resources(cfg) -> None:
         )
 
 
-def check_device(cfg) -> None:
-    """``trainer.device=cuda``: torch sees a GPU here and, with local Ray, as many as the learner's and the
-    workers' shares add up to. Torch is imported only for that setting (``auto`` resolves in the trainer,
-    which runs this check again with the resolved device)."""
+def check_device(cfg, cuda_available: bool | None = None, device_count: int | None = None) -> None:
+    """``trainer.device=cuda``: torch sees a GPU here, each learner rank of several gets a whole GPU, and
+    with local Ray the learner's and the workers' shares fit the host's GPUs (`rl.device.GpuDemand`).
+    ``cuda_available`` / ``device_count`` default to torch's answers. Torch is imported only for that
+    setting (``auto`` resolves in the trainer, which runs this check again with the resolved device)."""
     trainer = cfg.trainer
     if trainer.device != "cuda":
         return
     import torch
 
-    from rl.device import DeviceUnavailable, resolve_device
+    from rl.device import DeviceUnavailable, GpuDemand, resolve_device
 
     try:
-        resolve_device("cuda")
+        resolve_device("cuda", cuda_available)
     except DeviceUnavailable as exc:
         raise ConfigError(f"trainer.device: {exc}") from None
-    needed = trainer.learner_gpus + cfg.rollout.num_workers * trainer.worker_gpus
-    have = torch.cuda.device_count()
-    if trainer.ray_address is None and needed > have:
-        _fail(
-            "trainer.worker_gpus",
-            f"the learner ({trainer.learner_gpus} GPU) and {cfg.rollout.num_workers} worker(s) of "
-            f"{trainer.worker_gpus} GPU need {needed} GPUs but this host has {have}",
-        )
+    have = torch.cuda.device_count() if device_count is None else device_count
+    problem = GpuDemand.of(cfg).problem(have if trainer.ray_address is None else None)
+    if problem is not None:
+        _fail(*problem)
 
 
 def check_vllm_lengths(cfg) -> None:

@@ -183,7 +183,7 @@ class TrainerConfig:
     # where the learner and the rollout workers run the policy (rl.device): auto = cuda when torch sees a
     # GPU, else cpu. On cuda each actor asks Ray for its share of a GPU and the policy runs in bf16
     device: str = required(choices=("auto", "cpu", "cuda"))
-    learner_gpus: float = required(gt=0, le=1)  # GPUs Ray reserves for the learner (device cuda only)
+    learner_gpus: float = required(gt=0, le=1)  # GPUs Ray reserves per learner rank (device cuda only)
     worker_gpus: float = required(gt=0, le=1)  # GPUs Ray reserves for each rollout worker (device cuda only)
 
 

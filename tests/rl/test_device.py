@@ -1,5 +1,6 @@
-"""``trainer.device``: how it resolves, the Ray resources each actor asks for, and the bf16 policy paths
-(exercised on the CPU here, the same code that runs on CUDA; the CUDA run itself needs a GPU)."""
+"""``trainer.device``: how it resolves, the Ray resources each actor asks for, whether the GPU shares can
+be placed (hand-counted cases, and the config check that uses them with a stated GPU count), and the bf16
+policy paths (exercised on the CPU here, the same code that runs on CUDA; the CUDA run needs a GPU)."""
 
 from dataclasses import replace
 
@@ -9,7 +10,15 @@ from rl_testutil import compose
 
 from agentenv.errors import ConfigError
 from kernels.dispatch import use_triton
-from rl.device import DeviceUnavailable, Placement, learner_options, resolve_device, worker_options
+from rl.config.checks import check_device
+from rl.device import (
+    DeviceUnavailable,
+    GpuDemand,
+    Placement,
+    learner_options,
+    resolve_device,
+    worker_options,
+)
 from rl.episode import Episode
 from rl.generation import TorchEngine
 from rl.learner import Learner
@@ -65,6 +74,54 @@ def test_each_actor_asks_ray_for_a_gpu_share_on_cuda_only():
         "num_gpus": 0.25,
     }  # fmt: skip
     assert Placement.of("cpu") == Placement(torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("learner", "ranks", "workers", "worker", "gpus"),
+    [
+        (0.5, 1, 1, 0.5, 1),  # the default: the learner and one worker share a GPU
+        (0.5, 1, 3, 0.5, 2),  # one worker beside the learner, two on a second GPU
+        (0.5, 1, 2, 0.75, 3),  # the shares add up to 2.0, but no 0.75 fits beside another share
+        (0.3, 1, 7, 0.1, 1),  # 0.3 + 7 x 0.1 fill one GPU exactly (in Ray's 1/10,000 units, not floats)
+        (1.0, 2, 2, 0.5, 3),  # two ranks on a GPU each, the workers on a third
+        (1.0, 4, 0, 0.5, 4),
+    ],
+)
+def test_the_gpus_a_run_needs_are_a_packing_of_its_shares(learner, ranks, workers, worker, gpus):
+    demand = GpuDemand(learner, ranks, workers, worker)
+    assert demand.gpus == gpus
+    assert demand.problem(gpus) is None and demand.problem(None) is None
+    key, message = demand.problem(gpus - 1)
+    assert key == "trainer.worker_gpus" and f"need {gpus} GPUs" in message and f"has {gpus - 1}" in message
+
+
+def test_several_learner_ranks_need_a_whole_gpu_each_on_a_cluster_too():
+    for available in (8, None):
+        assert GpuDemand(0.5, 2, 1, 0.5).problem(available) == (
+            "trainer.learner_gpus",
+            "trainer.learner.world_size=2 with trainer.learner_gpus=0.5: NCCL needs one whole GPU per rank; "
+            "set trainer.learner_gpus=1",
+        )
+    assert not GpuDemand(0.5, 1, 1, 0.5).whole_gpu_per_rank
+    assert GpuDemand(1, 2, 1, 0.5).problem(None) is None
+
+
+def test_the_config_check_refuses_what_cannot_be_placed():
+    """`check_device` on a (stated) CUDA host: the NCCL rule and the GPU count, each a one-line error."""
+    ranks = on(compose("trainer.num_cpus=4", "algo.group_size=4", "algo.episodes_per_step=8",
+                       "algo.minibatches=1", "trainer.learner.world_size=2"), "cuda")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^trainer.learner_gpus: trainer.learner.world_size=2 with "
+                                          r"trainer.learner_gpus=0.5: NCCL needs one whole GPU per rank"):
+        check_device(ranks, cuda_available=True, device_count=4)
+    whole = replace(ranks, trainer=replace(ranks.trainer, learner_gpus=1.0))
+    with pytest.raises(ConfigError, match=r"^trainer.worker_gpus: the learner \(1 GPU x 2 ranks\) and 1 "
+                                          r"worker\(s\) of 0.5 GPU need 3 GPUs .* this host has 2$"):
+        check_device(whole, cuda_available=True, device_count=2)
+    check_device(whole, cuda_available=True, device_count=3)
+    check_device(replace(whole, trainer=replace(whole.trainer, ray_address="10.0.0.1:6379")),
+                 cuda_available=True, device_count=0)  # a cluster's GPUs are Ray's to count  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^trainer.device: trainer.device=cuda but torch sees no CUDA"):
+        check_device(whole, cuda_available=False)
 
 
 def sample_and_train(cfg, placement: Placement) -> tuple[torch.nn.Module, dict]:

@@ -1,7 +1,9 @@
 """The sharded learner (trainer.learner.world_size=2) in two real gloo processes against the single-rank
 learner on the same batch: losses, gradients, updated weights and router biases equal within 1e-5 (fp32),
 with data parallelism alone and with the routed experts split across the ranks (expert_parallel=2),
-whose latent all_to_all sends half the bytes of a backbone-width dispatch (k3_tiny: l = d / 2).
+whose latent all_to_all sends half the bytes of a backbone-width dispatch (k3_tiny: l = d / 2). The
+logged routing mismatch and expert traffic are the whole batch's (summed over the ranks), and every
+tensor handed to a torch.distributed collective is on the device its backend takes.
 
 One spawn of two processes runs every scenario (one process group, a new learner per scenario); rank 0
 writes what it saw to a file that the tests compare with a `Learner` built here."""
@@ -13,13 +15,15 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 from rl_testutil import compose
 
 from rl.data_parallel import VALUE_HEAD
-from rl.episode import Episode
+from rl.episode import Episode, collate
 from rl.learner import Learner
-from rl.ranks import RankGroup, free_port, join_rank_group, leave_rank_group
+from rl.ranks import RankGroup, collective_device, free_port, join_rank_group, leave_rank_group
+from rl.routing import own_routing
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -58,6 +62,26 @@ def episodes(n: int, seed: int = 0) -> list[Episode]:
             e.append([259, *b"higher", 261, 260], trained=False)
         out.append(e)
     return out
+
+
+ROUTED = "one_step_dp_ep"  # the scenario whose episodes carry the rollout's routing records
+
+
+def with_routes(cfg, batch: list[Episode]) -> list[Episode]:
+    """``batch`` with routing records: the single-rank learner's own routing of every action token, except
+    in the last quarter of the episodes (rank 1's rows at world size 2), where every second token's record
+    of the first MoE layer names other experts. So the batch's mismatch is not rank 0's half's (zero)."""
+    learner = Learner(cfg)
+    padded = collate(batch, learner.pad_id)
+    with torch.no_grad():
+        own = own_routing(learner._forward(padded)[3], padded.attention_mask)  # [B, T, layers, top_k]
+    for row, e in enumerate(batch):
+        actions = torch.nonzero(torch.tensor(e.action_mask)).flatten()
+        routes = own[row, actions - 1].clone()  # the position before a token sampled it
+        if row >= len(batch) * 3 // 4:
+            routes[::2, 0] = (routes[::2, 0] + 1) % cfg.model.num_experts
+        e.routes = routes.to(torch.int16)
+    return batch
 
 
 def config(overrides: tuple[str, ...], world_size: int, expert_parallel: int):
@@ -125,19 +149,37 @@ def stopped_and_resumed(learner: Learner, cfg, group: RankGroup, out: str) -> di
     return {"straight": straight, "resumed": resumed.weights()[1]}
 
 
-def _rank_main(rank: int, port: int, out: str, configs: dict) -> None:
+COLLECTIVES = ("all_reduce", "all_gather_single", "reduce_scatter_single", "all_to_all_single")
+
+
+def record_collectives(seen: list[tuple[str, str]]) -> None:
+    """Wrap this process's torch.distributed collectives (the learner's, `model.expert_parallel`'s and
+    `rl.sharding`'s calls go through them) to record (name, device type) of every tensor handed over."""
+    for name in COLLECTIVES:
+        def wrapper(*args, _real=getattr(dist, name), _name=name, **kwargs):
+            tensors = [t for t in (*args, *kwargs.values()) if torch.is_tensor(t)]
+            seen.extend((_name, t.device.type) for t in tensors)
+            return _real(*args, **kwargs)
+
+        setattr(dist, name, wrapper)
+
+
+def _rank_main(rank: int, port: int, out: str, configs: dict, batches: dict) -> None:
     torch.set_num_threads(1)
     join_rank_group("127.0.0.1", port, rank, 2, 1, torch.device("cpu"))
+    seen: list[tuple[str, str]] = []
+    record_collectives(seen)
     try:
         results = {}
         for name, (_overrides, expert_parallel) in SCENARIOS.items():
             cfg = configs[name]
             learner = Learner(cfg, group=RankGroup(rank, 2, expert_parallel))
-            results[name] = outcome(learner, episodes(cfg.algo.episodes_per_step))
+            results[name] = outcome(learner, batches[name])
             if name == RESUMED:
                 results["resume"] = stopped_and_resumed(
                     learner, cfg, RankGroup(rank, 2, expert_parallel), out
                 )
+        results["collectives"] = (seen, dist.get_backend())
         if rank == 0:
             torch.save(results, out)
     finally:
@@ -145,10 +187,21 @@ def _rank_main(rank: int, port: int, out: str, configs: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory) -> dict:
+def batches() -> dict[str, list[Episode]]:
+    """Each scenario's batch (the same at world size 1 and 2)."""
+    out = {}
+    for name, (overrides, _ep) in SCENARIOS.items():
+        cfg = config(overrides, 1, 1)
+        batch = episodes(cfg.algo.episodes_per_step)
+        out[name] = with_routes(cfg, batch) if name == ROUTED else batch
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, batches) -> dict:
     out = Path(tmp_path_factory.mktemp("ranks")) / "rank0.pt"
     configs = {name: config(overrides, 2, ep) for name, (overrides, ep) in SCENARIOS.items()}
-    mp.spawn(_rank_main, args=(free_port(), str(out), configs), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(free_port(), str(out), configs, batches), nprocs=2, join=True)
     return torch.load(out, weights_only=False) | {"folder": checkpoint_of(str(out))}
 
 
@@ -158,10 +211,10 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_two_ranks_step_like_one(two_ranks, name):
+def test_two_ranks_step_like_one(two_ranks, batches, name):
     overrides, expert_parallel = SCENARIOS[name]
     cfg = config(overrides, 1, 1)
-    single = outcome(Learner(cfg), episodes(cfg.algo.episodes_per_step))
+    single = outcome(Learner(cfg), batches[name])
     sharded = two_ranks[name]
     for key in ("loss", "policy_loss", "entropy", "kl", "grad_norm", "clip_fraction", "approx_kl", "maxvio"):
         assert sharded["metrics"][key] == pytest.approx(single["metrics"][key], abs=TOLERANCE), key
@@ -188,6 +241,34 @@ def test_two_ranks_step_like_one(two_ranks, name):
     if expert_parallel > 1:  # experts reached in the latent width: half the backbone bytes (k3_tiny: 64/128)
         sent = sharded["metrics"]["ep_latent_bytes"]
         assert sent > 0 and sent / sharded["metrics"]["ep_backbone_bytes"] == pytest.approx(0.5)
+
+
+def test_two_ranks_log_the_whole_batch_routing_mismatch_and_expert_traffic(two_ranks, batches):
+    """Counted on each rank's rows, summed over the ranks, then divided: the world-size-1 figures."""
+    cfg = config(SCENARIOS[ROUTED][0], 1, 1)
+    single = Learner(cfg).train_step(batches[ROUTED])
+    sharded = two_ranks[ROUTED]["metrics"]
+    routing = sorted(k for k in single if k.startswith("routing_"))
+    assert {"routing_mismatch", "routing_mismatch_any", "routing_recorded_tokens"} <= set(routing)
+    assert single["routing_mismatch/layer1"] > 0  # rank 1's rows only: rank 0's half alone shows 0
+    assert {k: sharded[k] for k in routing} == pytest.approx({k: single[k] for k in routing}, abs=1e-12)
+    # expert traffic: every (token, expert) pair of the batch (padding included), all MoE layers
+    model = cfg.model
+    moe_layers = model.num_hidden_layers - model.first_k_dense_replace
+    tokens = collate(batches[ROUTED], 0).input_ids.numel()
+    assert sharded["ep_pairs"] == tokens * model.num_experts_per_token * moe_layers
+    # activations: each pair sent off-rank crosses 4 times (dispatch, combine, their gradients), l fp32s;
+    # metadata: per MoE layer each rank's count for the other (int64), then one int64 id per off-rank pair
+    off_rank = sharded["ep_latent_bytes"] / (4 * model.expert_width * 4)
+    assert off_rank > 0 and off_rank == int(off_rank)
+    assert sharded["ep_metadata_bytes"] == moe_layers * 2 * 8 + off_rank * 8
+    assert sharded["ep_sent_bytes"] == sharded["ep_latent_bytes"] + sharded["ep_metadata_bytes"]
+
+
+def test_every_collective_takes_tensors_on_its_backends_device(two_ranks):
+    seen, backend = two_ranks["collectives"]
+    assert backend == "gloo" and {name for name, _device in seen} == set(COLLECTIVES)
+    assert {device for _name, device in seen} == {collective_device(backend).type}
 
 
 def test_a_two_rank_checkpoint_resumes_bit_exactly_and_loads_at_one_rank(two_ranks):
