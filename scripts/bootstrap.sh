@@ -24,6 +24,8 @@ command -v dockerd >/dev/null || missing+=(docker.io)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
 command -v pgrep >/dev/null || missing+=(procps)
 command -v git >/dev/null || missing+=(git)
+command -v catatonit >/dev/null || missing+=(catatonit)  # the init of every sandbox (warm backend)
+command -v nsenter >/dev/null || missing+=(util-linux)
 "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   step "installing Debian packages: ${missing[*]}"

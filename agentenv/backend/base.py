@@ -102,6 +102,17 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
+class Settled:
+    """How a sandbox whose last state move may have died halfway ends, as its runtime reads the container
+    and the checkpoint store (`SandboxBackend.settle`)."""
+
+    state: str | None                      # "running" or "paused"; None: nothing left to run or resume
+    checkpoint: Checkpoint | None = None   # paused in this checkpoint, which the registry does not know yet
+    drop_checkpoint: bool = False          # a resume finished with the registry's checkpoint: forget it
+    note: str = ""                         # "paused", "rolled back", "resumed", or why nothing is left
+
+
+@dataclass(frozen=True)
 class ContainerState:
     running: bool
     exit_code: int | None
@@ -196,6 +207,23 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> dict[str, object]:
         """Facts about the runtime for `agentenv info` (versions, features)."""
+
+    @abc.abstractmethod
+    def settle(self, ref: ContainerRef, sandbox_id: str, recorded: str, checkpoint: Checkpoint | None,
+               wait_s: float) -> Settled:
+        """Where a sandbox the registry records as `recorded` ("running" or "paused", with its latest
+        `checkpoint`) really is, when the process that last moved its state may have died halfway: a dump
+        still running is waited for (at most `wait_s`); a pause whose dump finished ends paused, one that
+        did not ends running; a resume whose checkpoint is intact is rolled back, else it ends running.
+        The caller holds the sandbox's lock and applies the answer to the registry."""
+
+    @abc.abstractmethod
+    def dump_in_progress(self, ref: ContainerRef) -> bool:
+        """Does a dump of the container run on this host now (whoever started it)?"""
+
+    @abc.abstractmethod
+    def drop_leftovers(self, ref: ContainerRef, keep: Checkpoint | None) -> list[str]:
+        """Delete what dead state moves left in the store for the container (never `keep`); the paths."""
 
     def collect_leftovers(self, dry_run: bool = False, older_than_s: float = 600.0) -> list[str]:
         """Delete files the runtime left behind from old restores; returns what was (or would be) removed."""

@@ -221,12 +221,21 @@ class DockerContainers(SandboxBackend):
             security_opt=["no-new-privileges:true"] if c.no_new_privileges else None,
             read_only=c.read_only,
             tmpfs=tmpfs,
-            mounts=[docker.types.Mount(c.workspace, volume, type="volume", no_copy=True)],
+            mounts=[docker.types.Mount(c.workspace, volume, type="volume", no_copy=True),
+                    *self._runtime_mounts()],
             pids_limit=c.pids_limit,
             mem_limit=c.memory_bytes,
             memswap_limit=c.memory_bytes,
             nano_cpus=int(c.cpus * 1e9),
         )
+
+    def _init_argv(self) -> tuple[list[str] | None, list[str]]:
+        """(entrypoint, command) of every new container: the init that runs as its PID 1."""
+        return None, INIT_ARGV
+
+    def _runtime_mounts(self) -> list[docker.types.Mount]:
+        """Host files every new container gets read-only (none here; the warm runtime's init)."""
+        return []
 
     def _new_container(self, spec: ContainerSpec) -> ContainerRef:
         """Volume (owned by the sandbox user) + created, not started, container."""
@@ -239,8 +248,10 @@ class DockerContainers(SandboxBackend):
             uid, gid = (int(x) for x in UIDS[spec.user].split(":"))
             os.chown(data, uid, gid)
             os.chmod(data, 0o755)
+            entrypoint, command = self._init_argv()
             cid = self.api.create_container(
-                spec.image, command=INIT_ARGV, user=UIDS[spec.user], name=f"agentenv-{spec.sandbox_id}",
+                spec.image, command=command, entrypoint=entrypoint, user=UIDS[spec.user],
+                name=f"agentenv-{spec.sandbox_id}",
                 environment={"HOME": spec.config.workspace}, working_dir=spec.config.workspace,
                 labels=labels, host_config=self._host_config(spec, volume), hostname="sandbox",
                 tty=False, stdin_open=False, network_disabled=spec.config.network == "none",

@@ -89,7 +89,11 @@ def _probe_cached(backend: str, ctr: str, address: str, store_dir: str) -> HostS
                 f"the containerd socket {ctrd.address} (found from {ctrd.source}) does not exist; is dockerd "
                 "running? set containerd_address in conf/agentenv/backend.yaml"
             )
-    elif not Path(ctrd.address).exists():
+    missing = [t for t in ("nsenter", "setsid", "unshare") if not shutil.which(t)]
+    if backend == "warm" and missing:
+        raise BackendUnavailable(f"the warm backend runs CRIU through {', '.join(missing)} (util-linux), "
+                                 "which is not on PATH")
+    if backend != "fastpath" and not Path(ctrd.address).exists():
         ctrd = None  # docker-criu needs no containerd; without it restores skip the restore-log check
     return HostSupport(
         store_fs=check_store_dir(Path(store_dir)),

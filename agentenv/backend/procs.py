@@ -34,7 +34,7 @@ class ProcessInfo:
     cmdline: str
 
 
-def _ns_pid(pid: int) -> int | None:
+def ns_pid(pid: int) -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("NSpid:"):
@@ -56,9 +56,9 @@ def process_tree(init_pid: int) -> tuple[ProcessInfo, ...]:
     """The container's processes, sorted by their PID inside the container."""
     out = []
     for pid in cgroup_pids(init_pid):
-        ns_pid, cmd = _ns_pid(pid), _cmdline(pid)
-        if ns_pid is not None and cmd is not None:
-            out.append(ProcessInfo(ns_pid, cmd))
+        ns, cmd = ns_pid(pid), _cmdline(pid)
+        if ns is not None and cmd is not None:
+            out.append(ProcessInfo(ns, cmd))
     return tuple(sorted(out))
 
 

@@ -34,12 +34,13 @@ from pathlib import Path
 
 import docker
 
-from agentenv.backend import checkpoint_dir, containerd, criu_log, netns
+from agentenv.backend import checkpoint_dir, containerd, criu_log, interrupted, netns
 from agentenv.backend.base import (
     Checkpoint,
     ContainerNotRunning,
     ContainerRef,
     ContainerSpec,
+    Settled,
 )
 from agentenv.backend.containers import DockerContainers, _docker_errors, _first_line
 from agentenv.backend.dumpers import TRANSIENT_DUMP_ERRORS, ContainerdDump, DockerApiDump
@@ -53,6 +54,7 @@ from agentenv.errors import CheckpointError, DiskCapExceeded, RestoreNotVerified
 log = logging.getLogger(__name__)
 
 _MIN_RESERVATION = 8 * 2**20
+_STOP_WAIT_S = 10.0  # a finished dump: how long Docker may take to report its container stopped
 _DUMP_ATTEMPTS = 3
 
 
@@ -245,6 +247,66 @@ class CriuRuntime(DockerContainers):
             return None
         return self.host.containerd.bundle(self.settings.containerd_namespace, container_id) / "work" / \
             "restore.log"
+
+    # ---- after a death halfway ---------------------------------------------------------------
+    @_docker_errors
+    def settle(self, ref: ContainerRef, sandbox_id: str, recorded: str, checkpoint: Checkpoint | None,
+               wait_s: float) -> Settled:
+        if recorded == "running":
+            done = self._finish_pause(ref, sandbox_id, checkpoint, wait_s)
+            if done is not None:
+                return Settled("paused", done, note="paused")
+            st = self.state(ref)
+            return Settled("running") if st is not None and st.running else Settled(None, note="stopped")
+        st = self.state(ref)
+        if st is None:
+            return Settled(None, note="gone")
+        if not st.running:
+            return Settled("paused")
+        if checkpoint is not None and self.store.record_at(checkpoint.path) is not None:
+            self.api.kill(ref.container)  # a resume outlived its caller: the intact checkpoint stays true
+            return Settled("paused", note="rolled back")
+        return Settled("running", drop_checkpoint=checkpoint is not None, note="resumed")
+
+    def _finish_pause(self, ref: ContainerRef, sandbox_id: str, known: Checkpoint | None,
+                      wait_s: float) -> Checkpoint | None:
+        """The checkpoint a dead pause finished (its container stopped after a finished dump the registry
+        does not know), recorded in the store if CRIU finished after its caller died; else None."""
+        dump = interrupted.ctr_dump_of(ref.container)
+        if interrupted.dump_traces(self.store, ref.container) and not interrupted.wait_for_dump(dump, wait_s):
+            log.warning("a checkpoint of sandbox %s still runs after %.0f s", sandbox_id, wait_s)
+            return None
+        path = interrupted.newest_finished(self.store, ref.container)
+        if path is None or (known is not None and Path(known.path) == path):
+            return None
+        deadline = time.monotonic() + _STOP_WAIT_S
+        while (st := self.state(ref)) is not None and st.running:
+            if time.monotonic() >= deadline:
+                log.warning("sandbox %s: a dump of it finished, yet its container runs", sandbox_id)
+                return None
+            time.sleep(0.1)
+        if st is None:
+            return None
+        marker = interrupted.runtime_marker(path, sandbox_id)
+        if marker is None:
+            log.warning("sandbox %s: checkpoint %s holds no restore marker of it; not used", sandbox_id, path)
+            return None
+        record = self.store.record_at(path)
+        if record is None:  # CRIU finished, its caller died before writing the record: write it as it would
+            log.warning("sandbox %s: CRIU finished the dump %s after its caller died; recording it",
+                        sandbox_id, path)
+            drop_host_clock_image(path)
+            record = ImageRecord(container_id=ref.container, name=path.name, path=path,
+                                 created=path.stat().st_mtime, image_bytes=disk_bytes(path), processes=())
+            self.store.save(record)
+        return interrupted.checkpoint_of(record, marker)
+
+    def dump_in_progress(self, ref: ContainerRef) -> bool:
+        return interrupted.dump_running(interrupted.ctr_dump_of(ref.container))
+
+    def drop_leftovers(self, ref: ContainerRef, keep: Checkpoint | None) -> list[str]:
+        return interrupted.drop_leftovers(self.store, ref.container, Path(keep.path) if keep else None,
+                                          interrupted.ctr_dump_of(ref.container))
 
     # ---- disk hygiene ------------------------------------------------------------------------
     @_docker_errors

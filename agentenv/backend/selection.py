@@ -11,6 +11,7 @@ from pathlib import Path
 from agentenv.backend.host import probe
 from agentenv.backend.runtime import CriuRuntime
 from agentenv.backend.settings import BackendSettings, default_settings_path
+from agentenv.backend.warm import WarmRuntime
 from agentenv.errors import BackendUnavailable
 
 
@@ -28,7 +29,11 @@ def select_backend(home: Path, settings: BackendSettings | None = None) -> CriuR
                 f"{e}. Fix that, or set `fallback: docker-criu` in {default_settings_path()} to use Docker's "
                 "checkpoint path instead") from None
         host = probe(settings, settings.fallback)
-        return CriuRuntime(home, settings, host, settings.fallback,
+        return _runtime(settings.fallback)(home, settings, host, settings.fallback,
                            reason=f"fallback: the configured backend {settings.backend!r} ({where}) cannot "
                                   f"run here ({e}); `fallback: {settings.fallback}` is configured")
-    return CriuRuntime(home, settings, host, settings.backend, reason=f"configured ({where})")
+    return _runtime(settings.backend)(home, settings, host, settings.backend, reason=f"configured ({where})")
+
+
+def _runtime(name: str) -> type[CriuRuntime]:
+    return WarmRuntime if name == "warm" else CriuRuntime

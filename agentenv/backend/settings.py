@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 
 from agentenv.settings import Size, build, load_settings, setting, settings_path
 
-Backend = Literal["fastpath", "docker-criu"]
+Backend = Literal["warm", "fastpath", "docker-criu"]
 Fallback = Literal["none", "docker-criu"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 FALLBACKS: tuple[str, ...] = get_args(Fallback)
@@ -44,6 +44,13 @@ class BackendSettings:
     link_pages: bool
     verify_restore: bool
     op_timeout_s: float = setting(above=0)
+    runtime_dir: Path = setting(check=(Path.is_absolute, "an absolute path"))
+    lazy_pages: bool
+    warm_shells: int = setting(min=0)
+    warm_tmpfs_limit: Size
+    ksm: bool
+    ksm_pages_to_scan: int = setting(min=1)
+    ksm_sleep_ms: int = setting(min=0)
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> BackendSettings:

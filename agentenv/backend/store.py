@@ -20,7 +20,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -46,11 +46,19 @@ class ImageRecord:
     created: float
     image_bytes: int
     processes: tuple[ProcessInfo, ...]
+    # "container": the whole container, restored by Docker (older pauses); "tree": its process tree from
+    # its init, restored into a running container (`agentenv.backend.warm`), whose init was renumbered
+    # to `root_pid` and whose tmpfs mounts' contents are kept as `tmpfs-<i>.tar` beside the images
+    format: str = "container"
+    root_pid: int = 0
+    tmpfs: tuple[str, ...] = ()
+    marker: str = ""
 
     def to_json(self) -> str:
         d = asdict(self)
         d["path"] = str(self.path)
         d["processes"] = [[p.ns_pid, p.cmdline] for p in self.processes]
+        d["tmpfs"] = list(self.tmpfs)
         return json.dumps(d)
 
     @classmethod
@@ -58,6 +66,7 @@ class ImageRecord:
         d = json.loads(text)
         d["path"] = Path(d["path"])
         d["processes"] = tuple(ProcessInfo(int(a), str(b)) for a, b in d["processes"])
+        d["tmpfs"] = tuple(d.get("tmpfs", ()))
         return cls(**d)
 
 
@@ -90,7 +99,9 @@ def _deleter() -> ThreadPoolExecutor:
         return _deleters[pid]
 
 
-def _remove_trees(*paths: Path) -> None:
+def _remove_trees(*paths: Path, before: Callable[[], None] | None = None) -> None:
+    if before is not None:
+        before()
     for path in paths:
         shutil.rmtree(path, ignore_errors=True)
 
@@ -153,13 +164,15 @@ class CheckpointStore:
             return None
 
     # ---- deletion ----------------------------------------------------------------------------
-    def delete(self, record: ImageRecord) -> None:
-        """Forget the checkpoint now and free its images in the background (see the module docstring)."""
+    def delete(self, record: ImageRecord, after: Callable[[], None] | None = None) -> None:
+        """Forget the checkpoint now and free its images in the background (see the module docstring),
+        once `after()` returned (e.g. page daemons still serving a lazy restore from them)."""
         (record.path / RECORD_FILE).unlink(missing_ok=True)
+        paths = (record.path, self.work_dir(record.path))
         try:
-            future = _deleter().submit(_remove_trees, record.path, self.work_dir(record.path))
+            future = _deleter().submit(_remove_trees, *paths, before=after)
         except RuntimeError:  # the interpreter is shutting down: no new threads, delete here
-            _remove_trees(record.path, self.work_dir(record.path))
+            _remove_trees(*paths, before=after)
             return
         with self._deleting_lock:
             self._deleting = [f for f in self._deleting if not f.done()] + [future]

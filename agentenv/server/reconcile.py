@@ -8,7 +8,7 @@ sandbox's container (killed, OOM, removed), or dockerd (a restart stops every ru
   forgotten), and the E2B row of every sandbox the server owns is made again from its labels when
   missing (a lost or emptied `e2b.sqlite3`, or a create it never answered);
 - `sweep` runs in the reaper's thread every `liveness_check_interval_s`: a running sandbox whose
-  container stopped is forgotten (unless a dead pause left it paused: `agentenv.server.interrupted`),
+  container stopped is forgotten (unless a dead pause left it paused: the runtime's `settle`),
   so that listing no longer shows it;
 - `settle` checks one sandbox when a request reaches it (marked broken, or its container stopped);
 - `forget` removes a gone sandbox (container, volume, checkpoints, E2B row) and keeps why in the
@@ -32,12 +32,11 @@ import logging
 from dataclasses import dataclass, field
 
 from agentenv.backend import docker_client
-from agentenv.backend.base import LABEL_HOME, LABEL_SANDBOX, ContainerRef, ContainerState
+from agentenv.backend.base import LABEL_HOME, LABEL_SANDBOX, ContainerRef, ContainerState, Settled
 from agentenv.errors import SandboxBusy
 from agentenv.locks import sandbox_lock
 from agentenv.registry import SandboxRecord
 from agentenv.sandbox import CONTAINER_REMOVED, remove_sandbox, runtime
-from agentenv.server.interrupted import checkpoint_intact, drop_leftovers, finish_pause
 from agentenv.server.store import E2BStore
 
 log = logging.getLogger(__name__)
@@ -90,10 +89,28 @@ def gone_reason(sandbox_id: str) -> str | None:
     return rec.reason[len(GONE):]
 
 
+def _apply(rec: SandboxRecord, verdict: Settled) -> None:
+    """Record in the registry how the sandbox's runtime says its interrupted state move ended (the caller
+    holds its lock)."""
+    reg = runtime().registry
+    if verdict.checkpoint is not None:
+        reg.insert_checkpoint(rec.id, verdict.checkpoint)
+    if verdict.drop_checkpoint:
+        while (ck := reg.latest_checkpoint(rec.id)) is not None:
+            reg.delete_checkpoint(ck.id)
+    if verdict.state is not None and verdict.state != rec.state:
+        reg.update_sandbox(rec.id, state=verdict.state, reason=None)
+
+
 def stopped(store: E2BStore, rec: SandboxRecord, why: str) -> str | None:
     """A sandbox recorded running whose container is not running (the caller holds its lock): paused, when
     a pause that died left its finished dump (None); else forgotten, and `why` returned."""
-    if finish_pause(runtime(), rec, STOPPED_DUMP_WAIT_S) is not None:
+    rt = runtime()
+    ref = ContainerRef(rec.container or "", rec.volume or "")
+    verdict = rt.backend.settle(ref, rec.id, "running", rt.registry.latest_checkpoint(rec.id),
+                                STOPPED_DUMP_WAIT_S)
+    if verdict.state == "paused":
+        _apply(rec, verdict)
         log.warning("sandbox %s: a pause that died after its dump is recorded: the sandbox is paused", rec.id)
         return None
     forget(store, rec, why)
@@ -175,45 +192,38 @@ def _recover_one(store: E2BStore, rec: SandboxRecord, has_row: bool, ttl_s: floa
         return
     if rec.state not in ("running", "paused"):
         return  # broken: the first request on it reports why and forgets it
-    if rec.state == "running" and finish_pause(rt, rec, DUMP_WAIT_S) is not None:
-        out.paused.append(rec.id)  # a pause that died after its dump
-        rec = rt.registry.get_sandbox(rec.id) or rec
     if not _settle_container(store, rec, out):
         return
-    drop_leftovers(rt, rec)
+    rt.backend.drop_leftovers(ContainerRef(rec.container or "", rec.volume or ""),
+                              rt.registry.latest_checkpoint(rec.id))
     if not has_row and store.row_from_labels(rec, ttl_s) is not None:
         out.rebuilt.append(rec.id)
 
 
 def _settle_container(store: E2BStore, rec: SandboxRecord, out: Recovery) -> bool:
-    """Bring a running or paused sandbox in line with its container; False when it is forgotten."""
+    """Bring a running or paused sandbox in line with its container and images (what its runtime says an
+    interrupted pause or resume came to); False when it is forgotten."""
     rt = runtime()
     ref = ContainerRef(rec.container or "", rec.volume or "")
-    st = rt.backend.state(ref) if ref.container else None
-    if st is None:
-        forget(store, rec, "its container is gone (a kill in progress when the server died, or removed "
-                           "outside AgentENV; found when the server restarted)")
+    if not ref.container:
+        verdict = Settled(None, note="gone")
+    else:
+        verdict = rt.backend.settle(ref, rec.id, rec.state, rt.registry.latest_checkpoint(rec.id),
+                                    DUMP_WAIT_S)
+    if verdict.state is None:
+        st = rt.backend.state(ref) if ref.container else None
+        why = why_dead(st) if st is not None else ("its container is gone (a kill in progress when the "
+                                                   "server died, or removed outside AgentENV)")
+        forget(store, rec, why + " (found when the server restarted)")
         out.gone.append(rec.id)
         return False
-    if rec.state == "running":
-        if not st.running:
-            forget(store, rec, why_dead(st) + " (found when the server restarted)")
-            out.gone.append(rec.id)
-            return False
+    _apply(rec, verdict)
+    done = {"paused": out.paused, "rolled back": out.rolled_back, "resumed": out.resumed}
+    done.get(verdict.note, []).append(rec.id)
+    if verdict.state == "running":
         while (ck := rt.registry.latest_checkpoint(rec.id)) is not None:  # a fork's, kept for its copies
             rt.backend.discard_checkpoint(ref, ck)
             rt.registry.delete_checkpoint(ck.id)
-        return True
-    if st.running:  # paused in the registry, yet running: a resume outlived its server
-        ck = rt.registry.latest_checkpoint(rec.id)
-        if ck is not None and checkpoint_intact(rt, ck):
-            docker_client.api().kill(ref.container)  # the checkpoint, still there, stays the truth
-            out.rolled_back.append(rec.id)
-        else:  # the restore was verified and its checkpoint dropped: only the record was missing
-            if ck is not None:
-                rt.registry.delete_checkpoint(ck.id)
-            rt.registry.update_sandbox(rec.id, state="running", reason=None)
-            out.resumed.append(rec.id)
     return True
 
 

@@ -63,7 +63,8 @@ def test_a_backend_that_cannot_run_fails_create_with_the_reason(tmp_path, monkey
 
 def test_a_configured_fallback_runs_and_says_why(tmp_path, monkeypatch):
     monkeypatch.delenv("AGENTENV_BACKEND", raising=False)
-    settings = BackendSettings.load(_conf(tmp_path, ctr="agentenv-no-such-ctr", fallback="docker-criu"))
+    settings = BackendSettings.load(_conf(tmp_path, backend="fastpath", ctr="agentenv-no-such-ctr",
+                                          fallback="docker-criu"))
     backend = select_backend(tmp_path, settings)
     assert backend.name == "docker-criu"
     assert backend.reason.startswith("fallback") and "agentenv-no-such-ctr" in backend.reason

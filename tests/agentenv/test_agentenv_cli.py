@@ -39,7 +39,7 @@ def test_transcript_state_survives_pause_and_resume(cli, created):
     ok(cli("exec", sid, "--", "sh", "-c", "echo 41 > /tmp/value; nohup sleep 1000 >/dev/null 2>&1 &"))
     assert json.loads(ok(cli("pause", sid, "--json"))) == [{"id": sid, "state": "paused"}]
     stats = json.loads(ok(cli("stats", sid, "--json")))
-    assert stats["state"] == "paused" and stats["rss_bytes"] == 0 and stats["checkpoint_bytes"] > 0
+    assert stats["state"] == "paused" and stats["rss_bytes"] < 8 * 2**20 and stats["checkpoint_bytes"] > 0
     assert {"id", "state", "rss_bytes", "cpu_seconds", "checkpoint_bytes"} <= set(stats)
     assert "paused" in ok(cli("stats", sid))  # the human table
     ok(cli("resume", sid))

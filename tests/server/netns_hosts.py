@@ -158,9 +158,11 @@ def namespaced_host(home: Path, index: int = 0) -> Iterator[NamespacedHost]:
     with namespace(index) as (ns, ns_ip):
         log = home / "server.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "agentenv.cli", "serve",
-                                     "--host", ns_ip, "--port", str(PORT)], env=env, cwd=ROOT, stdout=out,
-                                    stderr=subprocess.STDOUT)
+            # only the network namespace (`ip netns exec` would also mount a /sys without cgroups): the
+            # server sees the host's file systems, as it would on a host of its own
+            proc = subprocess.Popen(["nsenter", f"--net=/var/run/netns/{ns}", "--", sys.executable, "-m",
+                                     "agentenv.cli", "serve", "--host", ns_ip, "--port", str(PORT)], env=env,
+                                    cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         url = f"http://{ns_ip}:{PORT}"
         try:
             wait_healthy(url, proc, log)

@@ -70,7 +70,7 @@ def test_remote_cli_verbs_and_memory_across_pause_resume_fork(server, tmp_path):
 
         assert cli(server, "pause", sid).stdout.decode().split() == [sid, "paused"]
         stats = json.loads(cli(server, "stats", sid, "--json").stdout)
-        assert stats["state"] == "paused" and stats["rss_bytes"] == 0 and stats["checkpoint_bytes"] > 0
+        assert stats["state"] == "paused" and stats["rss_bytes"] < 8 * 2**20 and stats["checkpoint_bytes"] > 0
         p = cli(server, "exec", sid, "--", "true", check=False)
         assert p.returncode == 1 and b"paused" in p.stderr
 

@@ -50,7 +50,7 @@ def test_remote_sandbox_exec_files_and_typed_errors(server):
             sb.exec("true")
         with pytest.raises(SandboxStateError, match="already paused"):
             sb.pause()
-        assert sb.stats().rss_bytes == 0
+        assert sb.stats().rss_bytes < 8 * 2**20  # at most a warm shell: its init and tmpfs (warm_tmpfs_limit)
         sb.resume()
         assert sb.describe()["labels"]["run"] == "client-test"
     finally:

@@ -17,22 +17,22 @@ from test_server_faults import CALL_TIMEOUT_S, _listed, _sdk, served  # noqa: F4
 
 pytestmark = pytest.mark.docker
 
-# A process that keeps 48 MiB of random bytes in memory and their hash in a tmpfs file: the same hash
+# A process that keeps MiBs of random bytes in memory and their hash in a tmpfs file: the same hash
 # after a resume proves the processes came back from the checkpoint (a fresh start has no /tmp/token).
 MEMORY_PROCESS = (
-    "nohup python3 -c \"import hashlib,os,time; b=os.urandom(48<<20); "
-    "open('/tmp/token','w').write(hashlib.sha256(b).hexdigest()); time.sleep(10**6)\" >/dev/null 2>&1 & "
+    "nohup python3 -c \"import hashlib,os,time; s=os.urandom(1<<20); b=s*{mib}; "
+    "open('/tmp/token','w').write(hashlib.sha256(s).hexdigest()); time.sleep(10**6)\" >/dev/null 2>&1 & "
     "while [ ! -s /tmp/token ]; do sleep 0.05; done; cat /tmp/token")
 HEADERS = {"X-API-Key": API_KEY}
 
 
-def _sandbox_with_state(srv) -> tuple[object, str, str]:
-    """A running SDK sandbox with a file in its work dir and a process holding memory: (sandbox, the
-    file's text, the process's token)."""
+def _sandbox_with_state(srv, mib: int = 48) -> tuple[object, str, str]:
+    """A running SDK sandbox with a file in its work dir and a process holding `mib` MiB of memory:
+    (sandbox, the file's text, the process's token)."""
     sbx = _sdk().create("base", timeout=600, request_timeout=CALL_TIMEOUT_S)
     mark = f"written before the pause by {sbx.sandbox_id}\n"
     sbx.files.write("mark.txt", mark, request_timeout=CALL_TIMEOUT_S)
-    token = sbx.commands.run(MEMORY_PROCESS, request_timeout=CALL_TIMEOUT_S).stdout.strip()
+    token = sbx.commands.run(MEMORY_PROCESS.format(mib=mib), request_timeout=CALL_TIMEOUT_S).stdout.strip()
     assert len(token) == 64, token
     return sbx, mark, token
 
@@ -82,6 +82,8 @@ def _left_in_store(srv, sandbox_id: str) -> list[str]:
     ("pause-start", "running"),     # before anything happened
     ("pause-dumped", "paused"),     # CRIU's dump finished and the container stopped; the registry not told
     ("pause-recorded", "paused"),   # the registry says paused; the E2B row's end time not yet set
+    ("warm-dumped", "paused"),      # warm backend: CRIU finished, the tree left stopped, nothing sealed
+    ("warm-sealed", "paused"),      # warm backend: the images sealed (record written), the tree not killed
 ])
 def test_a_server_killed_at_a_point_of_a_pause_loses_nothing(served, point, state):  # noqa: F811
     served.stop()
@@ -95,18 +97,20 @@ def test_a_server_killed_at_a_point_of_a_pause_loses_nothing(served, point, stat
 
 
 def test_a_server_killed_while_criu_dumps_loses_nothing(served):  # noqa: F811
-    """A real kill -9 while the dump runs: containerd's `ctr` and CRIU finish it after the server is gone,
-    so the restarted server finds the container stopped and images without the backend's record."""
-    from agentenv.server.interrupted import dump_running
+    """A real kill -9 while the dump runs: CRIU (and containerd's `ctr` on the Docker backends) finish it
+    after the server is gone, so the restarted server finds a finished dump without the backend's record
+    (the warm backend: its processes still stopped; the Docker backends: the container stopped)."""
+    from agentenv.backend.base import ContainerRef
+    from agentenv.sandbox import runtime
 
-    sbx, mark, token = _sandbox_with_state(served)
+    sbx, mark, token = _sandbox_with_state(served, mib=96)  # a dump long enough to be seen running
     container = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", served.container_of(sbx.sandbox_id)],
                                capture_output=True, text=True, timeout=60, check=True).stdout.strip()
     errors: list[BaseException] = []
     call = threading.Thread(target=lambda: errors.extend(_post_pause(served, sbx.sandbox_id)), daemon=True)
     call.start()
     deadline = time.monotonic() + CALL_TIMEOUT_S
-    while not dump_running(container):
+    while not runtime().backend.dump_in_progress(ContainerRef(container, "")):
         assert call.is_alive(), "the pause finished before its dump was seen running"
         assert time.monotonic() < deadline, "no dump of the sandbox started"
         time.sleep(0.002)

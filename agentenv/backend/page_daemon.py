@@ -1,0 +1,83 @@
+"""CRIU's page daemon for lazy restores: `criu lazy-pages` serves a restored tree's memory through
+userfaultfd, each page on its first touch and the rest in the background, so the processes run before
+their memory has been read. One daemon serves one restore and exits once every page is in; a daemon can
+be started ahead of the restore (`PageDaemon.start` returns before it listens) to take its start-up off
+a resume's critical path.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from agentenv.backend.nsexec import criu_program
+from agentenv.errors import CheckpointError
+
+SOCKET = "lazy-pages.socket"
+LOG = "lazy-pages.log"
+
+
+class PageDaemon:
+    """`criu lazy-pages` for the images in `images` (its socket and log in `work`)."""
+
+    def __init__(self, images: Path, work: Path) -> None:
+        self.images, self.work = Path(images), Path(work)
+        self.proc: subprocess.Popen | None = None
+        self.started = 0.0
+        self.finished: float | None = None  # when every page was in (the daemon exited 0)
+        self._reaper: threading.Thread | None = None
+
+    def start(self) -> PageDaemon:
+        (self.work / SOCKET).unlink(missing_ok=True)
+        prog = criu_program()
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [prog.loader, "--library-path", ":".join(prog.library_path), prog.binary, "lazy-pages",
+             "-D", str(self.images), "-W", str(self.work), "-o", LOG],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        return self
+
+    def wait_listening(self, timeout_s: float) -> None:
+        """Return once the daemon accepts the restore's connection; CheckpointError if it died or took
+        longer than `timeout_s`."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while not (self.work / SOCKET).exists():
+            if self.proc.poll() is not None:
+                raise CheckpointError(f"CRIU's page daemon exited with {self.proc.returncode} before it "
+                                      f"listened (its log: {self.work / LOG})")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise CheckpointError(f"CRIU's page daemon did not listen within {timeout_s:g} s")
+            time.sleep(0.0005)
+
+    def reap_in_background(self, cleanup: Path | None = None) -> None:
+        """After a restore that connected: let a thread wait for the last page (and record when), then
+        delete the folder `cleanup` (the restore's work dir)."""
+        def reap() -> None:
+            assert self.proc is not None
+            if self.proc.wait() == 0:
+                self.finished = time.monotonic()
+            if cleanup is not None:
+                shutil.rmtree(cleanup, ignore_errors=True)
+        self._reaper = threading.Thread(target=reap, name="agentenv-page-daemon", daemon=True)
+        self._reaper.start()
+
+    def wait_done(self, timeout_s: float) -> float | None:
+        """Seconds from the daemon's start until every page was in, or None (still serving, or failed)."""
+        if self._reaper is not None:
+            self._reaper.join(timeout_s)
+        return None if self.finished is None else self.finished - self.started
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        (self.work / SOCKET).unlink(missing_ok=True)
+
+    def log_path(self) -> Path:
+        return self.work / LOG

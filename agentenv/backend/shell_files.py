@@ -1,0 +1,75 @@
+"""The host files every warm-backend container mounts read-only, kept under `runtime_dir`:
+
+- `init`: a copy of the static `catatonit` (its `-P` mode: PID 1 that only reaps orphans), so that an
+  upgrade or removal of the host's package never leaves a stopped sandbox unable to start;
+- `criu.kdat`: CRIU's cache of kernel facts, which CRIU otherwise recomputes on every run (20-30 ms)
+  wherever /run is not a tmpfs; made with /run on a private tmpfs and rewritten in place (existing
+  mounts see it) when the boot id changes;
+- `scratch/`: the work folders of restores in progress (a page daemon's socket and logs);
+- `logs/`: CRIU's log of each container's last restore.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentenv.errors import BackendUnavailable
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+@dataclass(frozen=True)
+class ShellFiles:
+    init: Path
+    kdat: Path | None  # None: the cache could not be made here (CRIU recomputes it each run)
+    scratch: Path
+    logs: Path
+
+
+def _init_binary(runtime_dir: Path) -> Path:
+    src = shutil.which("catatonit")
+    dst = runtime_dir / "init"
+    if src is None:
+        if dst.exists():
+            return dst
+        raise BackendUnavailable("the warm backend runs `catatonit` as every sandbox's init and it is not on "
+                                 "PATH (Debian/Ubuntu package catatonit; make bootstrap installs it)")
+    if not dst.exists() or not filecmp.cmp(src, dst, shallow=False):
+        tmp = dst.with_suffix(".tmp")
+        shutil.copyfile(src, tmp)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, dst)
+    return dst
+
+
+def _kdat(runtime_dir: Path) -> Path | None:
+    dst, stamp = runtime_dir / "criu.kdat", runtime_dir / "criu.kdat.boot"
+    boot = BOOT_ID.read_text().strip()
+    if dst.exists() and stamp.exists() and stamp.read_text().strip() == boot:
+        return dst
+    r = subprocess.run(["unshare", "-m", "sh", "-c",
+                        "mount -t tmpfs k3rl-kdat /run && criu check >/dev/null 2>&1; cat /run/criu.kdat"],
+                       capture_output=True, timeout=60)
+    if r.returncode != 0 or not r.stdout:
+        return dst if dst.exists() and dst.stat().st_size else None
+    with open(dst, "r+b" if dst.exists() else "wb") as f:  # in place: running shells mount this inode
+        f.write(r.stdout)
+        f.truncate()
+    os.chmod(dst, 0o644)
+    stamp.write_text(boot)
+    return dst
+
+
+def prepare_runtime_files(runtime_dir: Path) -> ShellFiles:
+    runtime_dir = Path(runtime_dir)
+    runtime_dir.mkdir(parents=True, exist_ok=True)
+    scratch = runtime_dir / "scratch"
+    logs = runtime_dir / "logs"
+    for d in (scratch, logs):
+        d.mkdir(exist_ok=True)
+    return ShellFiles(init=_init_binary(runtime_dir), kdat=_kdat(runtime_dir), scratch=scratch, logs=logs)
