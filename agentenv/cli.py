@@ -173,7 +173,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         from agentenv.paths import agentenv_home
         from agentenv.registry import Registry
 
-        rows = [r.describe() for r in Registry(agentenv_home().resolve()).list_sandboxes(args.all)]
+        rows = [r.describe() for r in Registry(agentenv_home().resolve()).list_sandboxes(args.all)
+                if args.all or r.state != "spare"]  # spare shells: made ahead for forks (agentenv.spares)
     _emit(args, rows, lambda: _table(
         [[r["id"], r["state"], r["image"], r["user"], r["parent"] or "-"] for r in rows],
         ["ID", "STATE", "IMAGE", "USER", "PARENT"]))

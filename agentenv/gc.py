@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
+from agentenv import spares
 from agentenv.backend.base import ContainerRef
 from agentenv.errors import SandboxBusy
 from agentenv.locks import sandbox_lock
@@ -33,6 +34,7 @@ class GcReport:
     skipped_busy: list[str] = field(default_factory=list)
     removed_checkpoint_copies: list[str] = field(default_factory=list)
     closed_orphans: list[str] = field(default_factory=list)
+    removed_spares: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -93,6 +95,8 @@ def collect_garbage(dry_run: bool = False, stale_s: float = 600.0) -> GcReport:
             rt.backend.remove(ContainerRef("", volume))
     report.removed_checkpoint_copies = rt.backend.collect_leftovers(dry_run=dry_run, older_than_s=stale_s)
     report.closed_orphans = close_orphans(dry_run=dry_run)
+    if not dry_run:
+        report.removed_spares = spares.expire(rt)
     return report
 
 

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentenv import checks
+from agentenv import checks, spares
 from agentenv.backend.base import (
     LABEL_HOME,
     Checkpoint,
@@ -146,7 +146,7 @@ class Sandbox:
     @classmethod
     def list(cls, include_closed: bool = False) -> list[Sandbox]:
         rt = runtime()
-        return [cls(r, rt) for r in rt.registry.list_sandboxes(include_closed)]
+        return [cls(r, rt) for r in rt.registry.list_sandboxes(include_closed) if r.state != spares.SPARE]
 
     # ---- properties ----------------------------------------------------------------------------
     def _record(self) -> SandboxRecord:
@@ -244,7 +244,7 @@ class Sandbox:
         """A persistent shell in this (running) sandbox: `session.run(cmd, timeout, stdin)` has `exec`'s
         result and guarantees at a fraction of its cost (see `agentenv.session`). `pause`/`fork` end its
         shell; the next `run` starts a new one (`session.reopened`)."""
-        return Session(self.id, self.config, self._open_shell, self._exec_result, self._container_lost)
+        return Session(self.id, self.config, self._open_shell, self._exec_result, self._shell_lost)
 
     def _open_shell(self) -> ShellStream:
         """A new session shell in this sandbox, which must be running."""
@@ -269,6 +269,15 @@ class Sandbox:
             return self._rt.backend.exec(self._ref(rec), argv, user=rec.user, **kw)
         except ContainerNotRunning as e:
             raise self._container_lost(str(e)) from None
+
+    def _shell_lost(self, detail: str) -> SandboxStateError | None:
+        """A session's shell ended during a command: None while the sandbox and its container still run
+        (something in it ended the shell, see `Session`), else why the sandbox is no longer usable."""
+        rec = self._record()
+        st = self._rt.backend.state(self._ref(rec)) if rec.state == "running" else None
+        if st is not None and st.running:
+            return None
+        return self._container_lost(detail)
 
     def _container_lost(self, detail: str) -> SandboxStateError:
         """The container is gone although the registry said running: record why, mark it broken."""
@@ -483,14 +492,22 @@ class Sandbox:
         the forks fail. Returns the forks and the source's resume error (None: resumed, or not asked)."""
         cfg = self.config
         fork_labels = inherited_labels(rec.labels) if labels is None else dict(labels)
-        ids = [secrets.token_hex(6) for _ in range(n)]
-        for sid in ids:  # rows first, so that gc sees forks in progress as 'creating'
+        # spare shells of this template (a read-only root: nothing to copy but the work dir), then new ones
+        made = spares.claim(self._rt, rec.image, rec.user, rec.config, n if cfg.read_only else 0)
+        refs: dict[str, ContainerRef] = {s.id: ContainerRef(s.container or "", s.volume or "") for s in made}
+        for spare in made:
+            self._rt.registry.update_sandbox(spare.id, labels=fork_labels, parent_id=rec.id,
+                                             parent_checkpoint=ck.id)
+        ids = [s.id for s in made] + [secrets.token_hex(6) for _ in range(n - len(made))]
+        for sid in ids[len(made):]:  # rows first, so that gc sees forks in progress as 'creating'
             self._rt.registry.insert_sandbox(id=sid, state="creating", image=rec.image, user=rec.user,
                                              config=rec.config, labels=fork_labels, parent_id=rec.id,
                                              parent_checkpoint=ck.id)
-        refs: dict[str, ContainerRef] = {}
 
         def copy_files(sid: str) -> None:
+            if sid in refs:  # a spare: its container runs already
+                self._rt.backend.fork_into(self._ref(rec), refs[sid])
+                return
             container_labels = {**fork_labels, LABEL_HOME: str(self._rt.home)}
             spec = ContainerSpec(sid, rec.image, rec.user, cfg, container_labels)
             refs[sid] = ref = self._rt.backend.fork_files(self._ref(rec), spec)
@@ -520,6 +537,8 @@ class Sandbox:
                     self._rt.backend.remove(refs[sid])
                 self._rt.registry.delete_sandbox(sid)
             raise errors[0]
+        if cfg.read_only:
+            spares.replenish(self._rt, rec.image, rec.user, rec.config, n)  # for the group's next fork
         return [Sandbox.get(sid) for sid in ids], source_error
 
     def relabel(self, labels: Mapping[str, str], remove: Iterable[str] = ()) -> None:

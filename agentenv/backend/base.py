@@ -67,6 +67,10 @@ class ShellStream(abc.ABC):
         """From the host: kill the shell and every process still attached to its stdio."""
 
     @abc.abstractmethod
+    def exit_code(self) -> int:
+        """Once its output ended: the shell's exit status (128 + N for signal N), -1 when unknown."""
+
+    @abc.abstractmethod
     def close(self) -> None:
         """Close this process's end of the connection (the shell sees its stdin end)."""
 
@@ -178,6 +182,11 @@ class SandboxBackend(abc.ABC):
     def fork_files(self, source: ContainerRef, spec: ContainerSpec) -> ContainerRef:
         """A new container, not started, holding a copy of the stopped source's files (its work dir, and
         its writable root unless read-only): a fork once `restore` brings a checkpoint's memory into it."""
+
+    def fork_into(self, source: ContainerRef, ref: ContainerRef) -> None:
+        """Copy the stopped source's work dir into another sandbox's container made ahead (a spare shell of
+        a read-only-root template): a fork once `restore` brings a checkpoint's memory into it."""
+        raise NotImplementedError(f"the {self.name} backend makes no spare shells")
 
     @abc.abstractmethod
     def discard_checkpoint(self, ref: ContainerRef, checkpoint: Checkpoint) -> None:

@@ -104,11 +104,21 @@ def write_pstree(images: Path, header: bytes, entries: list[PstreeEntry]) -> Non
 
 
 def ids_in_use(entries: list[PstreeEntry]) -> set[int]:
-    """Every PID the tree names: tasks, threads, and the leaders of its process groups and sessions."""
+    """Every PID the tree names: tasks, threads, and the leaders of its process groups and sessions. (A
+    task that was exiting when dumped, a zombie, can carry a meaningless thread id above `pid_max`: CRIU
+    restores no thread of a zombie, so such ids are left out.)"""
+    limit = pid_max()
     used: set[int] = set()
     for e in entries:
-        used.update((e.pid, e.pgid, e.sid, *e.threads))
+        used.update((e.pid, e.pgid, e.sid, *(t for t in e.threads if t < limit)))
     return used
+
+
+def pid_max() -> int:
+    try:
+        return int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        return 4194304
 
 
 def renumber_root(images: Path, new_pid: int) -> int:

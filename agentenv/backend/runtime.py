@@ -168,6 +168,10 @@ class CriuRuntime(DockerContainers):
             raise
         return ref
 
+    @_docker_errors
+    def fork_into(self, source: ContainerRef, ref: ContainerRef) -> None:
+        self._copy_files(source, ref, copy_rootfs=False)
+
     def _copy_files(self, source: ContainerRef, ref: ContainerRef, *, copy_rootfs: bool) -> None:
         """A fork's files: the work-dir volume and (unless read-only) the writable rootfs layer."""
         copy_tree(Path(self.api.inspect_volume(source.volume)["Mountpoint"]),

@@ -51,6 +51,8 @@ class BackendSettings:
     ksm: bool
     ksm_pages_to_scan: int = setting(min=1)
     ksm_sleep_ms: int = setting(min=0)
+    spare_shells: bool
+    spare_ttl_s: float = setting(above=0)
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> BackendSettings:

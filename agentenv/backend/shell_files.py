@@ -2,9 +2,10 @@
 
 - `init`: a copy of the static `catatonit` (its `-P` mode: PID 1 that only reaps orphans), so that an
   upgrade or removal of the host's package never leaves a stopped sandbox unable to start;
-- `criu.kdat`: CRIU's cache of kernel facts, which CRIU otherwise recomputes on every run (20-30 ms)
-  wherever /run is not a tmpfs; made with /run on a private tmpfs and rewritten in place (existing
-  mounts see it) when the boot id changes;
+- `kdat/criu.kdat`: CRIU's cache of kernel facts, which CRIU otherwise recomputes on every run (20-30
+  ms) wherever /run is not a tmpfs; made with /run on a private tmpfs and rewritten in place (existing
+  mounts see it) when the boot id changes. Containers mount the file at /run/criu.kdat; the page
+  daemons run with the folder over /run in a mount namespace of their own;
 - `scratch/`: the work folders of restores in progress (a page daemon's socket and logs);
 - `logs/`: CRIU's log of each container's last restore.
 """
@@ -48,7 +49,8 @@ def _init_binary(runtime_dir: Path) -> Path:
 
 
 def _kdat(runtime_dir: Path) -> Path | None:
-    dst, stamp = runtime_dir / "criu.kdat", runtime_dir / "criu.kdat.boot"
+    (runtime_dir / "kdat").mkdir(exist_ok=True)
+    dst, stamp = runtime_dir / "kdat" / "criu.kdat", runtime_dir / "criu.kdat.boot"
     boot = BOOT_ID.read_text().strip()
     if dst.exists() and stamp.exists() and stamp.read_text().strip() == boot:
         return dst

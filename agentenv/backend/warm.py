@@ -33,7 +33,14 @@ from pathlib import Path
 import docker
 
 from agentenv.backend import criu_log, interrupted, ksm
-from agentenv.backend.base import RUNTIME_DIR, Checkpoint, ContainerNotRunning, ContainerRef, Settled
+from agentenv.backend.base import (
+    LABEL_SANDBOX,
+    RUNTIME_DIR,
+    Checkpoint,
+    ContainerNotRunning,
+    ContainerRef,
+    Settled,
+)
 from agentenv.backend.cgroups import cgroup_pids, read_usage
 from agentenv.backend.containers import _docker_errors
 from agentenv.backend.criu_images import ids_in_use, read_pstree, renumber_root
@@ -43,8 +50,9 @@ from agentenv.backend.procs import ns_pid, process_tree
 from agentenv.backend.runtime import CriuRuntime, drop_host_clock_image
 from agentenv.backend.shell_files import prepare_runtime_files
 from agentenv.backend.store import ImageRecord, disk_bytes
-from agentenv.errors import CheckpointError, DiskCapExceeded, RestoreNotVerified
+from agentenv.errors import CheckpointError, DiskCapExceeded, RestoreNotVerified, SandboxBusy
 from agentenv.faults import crash_point
+from agentenv.locks import sandbox_lock
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +62,7 @@ TREE = "tree"
 BENIGN = ("Unable to create tun", "RLIMIT_NOFILE for self")  # CRIU logs these as errors on every run
 CLEAR_TIMEOUT_S = 10.0
 MIN_RESERVATION = 8 * 2**20
+EMPTY_TAR_BYTES = 10240  # the archive of an empty folder: one entry and the end blocks, one tar record
 
 
 class WarmRuntime(CriuRuntime):
@@ -64,6 +73,7 @@ class WarmRuntime(CriuRuntime):
         self.files = prepare_runtime_files(self.settings.runtime_dir)
         self._warm: OrderedDict[str, int] = OrderedDict()  # paused shells this process keeps up
         self._serving: dict[str, list[PageDaemon]] = {}    # image folder -> page daemons reading it
+        self._last_daemon: dict[str, PageDaemon] = {}      # container -> its last restore's daemon
         self._state_lock = threading.Lock()
 
     # ---- containers --------------------------------------------------------------------------
@@ -184,7 +194,10 @@ class WarmRuntime(CriuRuntime):
     def _unpack_tmpfs(self, pid: int, record: ImageRecord) -> None:
         tar = host_program("tar")
         for i, mount in enumerate(record.tmpfs):
-            with open(record.path / f"tmpfs-{i}.tar", "rb") as src:
+            archive = record.path / f"tmpfs-{i}.tar"
+            if archive.stat().st_size <= EMPTY_TAR_BYTES and _only_the_root(archive):
+                continue  # an empty tmpfs: nothing to unpack
+            with open(archive, "rb") as src:
                 try:
                     run_in_mounts(pid, tar, ["-C", mount, "--numeric-owner", "-xpf", "-"],
                                   timeout_s=self.settings.op_timeout_s, join_cgroups=True, stdin=src.fileno())
@@ -227,20 +240,29 @@ class WarmRuntime(CriuRuntime):
 
     @_docker_errors
     def cool(self, ref: ContainerRef) -> bool:
-        """Stop a paused sandbox's warm shell (no process left); False when it is not an empty shell."""
+        """Stop a paused sandbox's warm shell (no process left); False, touching nothing, unless the
+        container runs its init alone and holds a checkpoint (a running sandbox may hold no process of
+        its own, but it has no checkpoint), or while another process changes the sandbox's state."""
         with self._state_lock:
             self._warm.pop(ref.container, None)
         try:
             info = self.api.inspect_container(ref.container)
         except docker.errors.NotFound:
             return False
-        pid = int(info["State"].get("Pid") or 0)
-        if not info["State"].get("Running") or [p for p in cgroup_pids(pid) if p != pid]:
+        sandbox_id = (info["Config"].get("Labels") or {}).get(LABEL_SANDBOX, "")
+        try:
+            with sandbox_lock(self.home / "locks", sandbox_id, timeout_s=0.0, action="cool its shell"):
+                pid = int(info["State"].get("Pid") or 0)
+                if not info["State"].get("Running") or self.store.latest(info["Id"]) is None \
+                        or [p for p in cgroup_pids(pid) if p != pid]:
+                    return False
+                with contextlib.suppress(docker.errors.APIError):
+                    self.api.kill(ref.container)
+                    self.api.wait(ref.container, condition="not-running",
+                                  timeout=int(self.settings.op_timeout_s))
+                return True
+        except SandboxBusy:
             return False
-        with contextlib.suppress(docker.errors.APIError):
-            self.api.kill(ref.container)
-            self.api.wait(ref.container, condition="not-running", timeout=int(self.settings.op_timeout_s))
-        return True
 
     def _probe_dump(self, container: str) -> None:
         info = self.api.inspect_container(container)
@@ -278,7 +300,7 @@ class WarmRuntime(CriuRuntime):
             self._warm.pop(ref.container, None)
         try:
             self._clear_shell(pid)  # a shell holds nothing but its init (e.g. after a failed restore)
-            if cold:
+            if cold or fork:  # a stopped shell lost its tmpfs; a fork's (or a spare's) never had it
                 self._unpack_tmpfs(pid, record)
             self._restore_tree(pid, info["Id"], record, fork)
         except BaseException:
@@ -308,7 +330,7 @@ class WarmRuntime(CriuRuntime):
         daemon: PageDaemon | None = None
         try:
             if self.settings.lazy_pages:
-                daemon = PageDaemon(record.path, work).start()
+                daemon = PageDaemon(record.path, work, self.files.kdat).start()
             bump_last_pid(pid, record.root_pid, self.settings.op_timeout_s)
             args = ["restore", "-D", "{0}", "-W", "{1}", "-o", "restore.log", "-v3", "--restore-detached",
                     "--manage-cgroups=ignore", "--tcp-established", "--file-locks"]
@@ -339,6 +361,7 @@ class WarmRuntime(CriuRuntime):
         daemon.reap_in_background(cleanup=work)
         with self._state_lock:
             self._serving.setdefault(str(record.path), []).append(daemon)
+            self._last_daemon[container] = daemon
 
     def restore_log(self, container_id: str) -> Path:
         """CRIU's log of the container's last restore (kept until the next one)."""
@@ -353,12 +376,12 @@ class WarmRuntime(CriuRuntime):
         helpers = [p for p in cgroup_pids(pid) if p != pid and _session(p) == copy[0]]
         _signal_all(copy + helpers, signal.SIGKILL)
 
-    def page_fill_seconds(self, checkpoint: Checkpoint, timeout_s: float = 60.0) -> list[float]:
-        """For benchmarks: wait until the page daemons of `checkpoint`'s restores have sent every page;
-        seconds each took from its start."""
+    def page_fill_seconds(self, container_id: str, timeout_s: float = 60.0) -> float | None:
+        """Wait until the page daemon of the container's last restore in this process sent every page:
+        seconds from its start; None when it failed, still runs after `timeout_s`, or was none."""
         with self._state_lock:
-            daemons = list(self._serving.get(checkpoint.path, []))
-        return [s for d in daemons if (s := d.wait_done(timeout_s)) is not None]
+            daemon = self._last_daemon.get(container_id)
+        return daemon.wait_done(timeout_s) if daemon is not None else None
 
     # ---- after a death halfway ---------------------------------------------------------------
     @staticmethod
@@ -445,6 +468,7 @@ class WarmRuntime(CriuRuntime):
     def remove(self, ref: ContainerRef) -> None:
         with self._state_lock:
             self._warm.pop(ref.container, None)
+            self._last_daemon.pop(ref.container, None)
         super().remove(ref)
         if ref.container:
             self.restore_log(ref.container).unlink(missing_ok=True)
@@ -491,4 +515,15 @@ def _stopped(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
         return stat[stat.rindex(")") + 2] in "Tt"
     except (OSError, ValueError, IndexError):
+        return False
+
+
+def _only_the_root(archive: Path) -> bool:
+    """Does the tar `archive` hold nothing but its top folder (`./`)?"""
+    import tarfile
+
+    try:
+        with tarfile.open(archive) as tar:
+            return [m.name for m in tar.getmembers()] in ([], ["."], ["./"])
+    except (OSError, tarfile.TarError):
         return False
