@@ -13,12 +13,13 @@ from typing import Any
 from agentenv.errors import InvalidArgument, PathOutsideWorkspace
 
 MAX_FORKS = 64  # forks one `fork(n)` makes at most
+_SHELL_BLANKS = " \t\n"  # what `sh` skips between words: a line of only these runs nothing
 
 
 def command_argv(cmd: str | Sequence[str]) -> list[str]:
     """`cmd` as argv: a string runs under `sh -c`, a list is the argv itself."""
     if isinstance(cmd, str):
-        if not cmd.strip():
+        if not cmd.strip(_SHELL_BLANKS):
             raise InvalidArgument("cmd is an empty command: give a shell command line or a non-empty argv "
                                   "list")
         argv = ["sh", "-c", cmd]
@@ -30,7 +31,18 @@ def command_argv(cmd: str | Sequence[str]) -> list[str]:
         raise InvalidArgument("cmd: the program (argv[0]) is an empty string")
     if any("\0" in a for a in argv):
         raise InvalidArgument("cmd must not contain NUL bytes")
+    for a in argv:
+        _utf8(a, "cmd")
     return argv
+
+
+def _utf8(text: str, what: str) -> bytes:
+    """`text` as UTF-8; a lone surrogate (no UTF-8 form) is refused, naming where it is."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError as e:
+        raise InvalidArgument(f"{what} is not valid Unicode text: {text[e.start]!r} at index {e.start} is a "
+                              "lone surrogate, which has no UTF-8 form") from None
 
 
 def timeout_seconds(timeout: float | None, default: float) -> float:
@@ -47,7 +59,7 @@ def stdin_bytes(stdin: bytes | bytearray | str | None) -> bytes | None:
     if stdin is None or isinstance(stdin, bytes):
         return stdin
     if isinstance(stdin, str):
-        return stdin.encode()
+        return _utf8(stdin, "stdin")
     if isinstance(stdin, bytearray):
         return bytes(stdin)
     raise InvalidArgument(f"stdin must be bytes or str, got {type(stdin).__name__}")

@@ -11,10 +11,11 @@ holds which sandbox.
 
 Every request has a timeout (conf/agentenv/remote.yaml) and a bounded number of attempts: a request
 that cannot reach the host is retried, one that may have reached it is retried only when it changes
-nothing (GET). Errors are the AgentENV types the server names (`agentenv.errors.ERROR_TABLE`), carrying
-its message prefixed by the host; a host that does not answer is `HostUnavailable`. Commands run through
-envd's `process.Process/Start` (Connect protocol, JSON codec, the generated messages shipped in `e2b`),
-files through `/files`.
+nothing (GET); the waits between attempts are exponential, jittered and capped (`agentenv.backoff`).
+Errors are the AgentENV types the server names (`agentenv.errors.ERROR_TABLE`), carrying its message
+prefixed by the host; a host that does not answer is `HostUnavailable`. Commands run through envd's
+`process.Process/Start` (Connect protocol, JSON codec, the generated messages shipped in `e2b`), files
+through `/files`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import random
 import struct
 import threading
 import time
@@ -37,6 +39,7 @@ from protobuf import Oneof
 from protobuf.wkt.google.protobuf.wrappers_pb import StringValue
 
 from agentenv import checks
+from agentenv.backoff import retry_delay
 from agentenv.config import SandboxConfig
 from agentenv.errors import (
     ERROR_HEADER,
@@ -73,6 +76,7 @@ class RemoteSettings:
     exec_slack_s: float = setting(min=0)
     retries: int = setting(min=1)
     retry_backoff_s: float = setting(min=0)
+    retry_backoff_max_s: float = setting(min=0)
     sandbox_ttl_s: int = setting(above=0)
     placement_tolerance_mib: int = setting(min=0)
 
@@ -117,7 +121,8 @@ class SandboxHost:
     """One `agentenv serve` (its URL and API key): create, find and list its sandboxes."""
 
     def __init__(self, url: str | None = None, api_key: str | None = None,
-                 settings: RemoteSettings | None = None) -> None:
+                 settings: RemoteSettings | None = None, rng: random.Random | None = None) -> None:
+        """`rng`: the random source of the retry delays' jitter (`agentenv.backoff`; default: a new one)."""
         url = url or os.environ.get(SERVER_ENV)
         if not url or not url.startswith(("http://", "https://")):
             raise ConfigError(f"sandbox host URL must start with http:// or https://, got {url!r} "
@@ -128,6 +133,7 @@ class SandboxHost:
                               "`agentenv serve` uses) or pass api_key=")
         self.url = url.rstrip("/")
         self.settings = settings or RemoteSettings.load()
+        self._rng = rng or random.Random()
         s = self.settings
         self._http = httpx.Client(base_url=self.url, headers={"X-API-Key": key},
                                   timeout=httpx.Timeout(s.request_timeout_s, connect=s.connect_timeout_s))
@@ -145,7 +151,6 @@ class SandboxHost:
         """One HTTP call with bounded attempts; a non-2xx status (other than `ok`) raises the typed error."""
         t = self.settings.request_timeout_s if timeout is None else timeout
         safe = method in ("GET", "HEAD")
-        delay = self.settings.retry_backoff_s
         for attempt in range(1, self.settings.retries + 1):
             try:
                 resp = self._http.request(method, path, timeout=httpx.Timeout(
@@ -153,8 +158,8 @@ class SandboxHost:
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.TransportError) as e:
                 never_sent = isinstance(e, httpx.ConnectError | httpx.ConnectTimeout)
                 if attempt < self.settings.retries and (never_sent or safe):
-                    time.sleep(delay)
-                    delay *= 2
+                    time.sleep(retry_delay(attempt, self.settings.retry_backoff_s,
+                                           self.settings.retry_backoff_max_s, self._rng))
                     continue
                 raise self._unreachable(e, attempt) from None
             if resp.status_code < 400 or resp.status_code in ok:

@@ -82,7 +82,13 @@ def _printf_format(data: bytes) -> str:
 class Session:
     """A persistent shell in one sandbox. Open it with `Sandbox.session()`, which passes what the session
     needs of its sandbox: `open_shell()` (a new shell, or the sandbox's state error), `finish(raw)` (the
-    decoded result, after an OOM check) and `lost(detail)` (the error once the container is gone).
+    decoded result, after an OOM check) and `lost(detail)` (after the shell ended during a command: None
+    while the sandbox still runs, else the error saying why it is gone).
+
+    Something inside a running sandbox can end the shell during a command: the command itself
+    (`kill -9 -1`, `pkill sh`), a job it left behind, or the pids limit (a shell that cannot fork exits).
+    That command's result is then what it printed and the shell's exit status (137 after a SIGKILL), and
+    the next `run()` opens a new shell (`reopened`): the session never fails because of a command.
 
     `run()` calls are serialised (one command at a time per session); use one session per thread for
     parallel commands. `opens` counts the shells started, `reopened` says whether the last `run()` had to
@@ -90,7 +96,8 @@ class Session:
     """
 
     def __init__(self, sandbox_id: str, config: SandboxConfig, open_shell: Callable[[], ShellStream],
-                 finish: Callable[[RawExec], ExecResult], lost: Callable[[str], AgentEnvError]) -> None:
+                 finish: Callable[[RawExec], ExecResult],
+                 lost: Callable[[str], AgentEnvError | None]) -> None:
         self.sandbox_id = sandbox_id
         self.config = config
         self._open_shell = open_shell
@@ -202,8 +209,16 @@ class Session:
                 o.cut_short()
             return self._raw(outs, KILLED_EXIT_CODE, time.perf_counter() - t0, timed_out=True)
         except OSError:
+            code = stream.exit_code()
             self._drop()
-            raise self._lost(f"the session's shell ended while running {shlex.join(argv)[:80]!r}") from None
+            error = self._lost(f"the session's shell ended while running {shlex.join(argv)[:80]!r}")
+            if error is not None:
+                raise error from None
+            # the sandbox runs on: something in it ended the shell (see the class docstring)
+            for o in outs:
+                o.cut_short()
+            return self._raw(outs, code if code > 0 else KILLED_EXIT_CODE, time.perf_counter() - t0,
+                             timed_out=False)
         duration = time.perf_counter() - t0
         code = outs[0].status()
         return self._raw(outs, code, duration, timed_out=is_timeout(code, duration, timeout_s))

@@ -48,6 +48,7 @@ COMPUTE_MODULES = (
     "tests/rl/test_routing_replay.py",
     "tests/rl/test_tokenizer.py",
     "tests/rl/test_vllm_engine.py",
+    "tests/server/test_server_watch.py",
 )
 
 

@@ -129,6 +129,12 @@ class DockerShell(ShellStream):
         if pid > 0:
             kill_attached([pid])
 
+    def exit_code(self) -> int:
+        try:
+            return _exit_code(docker_client.api(), self.exec_id)
+        except (docker.errors.DockerException, OSError):  # the daemon does not answer (requests: OSError)
+            return -1
+
     def close(self) -> None:
         self._stream.close()
 

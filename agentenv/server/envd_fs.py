@@ -23,7 +23,7 @@ from starlette.responses import Response
 from agentenv.errors import AgentEnvError, FileNotFoundInSandbox, InvalidArgument
 from agentenv.sandbox import Sandbox
 from agentenv.server import fsops
-from agentenv.server.errors import ApiError
+from agentenv.server.errors import ApiError, to_connect
 from agentenv.server.signing import BadSignature, signer
 from agentenv.server.state import SANDBOX_ID_HEADER, ServerState, Unauthorized
 from agentenv.server.users import basic_auth_user, check_user
@@ -51,10 +51,14 @@ class FilesystemService:
 
     def _call(self, ctx: RequestContext, fn: Callable[[Sandbox], T], action: str) -> Awaitable[T]:
         try:
-            check_user(basic_auth_user(ctx.request_headers), action)
+            user = basic_auth_user(ctx.request_headers)
         except InvalidArgument as e:
             raise ConnectError(Code.INVALID_ARGUMENT, str(e)) from None
-        return self.state.envd_call(ctx.request_headers, fn, action)
+
+        def checked(sb: Sandbox) -> T:
+            check_user(user, action, sb)
+            return fn(sb)
+        return self.state.envd_call(ctx.request_headers, checked, action)
 
     async def stat(self, request: pb.StatRequest, ctx: RequestContext) -> pb.StatResponse:
         e = await self._call(ctx, lambda sb: fsops.stat(sb, request.path), "stat")
@@ -109,7 +113,10 @@ class FilesystemService:
                 sb, _rec = await asyncio.to_thread(self.state.sandbox, watch.sandbox_id)
                 if sb.status != "running":
                     raise ConnectError(Code.UNAVAILABLE, f"sandbox {sb.id} is {sb.status}: the watch ended")
-                events = await asyncio.to_thread(self._events, sb, watch)
+                try:
+                    events = await asyncio.to_thread(self._events, sb, watch)
+                except AgentEnvError as e:  # its tree grew past what it may watch (WatchLimitReached)
+                    raise to_connect(e) from None
                 for ev in events:
                     yield pb.WatchDirResponse(event=Oneof("filesystem", ev))
                 quiet = 0.0 if events else quiet + _WATCH_POLL_S
@@ -186,11 +193,15 @@ def files_router(state: ServerState) -> APIRouter:
     router = APIRouter()
 
     def envd(request: Request, operation: str, path: str | None) -> Sandbox:
-        q = request.query_params
+        sb = envd_sandbox(request, operation, path)
         try:
-            check_user(q.get("username"), f"{operation} of {path!r}")
+            check_user(request.query_params.get("username"), f"{operation} of {path!r}", sb)
         except InvalidArgument as e:
             raise ApiError(400, str(e)) from None
+        return sb
+
+    def envd_sandbox(request: Request, operation: str, path: str | None) -> Sandbox:
+        q = request.query_params
         signature = q.get("signature")
         try:
             if signature is None or request.headers.get("x-access-token"):

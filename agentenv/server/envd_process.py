@@ -76,11 +76,12 @@ class ProcessService:
         if cfg is None or not cfg.cmd:
             raise ConnectError(Code.INVALID_ARGUMENT, "StartRequest.process.cmd is required")
         try:
-            check_user(basic_auth_user(ctx.request_headers), f"starting {cfg.cmd!r}")
+            user = basic_auth_user(ctx.request_headers)
         except InvalidArgument as e:
             raise ConnectError(Code.INVALID_ARGUMENT, str(e)) from None
 
         def launch(sb: Sandbox) -> tuple[Sandbox, int]:
+            check_user(user, f"starting {cfg.cmd!r}", sb)
             _sb, rec = self.state.sandbox(sb.id)
             envs = {**rec.env_vars, **dict(cfg.envs or {})}
             return sb, self.state.procs.start(sb, cfg.cmd, list(cfg.args), envs, cfg.cwd or None,

@@ -2,9 +2,11 @@
 
 E2B's SDK names a user per call (`commands.run(user=...)` as `Authorization: Basic base64("<user>:")`,
 the file calls as `?username=`), `user` by default. Every AgentENV sandbox process runs as its one
-sandbox user (named `user` in the base image: uid 1000, or uid 0 without capabilities where the host's
-CRIU cannot dump another uid), so `user` is served and anything else, E2B's `root` included, is refused
-with a message saying why instead of being run with other rights than asked for."""
+sandbox user (named `user` in the base image: uid 1000, or uid 0 where the host's CRIU cannot dump
+another uid), confined by its config (by default every capability dropped, no-new-privileges, a
+read-only root filesystem), so `user` is served and anything else, E2B's `root` included, is refused
+with a message saying what the sandbox's processes run with, instead of being run with other rights
+than asked for."""
 
 from __future__ import annotations
 
@@ -12,17 +14,36 @@ import base64
 import binascii
 from collections.abc import Mapping
 
+from agentenv.config import SandboxConfig
 from agentenv.errors import InvalidArgument
+from agentenv.sandbox import Sandbox
 
 SANDBOX_USER = "user"
+_UIDS = {"agent": "uid 1000", "root": "uid 0"}  # the sandbox user's uid, by `Sandbox.user`
 
 
-def check_user(name: str | None, where: str) -> None:
+def rights(c: SandboxConfig, user: str) -> str:
+    """What every process of a sandbox of config `c` and `user` ('agent' | 'root', `Sandbox.user`) runs
+    with, as its container is made (`agentenv/backend/containers.py`)."""
+    added = f" but {'/'.join(c.cap_add)}" if c.cap_add else ""
+    if "ALL" in {cap.upper() for cap in c.cap_drop}:
+        caps = "every capability dropped" + added
+    else:
+        caps = "Docker's default capabilities" + (f" less {'/'.join(c.cap_drop)}" if c.cap_drop else "") + \
+            (f" plus {'/'.join(c.cap_add)}" if c.cap_add else "")
+    parts = [f"{_UIDS.get(user, user)} with {caps}"]
+    if c.no_new_privileges:
+        parts.append("no-new-privileges")
+    parts.append("a read-only root filesystem" if c.read_only else "a writable root filesystem")
+    return ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def check_user(name: str | None, where: str, sb: Sandbox) -> None:
     """Accept no user or `user`; refuse any other name with InvalidArgument (400 / invalid_argument)."""
     if name in (None, "", SANDBOX_USER):
         return
-    why = ("sandboxes have no root: every process runs as the sandbox user without capabilities"
-           if name == "root" else "it is not a user of agentenv sandboxes")
+    why = (f"the sandbox has one user, {SANDBOX_USER!r}: {rights(sb.config, sb.user)}; no call runs with "
+           "other rights" if name == "root" else "it is not a user of agentenv sandboxes")
     raise InvalidArgument(f"{where}: user {name!r} is not available ({why}); run as {SANDBOX_USER!r} (the "
                           "default)")
 

@@ -4,8 +4,11 @@ SDK polls them) and the WatchDir stream (the async SDK), on host-side inotify wa
 A sandbox path is watched on the work-dir volume's directory on the host (the container's mount of
 the work dir): the path is confined and resolved inside the sandbox first (`fsops.stat`), and the host
 directory must lie below the volume's. Watchers live in the server's memory: they end with
-RemoveWatcher, with the stream, when their sandbox is paused or killed (a call then says so), and at
-most `MAX_PER_SANDBOX` exist per sandbox."""
+RemoveWatcher, with the stream, when their sandbox is paused or killed (a call then says so). At most
+`MAX_PER_SANDBOX` exist per sandbox (checked and claimed in one locked step, so concurrent creates
+cannot pass it), and together they watch at most `MAX_DIRS_PER_SANDBOX` directories (`inotify.DirBudget`:
+a recursive watch holds one kernel watch per directory). All of them share the process's one inotify
+instance (`inotify.shared`)."""
 
 from __future__ import annotations
 
@@ -19,9 +22,10 @@ from agentenv.backend import docker_client
 from agentenv.errors import AgentEnvError, InvalidArgument, NotADirectoryInSandbox, SandboxStateError
 from agentenv.sandbox import Sandbox
 from agentenv.server import fsops
-from agentenv.server.inotify import Event, Watcher
+from agentenv.server.inotify import DirBudget, Event, Watcher
 
 MAX_PER_SANDBOX = 64
+MAX_DIRS_PER_SANDBOX = 4096
 
 
 @dataclass
@@ -50,6 +54,8 @@ class Watches:
 
     def __init__(self) -> None:
         self._watches: dict[str, Watch] = {}
+        self._claimed: dict[str, int] = {}        # sandbox id -> watchers it has or is creating
+        self._budgets: dict[str, DirBudget] = {}  # sandbox id -> the directories its watchers may watch
         self._lock = threading.Lock()
 
     def create(self, sb: Sandbox, path: str, recursive: bool, include_entry: bool) -> Watch:
@@ -65,14 +71,39 @@ class Watches:
         host = os.path.realpath(volume + inside[len(ws):])
         if host != volume and not host.startswith(volume + "/"):
             raise InvalidArgument(f"watch {path!r}: it resolves outside the sandbox work dir")
-        with self._lock:
-            if sum(w.sandbox_id == sb.id for w in self._watches.values()) >= MAX_PER_SANDBOX:
-                raise InvalidArgument(f"sandbox {sb.id} has {MAX_PER_SANDBOX} watchers already; remove one "
-                                      "(handle.stop()) first")
-        watch = Watch(secrets.token_hex(8), sb.id, full, Watcher(host, recursive), include_entry)
+        return self.add(sb.id, full, host, recursive, include_entry)
+
+    def add(self, sandbox_id: str, path: str, host: str, recursive: bool, include_entry: bool) -> Watch:
+        """A watcher of host directory `host` (the sandbox's `path`) for the sandbox, within its caps."""
+        with self._lock:  # the cap's check and the claim of a place: one step
+            if self._claimed.get(sandbox_id, 0) >= MAX_PER_SANDBOX:
+                raise InvalidArgument(f"sandbox {sandbox_id} has {MAX_PER_SANDBOX} watchers already; remove "
+                                      "one (handle.stop()) first")
+            self._claimed[sandbox_id] = self._claimed.get(sandbox_id, 0) + 1
+            budget = self._budgets.setdefault(sandbox_id, DirBudget(MAX_DIRS_PER_SANDBOX))
+        try:
+            watch = Watch(secrets.token_hex(8), sandbox_id, path, Watcher(host, recursive, budget),
+                          include_entry)
+        except BaseException:
+            self._release(sandbox_id)
+            raise
         with self._lock:
             self._watches[watch.id] = watch
         return watch
+
+    def _release(self, sandbox_id: str) -> None:
+        with self._lock:
+            left = self._claimed.get(sandbox_id, 0) - 1
+            if left > 0:
+                self._claimed[sandbox_id] = left
+            else:
+                self._claimed.pop(sandbox_id, None)
+                self._budgets.pop(sandbox_id, None)
+
+    def count(self, sandbox_id: str) -> int:
+        """The sandbox's watchers."""
+        with self._lock:
+            return sum(w.sandbox_id == sandbox_id for w in self._watches.values())
 
     def get(self, watch_id: str, sb: Sandbox) -> Watch:
         with self._lock:
@@ -90,6 +121,7 @@ class Watches:
             watch = self._watches.pop(watch_id, None)
         if watch is not None:
             watch.watcher.close()
+            self._release(watch.sandbox_id)
 
     def stale(self) -> list[str]:
         """Ids of watchers whose sandbox no longer runs (paused, killed): their events are over."""

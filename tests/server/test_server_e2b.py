@@ -161,13 +161,20 @@ def test_files_through_the_sdk(sdk_sandbox):
                                                                                    "expired"})
     forged = httpx.get(sb.download_url("m2.txt", "user").replace("signature=v1_", "signature=v1_x"))
     assert forged.status_code == 401 and "invalid signature" in forged.json()["message"]
-    # The only user is `user`: root (or another name) is refused, not run with other rights.
-    with pytest.raises(InvalidArgumentException, match="user 'root' is not available"):
+    # The only user is `user`: root (or another name) is refused, not run with other rights, saying what the
+    # sandbox's processes run with (uid 0 where this host's CRIU cannot dump another uid, as here)
+    uid = sb.commands.run("id -u").stdout.strip()
+    assert uid in ("0", "1000")
+    enforced = (rf"user 'root' is not available \(the sandbox has one user, 'user': uid {uid} with every "
+                r"capability dropped, no-new-privileges and a read-only root filesystem; no call runs")
+    with pytest.raises(InvalidArgumentException, match=enforced):
         sb.commands.run("id", user="root")
-    with pytest.raises(InvalidArgumentException, match="user 'root' is not available"):
+    with pytest.raises(InvalidArgumentException, match=enforced):
         sb.files.read("m2.txt", user="root")
-    with pytest.raises(InvalidArgumentException, match="user 'root' is not available"):
+    with pytest.raises(InvalidArgumentException, match=enforced):
         sb.files.list("dir", user="root")
+    with pytest.raises(InvalidArgumentException, match="user 'admin' is not available \\(it is not a user"):
+        sb.files.list("dir", user="admin")
     assert sb.commands.run("id -u", user="user").exit_code == 0
     with pytest.raises(FileNotFoundException):
         sb.files.read("missing.txt")
@@ -178,8 +185,10 @@ def test_files_through_the_sdk(sdk_sandbox):
     sb.files.make_dir("dir/new")
     sb.files.write("dir/new/f.txt", "1")
     sb.commands.run("rm dir/new/f.txt")
+    sb.commands.run("mkdir -p dir/a/b/c")  # what a new directory holds when it is seen is reported too
     seen = {(e.type.value, e.name) for e in watch.get_new_events()}
-    want = {("create", "new"), ("create", "new/f.txt"), ("write", "new/f.txt"), ("remove", "new/f.txt")}
+    want = {("create", "new"), ("create", "new/f.txt"), ("write", "new/f.txt"), ("remove", "new/f.txt"),
+            ("create", "a"), ("create", "a/b"), ("create", "a/b/c")}
     assert want <= seen, seen
     watch.stop()
     with pytest.raises(FileNotFoundException):

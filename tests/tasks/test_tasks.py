@@ -104,6 +104,11 @@ def test_a_command_no_shell_can_run_is_the_agents_observation_not_a_failure(make
     assert "NUL" in observation and not (terminated or truncated) and reward == 0.0
     listing, *_ = env.step("echo still here")
     assert listing.strip() == "still here"
+    # a command that kills every process it can, the session's shell included: an observation too
+    observation, reward, terminated, truncated, _ = env.step("echo before; kill -9 -1")
+    assert observation.strip() == "before" and not (terminated or truncated)
+    listing, *_ = env.step("echo still here")
+    assert listing.strip() == "still here"
 
 
 def test_fix_code_reward_is_the_fraction_of_tests_passed(make_task):
