@@ -41,7 +41,7 @@ class SandboxBusy(SandboxStateError):
 
 
 class SessionError(AgentEnvError):
-    """The shell session is closed, or its shell ended while a command ran (the next `run()` opens one)."""
+    """The shell session is closed (`close()`, or its `with` block ended)."""
 
 
 class CheckpointError(AgentEnvError):
