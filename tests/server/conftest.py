@@ -1,14 +1,104 @@
 """Fixtures for `agentenv serve` tests: a real Docker daemon and base image, a private $AGENTENV_HOME, and
 the server itself started as `agentenv serve` in a subprocess on a free loopback port, with the
-unmodified `e2b` SDK pointed at it through E2B_API_URL / E2B_SANDBOX_URL / E2B_API_KEY."""
+unmodified `e2b` SDK pointed at it through E2B_API_URL / E2B_SANDBOX_URL / E2B_API_KEY.
+
+With E2B_COMPAT_RECORD=1 in the environment, the run records which public SDK methods each test of this
+directory calls itself (in its setup and body; fixture teardown is cleanup and does not count) and how
+the test ended, into the file `scripts/e2b_compat.py` renders the compatibility table from."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 
 import pytest
 from netns_hosts import Server, loopback_server
+
+from scripts.e2b_compat import RECORD_ENV, RUN_FILE, Run, recording, save_run
+
+
+class CallRecorder:
+    """Per test node id: the recorded keys of the SDK methods it called, and its outcome."""
+
+    def __init__(self) -> None:
+        self.node: str | None = None
+        self.calls: dict[str, set[str]] = {}
+        self.outcomes: dict[str, str] = {}
+        self.saved = False
+
+    def start(self, node: str | None) -> None:
+        self.node = node
+        if node is not None:
+            self.calls.setdefault(node, set())
+
+    def call(self, key: str) -> None:
+        if self.node is not None:
+            self.calls[self.node].add(key)
+
+    def report(self, report: pytest.TestReport) -> None:
+        """Fold one phase's report into its test's outcome: failed if any phase failed, else skipped if
+        one was skipped, else passed once its body passed."""
+        if report.nodeid not in self.calls or self.outcomes.get(report.nodeid) == "failed":
+            return
+        if report.failed:
+            self.outcomes[report.nodeid] = "failed"
+        elif report.skipped:
+            self.outcomes[report.nodeid] = "skipped"
+        elif report.when == "call":
+            self.outcomes.setdefault(report.nodeid, "passed")
+
+    def run(self) -> Run:
+        from importlib.metadata import version
+        return Run(version("e2b"), {node: (self.outcomes.get(node, "failed"), frozenset(calls))
+                                    for node, calls in self.calls.items()})
+
+
+_recorder: CallRecorder | None = None
+_unwrap = contextlib.ExitStack()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _recorder
+    if os.environ.get(RECORD_ENV, "0") in ("", "0"):
+        return
+    if os.environ.get("PYTEST_XDIST_WORKER") or config.getoption("numprocesses", None):
+        raise pytest.UsageError(f"{RECORD_ENV}=1 records in one process: run pytest without -n")
+    _recorder = CallRecorder()
+    _unwrap.enter_context(recording(_recorder.call))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _unwrap.close()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _recorder is not None:
+        _recorder.start(item.nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    if _recorder is not None:
+        _recorder.start(None)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _recorder is not None:
+        _recorder.report(report)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _recorder is not None and _recorder.calls and exitstatus in (0, 1):  # not an interrupted run
+        save_run(_recorder.run())
+        _recorder.saved = True
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _recorder is not None and _recorder.saved:
+        terminalreporter.write_line(f"{RECORD_ENV}: the SDK calls of {len(_recorder.calls)} tests are in "
+                                    f"{RUN_FILE}; `python scripts/e2b_compat.py` renders the table")
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,12 @@
 """`agentenv serve` driven by the unmodified `e2b` SDK from PyPI (pinned in pyproject.toml): lifecycle,
 commands (streams, timeout, background, kill, stdin), files, pause to zero processes and connect with a
-process's memory intact, fork, kill, list, TTL expiry, authentication and error shapes."""
+process's memory intact, fork, kill, list, TTL expiry, authentication and error shapes; and what a recorded
+run of these tests (E2B_COMPAT_RECORD=1, scripts/e2b_compat.py) counts as a test's own SDK calls."""
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import os
 import socket
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b import Sandbox, SandboxQuery, SandboxState
+from e2b import AsyncSandbox, Sandbox, SandboxQuery, SandboxState
 from e2b.exceptions import (
     AuthenticationException,
     FileNotFoundException,
@@ -27,6 +30,9 @@ from e2b.exceptions import (
     TimeoutException,
 )
 from e2b.sandbox.commands.command_handle import CommandExitException, PtySize
+from e2b.sandbox_sync.filesystem.filesystem import Filesystem
+
+from scripts.e2b_compat import recording
 
 pytestmark = [pytest.mark.docker]
 ROOT = Path(__file__).resolve().parents[2]
@@ -279,6 +285,49 @@ def test_pause_connect_fork_kill(server, sdk_sandbox, monkeypatch):
     assert Sandbox.kill(sb.sandbox_id) is False  # 404
 
 
+def test_write_files_kill_by_pid_and_beta_pause(sdk_sandbox):
+    """`files.write_files` (several files, text, bytes and a file object, in one upload), `commands.kill`
+    by pid, and the deprecated `beta_pause`, which pauses as `pause` does."""
+    sb = sdk_sandbox(timeout=300)
+    blob = bytes(range(256)) * 16
+    infos = sb.files.write_files([{"path": "many/a.txt", "data": "text"},
+                                  {"path": "/workspace/many/b.bin", "data": blob},
+                                  {"path": "many/sub/c.txt", "data": io.BytesIO(b"from a file object")}])
+    assert [i.path for i in infos] == ["/home/user/many/a.txt", "/workspace/many/b.bin",
+                                       "/home/user/many/sub/c.txt"], infos
+    assert sb.files.read("many/a.txt") == "text" and sb.files.read("many/sub/c.txt") == "from a file object"
+    assert bytes(sb.files.read("many/b.bin", format="bytes")) == blob
+
+    sleeper = sb.commands.run("sleep 600", background=True)
+    doomed = sb.commands.run("sleep 601", background=True)
+    assert sb.commands.kill(doomed.pid) is True
+    _poll(lambda: doomed.pid not in [p.pid for p in sb.commands.list()], 10, "the killed command to end")
+
+    assert sb.beta_pause() is True
+    assert Sandbox.get_info(sb.sandbox_id).state.value == "paused"
+    assert Sandbox.beta_pause(sb.sandbox_id) is False  # already paused (the class-method form)
+    sb = Sandbox.connect(sb.sandbox_id, timeout=120)
+    assert sleeper.pid in [p.pid for p in sb.commands.list()], "the command did not survive beta_pause"
+    assert sb.files.read("many/a.txt") == "text"
+
+
+def test_recording_counts_the_calls_a_test_makes_itself(sdk_sandbox):
+    """What a recorded run counts: each public SDK method the test calls, sync or async, and not those the
+    SDK calls inside its own methods (`files.write` uploads through `files.write_files`); the SDK's classes
+    are as before once the recording ends."""
+    sb = sdk_sandbox(timeout=120)
+    before = Filesystem.__dict__.get("write")
+    calls: list[str] = []
+    with recording(calls.append):
+        sb.files.write("r.txt", "x")
+        assert Sandbox.get_info(sb.sandbox_id).sandbox_id == sb.sandbox_id
+        assert asyncio.run(AsyncSandbox.get_info(sb.sandbox_id)).sandbox_id == sb.sandbox_id
+    assert calls == ["sync Filesystem.write", "sync Sandbox.get_info", "async Sandbox.get_info"]
+    assert Filesystem.__dict__.get("write") is before
+    sb.files.read("r.txt")
+    assert calls == ["sync Filesystem.write", "sync Sandbox.get_info", "async Sandbox.get_info"]
+
+
 def _check_list(tag: dict[str, str], sb, forks) -> None:
     """`Sandbox.list` of a source `sb` and its later `forks` (all running, metadata `tag`): newest first
     by default, page by page; `order="asc"`; `started_after` (inclusive) and `template` filter."""
@@ -397,10 +446,6 @@ def test_auth_and_error_shapes(server, sdk_sandbox):
 
 def test_async_sdk(server):
     """The SDK's asyncio client speaks the same protocol: create, run with streaming, files, kill."""
-    import asyncio
-
-    from e2b import AsyncSandbox
-
     async def main() -> None:
         sb = await AsyncSandbox.create("base", timeout=120)
         try:
