@@ -15,13 +15,17 @@ Four parts, all in this run on this machine (``--part train``, ``memory`` or ``h
    30 s: an emulation of a larger policy's generation time); rows (a) sync without pausing, concurrency
    capped by the budget (``rollout.max_concurrent_episodes``), (b) as (a) with waiting sandboxes frozen
    (``pause_method: freeze``, ``docker pause``: memory kept), (c) async with zero-memory waits (CRIU
-   pauses by the cost model), forked groups and the whole batch in one rollout call. Each row trains
+   pauses by the cost model), forked groups and the whole batch in one rollout call. Each run trains
    1 + ``--steady-iterations`` (5) iterations, at most ``--memory-minutes``, and reports episodes/s over
-   the iterations after the first only (no number, and the reason, for a row that did not get them all).
+   the iterations after the first only (no number, and the reason, for a run that did not get them all).
+   Every row runs ``--repeats`` (3) times at each latency, interleaved with the other rows, in this
+   command; a cell is the median of its runs with their min-max, the row log keeps every run.
    Columns: episodes/s, peak sandbox memory sampled from the host (cgroup RSS of the run's containers),
-   learner idle fraction, time to success 0.3, ratios against (a); then the break-even latencies of (c)
-   against (a), inferred by interpolation between the measured latencies, the targets (met or missed),
-   and the plot docs/img/train_memory_sweep.png (episodes/s against latency).
+   learner idle fraction, time to success 0.3, ratios of medians against (a); then the break-even
+   latencies of (c) against (a), inferred by interpolation between the measured latencies, the targets
+   (met or missed on the medians, with how many runs meet them, the extremes and every run over the
+   budget; no verdict on fewer than 3 runs or on an (a) this command did not measure), and the plot
+   docs/img/train_memory_sweep.png (median episodes/s against latency, min-max bars).
 
 4. **Learning the heavy task** (``--part heavy``): k3_tiny trains on ``env=kv_lookup`` with row (a)'s
    setup and no emulated latency until success 0.9 or ``--heavy-minutes``: start, end and best success,
@@ -33,8 +37,8 @@ train_learning_curve.png, sync vs async: docs/img/train_sync_vs_async.png), part
 
     python bench/train.py                  # everything (about an hour on 2 cores)
     python bench/train.py --part train     # parts 1-2 (about 15-25 minutes)
-    python bench/train.py --part memory    # part 3: 12 runs of 6 iterations; hours on 2 cores (the 30 s rows
-                                           # of (a) and (b) alone about 70 min each), on a quiet host
+    python bench/train.py --part memory    # part 3: 3 x 12 runs of 6 iterations; many hours on 2 cores
+                                           # (each 30 s run of (a) and (b) about 70 min), on a quiet host
     python bench/train.py --part heavy     # part 4 (at most 15 min of training)
     python bench/train.py --quick          # smoke version: short training, 2 s latency only, 1 steady
                                            # iteration; prints only, never writes docs/
@@ -53,10 +57,28 @@ import subprocess
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench_report import ROOT, busy_cores_before, compose, host_cpu_seconds, other_load_text, write_section
-from memory_sweep import STEADY_ITERATIONS, crossing, plot_sweep, steady_rate, verdict
+from memory_sweep import (
+    MIN_REPEATS,
+    STEADY_ITERATIONS,
+    Comparison,
+    break_even,
+    break_even_verdict,
+    budget_breaches,
+    cells,
+    compare,
+    no_verdict,
+    plot_sweep,
+    ratio_verdict,
+    run_peak,
+    run_rate,
+    spread,
+    steady_rate,
+    verdict,
+)
 
 
 def rollout_throughput(overrides: list[str], groups: int, repeats: int) -> dict:
@@ -509,14 +531,14 @@ def heavy_sandbox_cost(user: list[str], forks: int, cycles: int = 3) -> dict[str
             "fork_wall_s": median(fork_wall) if fork_wall else nan, "cycles": cycles}
 
 
-def cpu_lines(cost: dict[str, float], c: dict, group: int, latency: float, busy: float) -> list[str]:
-    """What moving state costs row (c) at one latency: the CPU of its measured pauses per episode and
-    forks per episode, at the per-operation CPU `heavy_sandbox_cost` measured, and the rate the host's
-    cores would allow if that were all they did (inferred, an upper bound: it depends on how many
-    pauses the cost model chose, which is scheduling, not hardware)."""
+def cpu_lines(cost: dict[str, float], pauses_per_episode: float, runs: int, group: int, latency: float,
+              busy: float, cores: int) -> list[str]:
+    """What moving state costs row (c) at one latency: the CPU of its measured pauses per episode (the
+    median of its ``runs``) and forks per episode, at the per-operation CPU `heavy_sandbox_cost`
+    measured, and the rate the host's ``cores`` would allow if that were all they did (inferred, an upper
+    bound: it depends on how many pauses the cost model chose, which is scheduling, not hardware)."""
     forks_per_episode = (group - 1) / group
-    per_episode = c["pauses_per_episode"] * cost["cycle_cpu_s"] + forks_per_episode * cost["fork_cpu_s"]
-    cores = os.cpu_count() or 1
+    per_episode = pauses_per_episode * cost["cycle_cpu_s"] + forks_per_episode * cost["fork_cpu_s"]
     ceiling = cores / per_episode if per_episode > 0 else float("inf")
     return [
         f"Moving a {cost['sandbox_mib']:.0f} MiB sandbox's state (measured by this command on one sandbox of "
@@ -525,8 +547,9 @@ def cpu_lines(cost: dict[str, float], c: dict, group: int, latency: float, busy:
         f"{other_load_text(busy)[:-1]}): a CRIU pause + resume costs {cost['cycle_cpu_s']:.2f} "
         f"CPU-s ({cost['cycle_wall_s']:.2f} s of wall time), a group start's fork {cost['fork_cpu_s']:.2f} "
         f"CPU-s per forked member ({cost['fork_wall_s']:.2f} s per member, {group - 1} at once). At "
-        f"{latency:g} s (c) made {c['pauses_per_episode']:.1f} pauses and {forks_per_episode:.2f} forks per "
-        f"episode (measured), so {per_episode:.2f} CPU-s per episode went to moving state; inferred from "
+        f"{latency:g} s (c) made {pauses_per_episode:.1f} pauses and {forks_per_episode:.2f} forks per "
+        f"episode (measured, the median of {runs} run{'s' * (runs != 1)}), so {per_episode:.2f} CPU-s per "
+        "episode went to moving state; inferred from "
         f"these figures, the {cores} cores could carry at most {ceiling:.2f} episodes/s of (c) if they did "
         "nothing else. That ceiling follows from the pauses the cost model chose per episode (a scheduling "
         "decision), not from the hardware alone.",
@@ -573,154 +596,248 @@ def run_memory_row(key: str, latency: float, overrides: list[str], args: argpars
     return r
 
 
-def _ratio(results: dict, key: str, latency: float) -> float | None:
-    """Row ``key``'s steady episodes/s over row (a)'s at ``latency`` (None: either lacks one)."""
-    r, a = results.get((key, latency), {}), results.get(("a", latency), {})
-    if not r.get("episodes_per_s") or not a.get("episodes_per_s"):
-        return None
-    return r["episodes_per_s"] / a["episodes_per_s"]
+RUN_FIGURES = (  # what the section reads of a run that did not fail
+    "episodes", "episodes_per_s", "steady_iterations", "steady_needed", "peak_mib", "peak_sandboxes",
+    "learner_idle_fraction", "time_to_target_s", "start_success", "end_success", "best_success", "iterations",
+    "pauses_per_episode", "pause_s", "resume_s", "load", "history",
+)
 
 
-def _row_cell(r: dict, minutes: str) -> str:
-    """The episodes/s cell: the steady rate, or why the row has none."""
-    if r["episodes_per_s"] is not None:
-        return f"{r['episodes_per_s']:.3f}"
-    return (f"not steady within {minutes}: {r['steady_iterations']} of {r['steady_needed']} iterations "
-            "after the first")
+@dataclass(frozen=True)
+class MemorySetup:
+    """What the fixed-memory section says besides its runs: measured before them (the heavy sandbox's
+    cost, the host's load) or given on the command line. With a row log it is all `memory_section` reads."""
+
+    header: list[str]  # `header`'s lines: machine, time, command, load
+    session: str  # this command's runs (`memory_session`): the verdicts rest on these alone
+    commit: str  # the checkout they ran on (`git_commit`)
+    cost: dict[str, float]  # `heavy_sandbox_cost`
+    group: int  # GRPO group size
+    cap: int  # episodes rows (a) and (b) play at once
+    episodes: int  # episodes per iteration
+    turns: int  # turns of an episode at most
+    latencies: list[float]
+    steady_iterations: int
+    memory_minutes: float
+    repeats: int  # runs per row and latency this command made
+    smoke: bool  # --quick: no verdict
+    reuse_logs: list[str]  # the names of the --reuse-rows logs
+    sweep_link: str  # the plot, as the section links it
+    busy: float  # cores other processes kept busy before the part started
+    cores: int
 
 
-def memory_targets(results: dict, latencies: list[float], cost: dict[str, float]) -> list[str]:
-    """The issue's targets for this table, each ending in met or missed and its figure; the break-even
-    latencies inferred from the measured rows (`memory_sweep.crossing`)."""
-    ratios = [_ratio(results, "c", lat) for lat in latencies]
-    top = max(latencies)
-    c_top, ratio_top = results.get(("c", top), {}), _ratio(results, "c", top)
-    if ratio_top is None:
-        third = verdict(None, f"row (a) or (c) has no steady rate at {top:g} s")
-    else:
-        within = c_top["peak_mib"] <= MEMORY_BUDGET_MIB
-        third = verdict(ratio_top >= 3 and within, f"{ratio_top:.2f}x, (c) peaking at "
-                        f"{c_top['peak_mib']:.0f} MiB of sandbox memory (host samples)")
-    even_words, even = crossing(latencies, ratios, 1.0)
-    three_words, _three = crossing(latencies, ratios, 3.0)
-    if even is None and not any(r is not None for r in ratios):
-        even_verdict = verdict(None, even_words)
-    else:
-        even_verdict = verdict(even is not None and even <= 10.0, even_words)
-    cycle = cost["cycle_cpu_s"]
+def memory_session() -> str:
+    """A name for this command's runs, dated and unique: a verdict compares runs of one session only."""
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.urandom(2).hex()}"
+
+
+def _ok(runs: list[dict]) -> list[dict]:
+    """The runs of a cell that did not fail."""
+    return [r for r in runs if "error" not in r]
+
+
+def _median_of(runs: list[dict], key: str) -> float:
+    """The median of ``key`` over runs that did not fail (`RUN_FIGURES`: each has it; NaN if None)."""
+    found = spread(r[key] for r in _ok(runs))
+    return float("nan") if found is None else found.median
+
+
+def _typical(runs: list[dict]) -> dict | None:
+    """The run of a cell whose steady rate is the median (the lower one of an even count), else its first
+    run that did not fail: the run whose details the section tells."""
+    steady = sorted((r for r in _ok(runs) if run_rate(r) is not None), key=run_rate)
+    return steady[(len(steady) - 1) // 2] if steady else next(iter(_ok(runs)), None)
+
+
+def _rate_cell(runs: list[dict], minutes: str) -> str:
+    """The episodes/s cell: median (min-max) over the runs with a steady rate, or why there is none."""
+    ok = _ok(runs)
+    rates = spread(run_rate(r) for r in ok)
+    failed = f", {len(runs) - len(ok)} failed" if len(ok) < len(runs) else ""
+    if rates is None:
+        done = max(r["steady_iterations"] for r in ok)
+        return (f"not steady within {minutes}: {done} of {ok[0]['steady_needed']} iterations after the first"
+                + failed)
+    partial = f", {rates.count} of {len(ok)} runs steady" if rates.count < len(ok) else ""
+    return rates.text() + partial + failed
+
+
+def _ratio_cell(runs: list[dict], a_runs: list[dict]) -> str:
+    """The vs (a) cell: the ratio of the medians, marked when the two rows are not runs of one session."""
+    rates, base = spread(run_rate(r) for r in runs), spread(run_rate(r) for r in a_runs)
+    if rates is None or base is None:
+        return "-"
+    sessions = {r["session"] for r in runs} | {r["session"] for r in a_runs}
+    return f"{rates.median / base.median:.2f}x" + ("" if len(sessions) == 1 else " ((a) of other runs)")
+
+
+def _row_line(name: str, latency: float, runs: list[dict], a_runs: list[dict], minutes: str) -> str:
+    """One row of the table at one latency: its runs' medians (episodes/s and peak: with min-max)."""
+    ok = _ok(runs)
+    if not ok:
+        what = f"failed: {runs[-1]['error']}" if runs else "not measured"
+        return f"| {name} | {latency:g} s | {len(runs)} | {what} |" + " |" * 9
+
+    def med(key: str) -> float:
+        return _median_of(ok, key)
+
+    peaks = spread(r["peak_mib"] for r in ok)
+    reached = [r["time_to_target_s"] for r in ok if r["time_to_target_s"] is not None]
+    to_target = (f"not within {minutes}" if not reached else
+                 f"{_minutes(spread(reached).median)} ({len(reached)} of {len(ok)} runs)")
+    return (f"| {name} | {latency:g} s | {len(runs)} | {_rate_cell(runs, minutes)} | "
+            f"{_ratio_cell(runs, a_runs)} | "
+            f"{peaks.text('.0f')} MiB ({med('peak_sandboxes'):.0f} sandboxes) | "
+            f"{med('learner_idle_fraction'):.2f} | {to_target} | {med('start_success'):.2f} / "
+            f"{med('end_success'):.2f} / {med('best_success'):.2f} | {med('iterations'):.0f} | "
+            f"{med('pauses_per_episode'):.1f} | {med('pause_s'):.2f} / {med('resume_s'):.2f} s | "
+            f"{med('load'):.1f} |")
+
+
+def memory_targets(by_cell: dict, setup: MemorySetup) -> list[str]:
+    """The targets of this table, each ending in met or missed on the medians of this command's runs
+    (`memory_sweep.compare`), or no verdict and why; the break-even latencies inferred from the ratios
+    of medians and of the extremes (`memory_sweep.break_even`)."""
+    smoke = (f"a --quick smoke run ({setup.repeats} run{'s' * (setup.repeats != 1)} per row and latency, "
+             f"{setup.memory_minutes:g} min rows): its figures carry no verdict" if setup.smoke else None)
+
+    def against_a(latency: float, threshold: float, budget_mib: float | None = None) -> Comparison:
+        found = compare(by_cell.get(("c", latency), []), by_cell.get(("a", latency), []), latency, threshold,
+                        setup.session, budget_mib)
+        return replace(found, refusal="; ".join(x for x in (smoke, found.refusal) if x)) if smoke else found
+
+    latencies = sorted(setup.latencies)
+    top = latencies[-1]
+    at_top = against_a(top, 3.0, MEMORY_BUDGET_MIB)
+    even = break_even([against_a(lat, 1.0) for lat in latencies], 1.0)
+    three = break_even([against_a(lat, 3.0) for lat in latencies], 3.0)
+
+    def ratio_words(cmp: Comparison) -> str:
+        if cmp.ratio is None:
+            return f"{cmp.latency:g} s -"
+        extremes = f" ({cmp.worst:.2f}-{cmp.best:.2f}x)" if cmp.c.count > 1 or cmp.a.count > 1 else ""
+        return f"{cmp.latency:g} s {cmp.ratio:.2f}x{extremes}"
+
+    cycles, cycle = int(setup.cost["cycles"]), setup.cost["cycle_cpu_s"]
+    cpu = (no_verdict(smoke) if smoke else
+           no_verdict(f"{cycles} pause + resume cycle{'s' * (cycles != 1)} measured, {MIN_REPEATS} needed "
+                      f"({cycle:.2f} CPU-s, for information only)") if cycles < MIN_REPEATS else
+           verdict(cycle <= 0.5, f"{cycle:.2f} CPU-s, the median of {cycles} cycles"))
     return [
         "Break-even (inferred: linear interpolation of (c)/(a) between the measured latencies, not a "
-        f"measured run at that latency): (c) >= (a) from {even_words}; (c) >= 3x (a) from {three_words}. "
-        "Ratios (c)/(a) by latency: "
-        + ", ".join(f"{lat:g} s {'-' if r is None else f'{r:.2f}x'}" for lat, r in zip(latencies, ratios,
-                                                                                       strict=True))
-        + ".",
+        f"measured run at that latency; on the ratios of medians): (c) >= (a) from {even.median[0]}; (c) >= "
+        f"3x (a) from {three.median[0]} (from min (c) / max (a): {three.worst[0]}; from max (c) / min (a): "
+        f"{three.best[0]}). Ratios (c)/(a) by latency, of the medians (min (c) / max (a) to max (c) / min "
+        "(a)): " + ", ".join(ratio_words(against_a(lat, 1.0)) for lat in latencies) + ".",
         "",
         f"- Target row (c) >= 3x row (a)'s episodes/s at {top:g} s within {MEMORY_BUDGET_MIB} MiB "
-        f"(measured): {third}",
-        f"- Target break-even latency for (c) >= (a) <= 10 s (inferred, above): {even_verdict}",
+        f"(measured, medians of the runs): {ratio_verdict(at_top)}",
+        "- Target break-even latency for (c) >= (a) <= 10 s (inferred, above): "
+        f"{break_even_verdict(even, 10.0)}",
         f"- Target CPU per pause + resume of the heavy sandbox <= 0.5 CPU-s (measured, "
-        f"`heavy_sandbox_cost`): {verdict(cycle <= 0.5, f'{cycle:.2f} CPU-s')}",
+        f"`heavy_sandbox_cost`): {cpu}",
     ]
 
 
-def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
-    """The fixed-memory table: rows (a), (b), (c) at each policy latency of ``--latencies``, the
-    break-even latencies and the targets; the text of the ``bench:train-memory`` section and its plot
-    (``args.sweep_image``)."""
-    start_load = os.getloadavg()[0]
-    latencies = sorted(args.latencies)
-    user = [*QUICK_MEMORY, *user] if args.quick else user
-    busy = busy_cores_before()  # other jobs' load now: the per-operation CPU below counts it too
-    print("the heavy sandbox's size and the cost of moving its state (pause + resume, fork) ...", flush=True)
-    group = compose([f"env={MEMORY_ENV}", *user]).algo.group_size
-    cost = heavy_sandbox_cost(user, forks=group - 1, cycles=1 if args.quick else 3)
-    print(f"  {cost}", flush=True)
-    group, cap = memory_concurrency(user, cost["sandbox_mib"])
-    rows = memory_rows(cap)
-    cfg = compose([f"env={MEMORY_ENV}", *user])
-    episodes, turns = int(cfg.algo.episodes_per_step), int(cfg.env.kwargs["max_turns"])
-    results, reused = {}, reused_rows(args, rows, latencies)
-    commit = git_commit()
-    for lat in latencies:
-        for key, (_name, overrides) in rows.items():
-            if key not in args.rows:
-                results[(key, lat)] = reused[(key, lat)]
-                continue
-            results[(key, lat)] = run_memory_row(key, lat, overrides, args, user)
-            with open(args.rows_log, "a") as log:  # each row as it ends: a long sweep's partial record
-                row = {k: v for k, v in results[(key, lat)].items() if k != "result"}  # a repr
-                line = {"row": key, "latency": lat, "commit": commit, **row}
-                log.write(json.dumps(line, default=str) + "\n")
-    plot_sweep({key: {lat: results[(key, lat)].get("episodes_per_s") for lat in latencies} for key in rows},
-               {key: ",".join(name.split(",")[:2]) for key, (name, _o) in rows.items()},
-               args.sweep_image, f"Fixed {MEMORY_BUDGET_MIB} MiB, {MEMORY_ENV}: episodes/s vs policy latency")
+def provenance_text(by_cell: dict, setup: MemorySetup) -> str:
+    """How the runs were made and which this command made: rows repeated and interleaved, the rest taken
+    from earlier sweeps' logs (named by commit and session)."""
+    runs = [r for cell in by_cell.values() for r in cell]
+    mine = sorted({r["row"] for r in runs if r["session"] == setup.session})
+    taken = sorted({(r["row"], str(r.get("commit") or "unknown"), str(r["session"]))
+                    for r in runs if r["session"] != setup.session})
+    text = ""
+    if mine:
+        text += (f"This command (session {setup.session}, commit {setup.commit}) ran rows "
+                 + ", ".join(f"({k})" for k in mine) + f" {setup.repeats} time{'s' * (setup.repeats != 1)} "
+                 "at each latency, interleaved (at one latency each repeat runs them one after another, "
+                 "so that the host's drift reaches every row alike); a cell gives the median of its runs "
+                 "and, in brackets, their min-max; the row log (`--rows-log`, JSON lines) keeps every run "
+                 "with its row, latency, session, repeat and commit. ")
+    if taken:
+        text += ("Rows " + ", ".join(f"({k}) (commit {c}, session {s})" for k, c, s in taken)
+                 + " come from the row logs of earlier runs of this script ("
+                 + (", ".join(setup.reuse_logs) or "a row log") + ", `--reuse-rows`), taken as they were "
+                 "measured; no verdict compares runs that this command did not measure. ")
+    return text + (f"Verdicts rest on the medians of at least {MIN_REPEATS} runs each of (a) and (c), both "
+                   "measured by this command: \"k of n runs\" counts the runs of (c) at or above the target "
+                   "multiple of (a)'s median (within the budget), and the extremes are min (c) / max (a) and "
+                   "max (c) / min (a). ")
 
-    minutes = f"{args.memory_minutes:g} min"
+
+def memory_section(records: list[dict], setup: MemorySetup) -> str:
+    """The text of the ``bench:train-memory`` section from the runs of a row log (`memory_sweep.cells`)
+    and ``setup``. Pure: it reads no clock, host or file, so a hand-made row log renders as a measured
+    one does. A run that did not fail must carry every figure of `RUN_FIGURES`."""
+    by_cell = cells(records)
+    for (key, latency), runs in by_cell.items():
+        for r in _ok(runs):
+            if lacking := [k for k in RUN_FIGURES if k not in r]:
+                raise ValueError(f"run {r['repeat']} of row ({key}) at {latency:g} s (session "
+                                 f"{r['session']}) lacks {', '.join(lacking)}")
+    latencies = sorted(setup.latencies)
+    rows = memory_rows(setup.cap)
+    by_cell = {(k, lat): by_cell.get((k, lat), []) for lat in latencies for k in rows}  # this table's cells
+    minutes, steady = f"{setup.memory_minutes:g} min", setup.steady_iterations
+    episodes, cap, top = setup.episodes, setup.cap, latencies[-1]
     lines = [
         "## Training at fixed memory (`bench/train.py --part memory`)",
         "",
-        *header(command, start_load, busy),
+        *setup.header,
         "",
         f"Task `agentenv/KVLookup-v0` (`env={MEMORY_ENV}`: a service holding 200 MiB in memory; one "
-        f"sandbox measured at {cost['sandbox_mib']:.0f} MiB, cgroup RSS after its install), k3_tiny, GRPO "
-        f"groups of {group}, warm starts; every pool's `memory_budget` is {MEMORY_BUDGET_MIB} MiB of "
-        f"running sandboxes, so (a) and (b) play at most {cap} episodes at once "
+        f"sandbox measured at {setup.cost['sandbox_mib']:.0f} MiB, cgroup RSS after its install), k3_tiny, "
+        f"GRPO groups of {setup.group}, warm starts; every pool's `memory_budget` is {MEMORY_BUDGET_MIB} MiB "
+        f"of running sandboxes, so (a) and (b) play at most {cap} episodes at once "
         f"(`rollout.max_concurrent_episodes={cap}`: whole groups of the measured size within the budget). "
         "`rollout.policy_latency_s` sleeps that long in every generation call, an emulation of a larger "
-        f"policy's generation time. Each run trains {1 + args.steady_iterations} iterations "
-        f"(`trainer.iterations`), at most {minutes} (`trainer.time_limit_s`). Episodes/s: over the "
-        f"iterations after the first only (start-up and the pool's template build excluded), and only when "
-        f"a run has all {args.steady_iterations} of them ({args.steady_iterations * episodes} episodes); a "
-        "run that does not says so instead of a number. "
-        + (f"The steady window is a stated minimum of {args.steady_iterations * episodes} episodes rather "
-           f"than {STEADY_ITERATIONS} iterations: (a) and (b) at {max(latencies):g} s play "
-           f"{episodes // cap} waves of {cap} episodes x up to {turns} turns x {max(latencies):g} s, about "
-           f"{episodes // cap * turns * max(latencies) / 60:.0f} min per iteration, so {STEADY_ITERATIONS} "
-           "iterations per row would take hours. "
-           if args.steady_iterations < STEADY_ITERATIONS else "") +
-        provenance_text(args, rows, reused, commit) +
-        "Peak memory: the largest sum, sampled every second from the host, of the cgroup RSS (anonymous + "
+        f"policy's generation time. Each run trains {1 + steady} iterations (`trainer.iterations`), at most "
+        f"{minutes} (`trainer.time_limit_s`). Episodes/s: over the iterations after the first only (start-up "
+        f"and the pool's template build excluded), and only when a run has all {steady} of them "
+        f"({steady * episodes} episodes); a run that does not says so instead of a number. "
+        + (f"The steady window is a stated minimum of {steady * episodes} episodes rather than "
+           f"{STEADY_ITERATIONS} iterations: (a) and (b) at {top:g} s play {episodes // cap} waves of {cap} "
+           f"episodes x up to {setup.turns} turns x {top:g} s, about "
+           f"{episodes // cap * setup.turns * top / 60:.0f} min per iteration, so {STEADY_ITERATIONS} "
+           "iterations per row would take hours. " if steady < STEADY_ITERATIONS else "")
+        + provenance_text(by_cell, setup)
+        + "Peak memory: the largest sum, sampled every second from the host, of the cgroup RSS (anonymous + "
         "shared memory) of the run's sandbox containers that have processes (running or frozen; a "
         "CRIU-paused sandbox has none). Load: the mean 1-minute load average during the run "
-        f"({os.cpu_count()} cores). Time to {MEMORY_TARGET:g}: the mean success of the last 2 iterations "
-        "first at or above it.",
+        f"({setup.cores} cores). Time to {MEMORY_TARGET:g}: the mean success of the last 2 iterations first "
+        "at or above it. The figures after the peak are medians of the runs.",
         "",
-        "| row | policy latency | episodes/s (steady) | vs (a) | peak sandbox memory | learner idle | "
-        f"time to {MEMORY_TARGET:g} success | success first / end / best | iterations | pauses per "
-        "episode | pause / resume p50 | load |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| row | policy latency | runs | episodes/s (steady), median (min-max) | vs (a), ratio of medians | "
+        f"peak sandbox memory, median (min-max) | learner idle | time to {MEMORY_TARGET:g} success | success "
+        "first / end / best | iterations | pauses per episode | pause / resume p50 | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for latency in latencies:
         for key, (name, _o) in rows.items():
-            r = results[(key, latency)]
-            if "error" in r:
-                lines.append(f"| {name} | {latency:g} s | failed: {r['error']} |" + " |" * 9)
-                continue
-            ratio = _ratio(results, key, latency)
-            lines.append(
-                f"| {name} | {latency:g} s | {_row_cell(r, minutes)} | "
-                f"{'-' if ratio is None else f'{ratio:.2f}x'} | {r['peak_mib']:.0f} MiB "
-                f"({r['peak_sandboxes']} sandboxes) | {r['learner_idle_fraction']:.2f} | "
-                f"{_minutes(r['time_to_target_s'], f'not within {minutes}')} | "
-                f"{r['start_success']:.2f} / {r['end_success']:.2f} / {r['best_success']:.2f} | "
-                f"{r['iterations']} | {r['pauses_per_episode']:.1f} | "
-                f"{r['pause_s']:.2f} / {r['resume_s']:.2f} s | {r['load']:.1f} |"
-            )
-    lines += ["", f"![episodes/s against policy latency]({args.sweep_link})", "",
-              *memory_targets(results, latencies, cost), ""]
-    measured_c = [(lat, results[("c", lat)]) for lat in latencies
-                  if "error" not in results[("c", lat)] and results[("c", lat)]["episodes"]]
+            lines.append(_row_line(name, latency, by_cell[(key, latency)], by_cell[("a", latency)], minutes))
+    lines += ["", f"![episodes/s against policy latency, median and min-max of the runs]({setup.sweep_link})",
+              "", *memory_targets(by_cell, setup), ""]
+    failed = [f"({r['row']}) at {latency:g} s, repeat {r['repeat']}: {r['error']}"
+              for (_k, latency), runs in by_cell.items() for r in runs if "error" in r]
+    if failed:
+        lines += ["Failed runs: " + "; ".join(failed) + ".", ""]
+    measured_c = [(lat, _ok(by_cell[("c", lat)])) for lat in latencies
+                  if any(r["episodes"] for r in _ok(by_cell[("c", lat)]))]
     if measured_c:
-        lat, c = measured_c[-1]
-        lines += [*cpu_lines(cost, c, group, lat, busy), "", *budget_lines(measured_c), ""]
-        lines += ["Waves row (c) played its groups in, per iteration (`rollout_waves`, summed over the "
-                  "iteration's rollout calls: a call that plays every episode at once counts 1, one that "
-                  "plays waves fitting the free slots, where those beat pausing the episodes beyond them "
-                  "every turn, counts each wave): " + "; ".join(
-                      f"{lat:g} s: " + " / ".join(f"{h.get('rollout_waves', 0.0):.0f}" for h in r["history"])
-                      for lat, r in measured_c) + ".", ""]
-    ok = [r for r in results.values() if "error" not in r and r.get("history")]
+        lat, runs = measured_c[-1]
+        lines += [*cpu_lines(setup.cost, _median_of(runs, "pauses_per_episode"), len(runs), setup.group, lat,
+                             setup.busy, setup.cores), "", *budget_lines(by_cell, measured_c), ""]
+        def waves(run: dict) -> str:
+            return " / ".join(f"{h.get('rollout_waves', 0.0):.0f}" for h in run["history"])
+
+        lines += ["Waves row (c) played its groups in, per iteration of each run (`rollout_waves`, summed "
+                  "over the iteration's rollout calls: a call that plays every episode at once counts 1, one "
+                  "that plays waves fitting the free slots, where those beat pausing the episodes beyond "
+                  "them every turn, counts each wave; runs separated by commas): "
+                  + "; ".join(f"{lat:g} s: " + ", ".join(waves(r) for r in runs) for lat, runs in measured_c)
+                  + ".", ""]
+    ok = [r for runs in by_cell.values() for r in _ok(runs) if r["history"]]
     if ok:
         best = max(ok, key=lambda r: r["best_success"])
         best_at = max(best["history"], key=lambda h: h["success"])["elapsed_s"]
@@ -733,6 +850,54 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
     return "\n".join(lines).rstrip()
 
 
+def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
+    """The fixed-memory table: rows (a), (b), (c) at each policy latency of ``--latencies``, each run
+    ``--repeats`` times (interleaved) and every run appended to ``--rows-log`` as it ends; the plot
+    (``args.sweep_image``: medians with min-max bars) and the text of the ``bench:train-memory`` section
+    (`memory_section`, from the same runs as the log keeps them)."""
+    start_load = os.getloadavg()[0]
+    latencies = sorted(args.latencies)
+    user = [*QUICK_MEMORY, *user] if args.quick else user
+    busy = busy_cores_before()  # other jobs' load now: the per-operation CPU below counts it too
+    print("the heavy sandbox's size and the cost of moving its state (pause + resume, fork) ...", flush=True)
+    group = compose([f"env={MEMORY_ENV}", *user]).algo.group_size
+    cost = heavy_sandbox_cost(user, forks=group - 1, cycles=1 if args.quick else MIN_REPEATS)
+    print(f"  {cost}", flush=True)
+    group, cap = memory_concurrency(user, cost["sandbox_mib"])
+    rows = memory_rows(cap)
+    cfg = compose([f"env={MEMORY_ENV}", *user])
+    records = reused_rows(args, rows, latencies)  # before the runs: a sweep it cannot complete is refused
+    session, commit = memory_session(), git_commit()
+    for lat in latencies:
+        for repeat in range(1, args.repeats + 1):
+            for key, (_name, overrides) in rows.items():
+                if key not in args.rows:
+                    continue
+                print(f"repeat {repeat} of {args.repeats}:", end=" ", flush=True)
+                r = run_memory_row(key, lat, overrides, args, user)
+                line = json.dumps({"row": key, "latency": lat, "session": session, "repeat": repeat,
+                                   "repeats": args.repeats, "commit": commit,
+                                   **{k: v for k, v in r.items() if k != "result"}},  # "result": a repr
+                                  default=str)
+                with open(args.rows_log, "a") as log:  # each run as it ends: a long sweep's partial record
+                    log.write(line + "\n")
+                records.append(json.loads(line))  # the section reads the runs as the log keeps them
+    by_cell = cells(records)
+    plot_sweep({key: {lat: [run_rate(r) for r in by_cell.get((key, lat), [])] for lat in latencies}
+                for key in rows},
+               {key: ",".join(name.split(",")[:2]) for key, (name, _o) in rows.items()},
+               args.sweep_image, f"Fixed {MEMORY_BUDGET_MIB} MiB, {MEMORY_ENV}: episodes/s vs policy latency")
+    setup = MemorySetup(
+        header=header(command, start_load, busy), session=session, commit=commit, cost=cost, group=group,
+        cap=cap, episodes=int(cfg.algo.episodes_per_step), turns=int(cfg.env.kwargs["max_turns"]),
+        latencies=latencies, steady_iterations=args.steady_iterations, memory_minutes=args.memory_minutes,
+        repeats=args.repeats, smoke=args.quick,
+        reuse_logs=[p.name for p in args.reuse_rows or []], sweep_link=args.sweep_link, busy=busy,
+        cores=os.cpu_count() or 1,
+    )
+    return memory_section(records, setup)
+
+
 def git_commit() -> str:
     """The checkout's commit (``+changes`` when tracked files differ from it): what a row ran."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
@@ -741,58 +906,48 @@ def git_commit() -> str:
     return head + ("+changes" if dirty else "")
 
 
-def reused_rows(args: argparse.Namespace, rows: dict, latencies: list[float]) -> dict:
-    """The rows this command does not run (those not in ``--rows``), from the last line of each in the
-    ``--reuse-rows`` logs (JSON lines of earlier sweeps, read in order); each must name the commit it ran
-    on (its ``commit`` field, else ``--reuse-commit``). Refuses a sweep with a row it can neither run nor
-    reuse."""
+def reused_rows(args: argparse.Namespace, rows: dict, latencies: list[float]) -> list[dict]:
+    """The runs of the rows this command does not run (those not in ``--rows``), from the ``--reuse-rows``
+    logs (JSON lines of earlier sweeps, read in order): per row and latency every run of the session of
+    its last line (a later sweep wins). A line of an older log that names no session is a session of its
+    own (one run), one without a repeat is repeat 1; each must name the commit it ran on (its ``commit``
+    field, else ``--reuse-commit``). Refuses a sweep with a row it can neither run nor reuse."""
     wanted = [(k, lat) for lat in latencies for k in rows if k not in args.rows]
     if not wanted:
-        return {}
+        return []
     logs = [p for p in args.reuse_rows or [] if p.is_file()]
     if not logs:
         raise SystemExit(f"rows {', '.join(sorted({k for k, _ in wanted}))} are not run (--rows "
                          f"{' '.join(args.rows) or 'none'}): give the logs of the sweeps they come from "
                          "with --reuse-rows")
-    found = {}
+    found: dict[tuple[str, float], list[dict]] = {}
     for log in logs:
-        for line in log.read_text().splitlines():
-            row = json.loads(line)
-            found[(row["row"], float(row["latency"]))] = row
+        for number, text in enumerate(log.read_text().splitlines(), 1):
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise SystemExit(f"{log}, line {number}: not a JSON row ({exc})") from exc
+            row["session"] = row.get("session") or f"{log.name}:{number}"
+            row["repeat"] = row.get("repeat") or 1
+            found.setdefault((row["row"], float(row["latency"])), []).append(row)
     missing = [f"({k}) at {lat:g} s" for k, lat in wanted if (k, lat) not in found]
     if missing:
         raise SystemExit(f"{', '.join(str(p) for p in logs)} hold no row {', '.join(missing)}")
-    out = {}
+    out = []
     for key in wanted:
-        row = dict(found[key])
-        row["commit"] = row.get("commit") or args.reuse_commit
-        if not row["commit"]:
-            raise SystemExit(f"row ({key[0]}) at {key[1]:g} s names no commit; state the one it ran on with "
-                             "--reuse-commit")
-        if "history" not in row:  # older logs kept it only inside the repr of the run's result
-            found_history = re.search(r"history=(\[.*\])\)$", str(row.get("result", "")), re.S)
-            row["history"] = ast.literal_eval(found_history.group(1)) if found_history else []
-        out[key] = row
+        last = found[key][-1]["session"]
+        for row in (r for r in found[key] if r["session"] == last):
+            row["commit"] = row.get("commit") or args.reuse_commit
+            if not row["commit"]:
+                raise SystemExit(f"row ({key[0]}) at {key[1]:g} s names no commit; state the one it ran on "
+                                 "with --reuse-commit")
+            if "history" not in row:  # older logs kept it only inside the repr of the run's result
+                found_history = re.search(r"history=(\[.*\])\)$", str(row.get("result", "")), re.S)
+                row["history"] = ast.literal_eval(found_history.group(1)) if found_history else []
+            out.append(row)
     return out
-
-
-def provenance_text(args: argparse.Namespace, rows: dict, reused: dict, commit: str) -> str:
-    """Which rows this command ran (on which commit) and which it took from earlier sweeps' logs."""
-    if not reused:
-        return ""
-    ran = [f"({k})" for k in rows if k in args.rows]
-    taken = sorted({(k, r["commit"]) for (k, _lat), r in reused.items()})
-    text = (("This command ran rows " + ", ".join(ran) + f" on commit {commit}; rows " if ran else "Rows ")
-            + ", ".join(f"({k}) (commit {c})" for k, c in taken)
-            + " come from the row logs of earlier runs of this script ("
-            + ", ".join(p.name for p in args.reuse_rows) + ", `--reuse-rows`), taken as they were measured. ")
-    commits = {c for _k, c in taken} | ({commit} if ran else set())
-    if any(k in ("a", "b") for k, _c in taken) and len(commits) > 1:
-        text += ("Rows (a) and (b) were not rerun with the later code: both cap their episodes at once (so "
-                 "the waves of an uncapped run do not apply to them) and neither checkpoints with CRIU; what "
-                 "changed since that they do read is the pool's CPU charge per operation, which (b)'s freeze "
-                 "decisions weigh. ")
-    return text
 
 
 def memory_limit(memory_dir: Path) -> int | None:
@@ -823,29 +978,36 @@ def peak_sample_words(c: dict) -> str:
             f"of {' + '.join(part(p) for p in parts)}")
 
 
-def budget_lines(measured_c: list[tuple[float, dict]]) -> list[str]:
-    """Whether row (c) kept the budget at every latency (measured: the host's peak sample; a peak over it
-    is shown with the containers that made it) and how, told on the highest latency."""
-    peaks = ", ".join(f"{lat:g} s {c['peak_mib']:.0f} MiB" for lat, c in measured_c)
-    over = [(lat, c) for lat, c in measured_c if c["peak_mib"] > MEMORY_BUDGET_MIB]
-    kept = ("kept at every latency" if not over else
-            "exceeded at " + "; ".join(f"{lat:g} s ({peak_sample_words(c)})" for lat, c in over))
-    latency, c = measured_c[-1]
+def budget_lines(by_cell: dict, measured_c: list[tuple[float, list[dict]]]) -> list[str]:
+    """Whether the runs kept the budget (measured: the host's peak sample): row (c)'s peaks per latency
+    (median, min-max), every run of any row over it named by row, latency, repeat and peak (for (c), with
+    the containers that made it), and how (c) kept it, told on its median-rate run at the highest latency."""
+    peaks = ", ".join(f"{lat:g} s {spread(r['peak_mib'] for r in runs).text('.0f')} MiB"
+                      for lat, runs in measured_c)
+    over = []
+    for (key, _lat), runs in by_cell.items():
+        names = budget_breaches(runs, MEMORY_BUDGET_MIB)
+        broke = [r for r in runs if (p := run_peak(r)) is not None and p > MEMORY_BUDGET_MIB]
+        over += [f"{name} ({peak_sample_words(r)})" if key == "c" else name for name, r in zip(names, broke,
+                                                                                             strict=True)]
+    kept = "no run of any row exceeded it" if not over else "exceeded by " + "; ".join(over)
+    latency, runs = measured_c[-1]
+    c = _typical(runs)
     slots = max(h.get("sandbox_slots", 0.0) for h in c["history"])  # admission control's slots
-    wait = sum(h.get("sandbox_slot_wait_s", 0.0) for h in c["history"]) / len(c["history"])
+    wait = sum(h.get("sandbox_slot_wait_s", 0.0) for h in c["history"]) / max(len(c["history"]), 1)
     waves = [h.get("rollout_waves", 0.0) for h in c["history"]]
     how = (
-        f"At {latency:g} s it went through the runner's admission control "
-        f"(`rollout.sandbox_pool.admission`, rl/admission.py): a sandbox runs only in one of {slots:.0f} "
-        f"slots (`memory_budget` over the median RSS the pool measured), {wait:.0f} s of slot waits per "
-        f"iteration summed over episodes, the groups played in {' / '.join(f'{w:.0f}' for w in waves)} "
-        "waves per iteration (`rollout_waves`, below), and the cost model pauses under pressure only as "
-        "many waiting sandboxes as the budget needs."
-        if slots else f"At {latency:g} s it ran without admission control "
-                      "(`rollout.sandbox_pool.admission=false`)."
+        f"At {latency:g} s (repeat {c['repeat']}, its run of median rate) it went through the runner's "
+        f"admission control (`rollout.sandbox_pool.admission`, rl/admission.py): a sandbox runs only in one "
+        f"of {slots:.0f} slots (`memory_budget` over the median RSS the pool measured), {wait:.0f} s of slot "
+        f"waits per iteration summed over episodes, the groups played in "
+        f"{' / '.join(f'{w:.0f}' for w in waves)} waves per iteration (`rollout_waves`, below), and the cost "
+        "model pauses under pressure only as many waiting sandboxes as the budget needs."
+        if slots else f"At {latency:g} s (repeat {c['repeat']}, its run of median rate) it ran without "
+                      "admission control (`rollout.sandbox_pool.admission=false`)."
     )
-    return [f"Budget, row (c) (measured, host samples every second): peaks {peaks} against "
-            f"{MEMORY_BUDGET_MIB} MiB, {kept}. {how}"]
+    return [f"Budget (measured, host samples every second): row (c)'s peaks, median (min-max) of its runs, "
+            f"{peaks} against {MEMORY_BUDGET_MIB} MiB; {kept}. {how}"]
 
 
 HEAVY_TARGET = 0.9  # the success the heavy-task learning run aims at (mean of trainer.success_window)
@@ -937,8 +1099,14 @@ def main() -> None:
         help="iterations after the first each fixed-memory row runs and takes its rate over"
     )
     parser.add_argument(
+        "--repeats", type=int, default=None,
+        help=f"runs of each fixed-memory row at each latency (default {MIN_REPEATS}, at least {MIN_REPEATS}: "
+        "a verdict rests on their median; fewer only with --quick, whose section then gives no verdict; "
+        "--quick's default: 1)"
+    )
+    parser.add_argument(
         "--rows-log", type=Path, default=Path(tempfile.gettempdir()) / "k3rl-bench-memory-rows.jsonl",
-        help="file each fixed-memory row is appended to (JSON lines) as it ends"
+        help="file each fixed-memory run is appended to (JSON lines, every repeat) as it ends"
     )
     parser.add_argument(
         "--rows", nargs="*", choices=("a", "b", "c"), default=["a", "b", "c"],
@@ -964,9 +1132,16 @@ def main() -> None:
     os.environ.setdefault("RAY_worker_niceness", "0")
     user = list(args.overrides)
     options = (" --quick" if args.quick else "") + (f" --part {args.part}" if args.part != "all" else "")
+    if args.repeats is not None and args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: a row needs at least one run")
     if args.part in ("all", "memory"):
         if args.quick:  # a smoke run of the plumbing: one latency, short rows; its figures mean nothing
             args.latencies, args.steady_iterations, args.memory_minutes = [2.0], 1, 1.0
+        elif args.repeats is not None and args.repeats < MIN_REPEATS:
+            parser.error(f"--repeats {args.repeats}: a verdict rests on the median of at least {MIN_REPEATS} "
+                         "runs per row and latency; fewer only with --quick (a smoke run, no verdict)")
+        if args.repeats is not None and args.repeats != (1 if args.quick else MIN_REPEATS):
+            options += f" --repeats {args.repeats}"
         if args.memory_minutes != MEMORY_MINUTES:
             options += f" --memory-minutes {args.memory_minutes:g}"
         if sorted(args.latencies) != list(MEMORY_LATENCIES):
@@ -979,6 +1154,7 @@ def main() -> None:
                 options += " --reuse-rows " + " ".join(str(p) for p in args.reuse_rows)
             if args.reuse_commit:
                 options += f" --reuse-commit {args.reuse_commit}"
+    args.repeats = args.repeats or (1 if args.quick else MIN_REPEATS)
     if args.quick and not args.no_write:
         print("--quick writes nothing to docs/ (sections and images): its figures are a smoke test")
         args.no_write = True
