@@ -251,6 +251,15 @@ def cmd_fork(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_move(args: argparse.Namespace) -> int:
+    """A paused sandbox (of this machine, or of the `--server` host) to the host `--to`, resumed there."""
+    sb = _sandboxes(args).get(args.id)
+    moved = sb.move(args.to, timeout=args.timeout)
+    data = {"id": moved.id, "state": moved.status, "host": moved.host.url}
+    _emit(args, data, lambda: print(f"{data['id']} {data['state']} on {data['host']}"))
+    return 0
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     stats = [_sandboxes(args).get(sid).stats().to_dict() for sid in args.ids]
     _emit(args, stats[0] if len(stats) == 1 else stats, lambda: _table(
@@ -338,6 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
     f = add("fork", cmd_fork, "restore a sandbox's checkpoint into N new sandboxes")
     f.add_argument("id")
     f.add_argument("-n", type=int, required=True, help="number of forks")
+    mv = add("move", cmd_move, "move a paused sandbox to another `agentenv serve` host, which resumes it")
+    mv.add_argument("id")
+    mv.add_argument("--to", required=True, metavar="URL", help="the destination host's URL (its API key: "
+                    "$AGENTENV_API_KEY)")
+    mv.add_argument("--timeout", type=int, help="its time to live there in seconds (default: the host's)")
     s = add("stats", cmd_stats, "memory, CPU and checkpoint size")
     s.add_argument("ids", nargs="+", metavar="ID")
     gc = add("gc", _local_only(cmd_gc, "gc"),

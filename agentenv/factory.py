@@ -28,10 +28,12 @@ def _config(config: SandboxConfig | Mapping[str, Any] | None) -> SandboxConfig |
 
 
 @contextlib.contextmanager
-def _resumed(handle: SandboxHandle) -> Iterator[SandboxHandle]:
-    """A lease on a sandbox that nothing else pauses: resume it if it was paused."""
+def _resumed(handle: SandboxHandle, resume: Callable[[SandboxHandle], object] | None = None,
+             ) -> Iterator[SandboxHandle]:
+    """A lease on a sandbox that nothing else pauses: resumed (by `resume(handle)` when given) if it was
+    paused."""
     if handle.status == "paused":
-        handle.resume()
+        (resume or type(handle).resume)(handle)
     yield handle
 
 
@@ -98,6 +100,11 @@ class RemoteSandboxes(_Unpooled):
                template: str | None = None, setup: Setup | None = None) -> SandboxHandle:
         sb = self.hosts.create(image=image, memory=memory, cpus=cpus, config=_config(config), labels=labels)
         return _ready(sb, setup)
+
+    def lease(self, handle: SandboxHandle) -> contextlib.AbstractContextManager[SandboxHandle]:
+        """A paused sandbox resumes where there is room: moved to another host when its own lacks it
+        (`SandboxHosts.resume`)."""
+        return _resumed(handle, self.hosts.resume)
 
     def __repr__(self) -> str:
         return f"RemoteSandboxes({self.urls!r})"

@@ -132,6 +132,7 @@ class SandboxHost:
             raise ConfigError(f"no API key for sandbox host {url}: set ${API_KEY_ENV} (the key the host's "
                               "`agentenv serve` uses) or pass api_key=")
         self.url = url.rstrip("/")
+        self.api_key = key
         self.settings = settings or RemoteSettings.load()
         self._rng = rng or random.Random()
         s = self.settings
@@ -500,6 +501,21 @@ class RemoteSandbox:
             raise CheckpointError(f"{self.host.url}: fork of {self._id} failed: {'; '.join(errors)}")
         return forks
 
+    def move(self, to: str | SandboxHost, timeout: int | None = None) -> RemoteSandbox:
+        """Move this paused sandbox to another `agentenv serve` host, which resumes it there (time to live
+        `timeout`, default `sandbox_ttl_s`); its host keeps it until then (docs/agentenv.md, "Moving a paused
+        sandbox"). This handle follows it; returns it."""
+        self._require_open("move")
+        dest = to if isinstance(to, SandboxHost) else SandboxHost(to, self.host.api_key, self.host.settings)
+        ttl = timeout or self.host.settings.sandbox_ttl_s
+        body = {"to": dest.url, "timeout": ttl, "apiKey": dest.api_key}
+        answer = self._lifecycle("POST", "agentenv/move", json=body).json()
+        token = answer.get("envdAccessToken") or dest.get(self._id)._token  # "" when decided after a retry
+        with self._lock:
+            self.host, self._token, self._view = dest, token, None
+            self._refreshed = time.monotonic()
+        return self
+
     def close(self) -> None:
         """Remove the sandbox on its host (a sandbox the host no longer has is already closed)."""
         try:
@@ -608,6 +624,26 @@ class SandboxHosts:
 
     def get(self, sandbox_id: str) -> RemoteSandbox:
         return self.host_of(sandbox_id).get(sandbox_id)
+
+    def resume(self, sb: RemoteSandbox) -> RemoteSandbox:
+        """Resume the paused `sb` where there is room for it (MemAvailable at least its memory limit): on
+        its own host when that has room or cannot be judged, else moved to the answering host with the most
+        room (the move resumes it; `sb` follows it), else on its own host anyway. Returns `sb`."""
+        need = sb.config.memory_bytes
+        room: dict[str, int] = {}
+        for host in self.hosts:
+            try:
+                room[host.url] = int(host.info()["memAvailableBytes"])
+            except AgentEnvError:
+                continue
+        if room.get(sb.host.url, need) < need:
+            best = max((url for url in room if url != sb.host.url), key=room.__getitem__, default=None)
+            if best is not None and room[best] >= need:
+                sb.move(next(h for h in self.hosts if h.url == best))
+                self._where[sb.id] = sb.host
+                return sb
+        sb.resume()
+        return sb
 
 
 _shared: dict[tuple[str, ...], SandboxHosts] = {}

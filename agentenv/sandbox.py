@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from agentenv import checks, spares
+from agentenv import checks, moves, spares
 from agentenv.backend.base import (
     LABEL_HOME,
     Checkpoint,
@@ -41,10 +42,14 @@ from agentenv.errors import (
 )
 from agentenv.faults import crash_point
 from agentenv.locks import sandbox_lock
+from agentenv.moves import MOVED, MOVING
 from agentenv.paths import agentenv_home
 from agentenv.registry import Registry, SandboxRecord
 from agentenv.results import ExecResult, SandboxStats
 from agentenv.session import Session
+
+if TYPE_CHECKING:
+    from agentenv.remote import RemoteSandbox
 
 __all__ = ["MAX_FORKS", "Sandbox", "remove_sandbox", "runtime", "workspace_path"]
 
@@ -84,8 +89,15 @@ def _state_error(rec: SandboxRecord, action: str) -> SandboxStateError:
     if rec.state == "paused":
         return SandboxStateError(f"sandbox {sid} is paused; resume it first (`agentenv resume {sid}`) "
                                  f"before you {action} it")
+    if rec.state == "closed" and (rec.reason or "").startswith(MOVED):
+        return SandboxStateError(f"sandbox {sid} {rec.reason}; reach it there (`agentenv --server "
+                                 f"{rec.reason[len(MOVED):]} ...`)")
     if rec.state == "closed":
         return SandboxStateError(f"sandbox {sid} is closed; create a new one")
+    if rec.state == MOVING:
+        return SandboxStateError(f"sandbox {sid} is {rec.reason or 'moving to another host'}; it cannot "
+                                 f"{action} until the move is settled (its destination says whether it "
+                                 "arrived: retry)")
     if rec.state == "broken":
         return SandboxStateError(f"sandbox {sid} is broken: {rec.reason or 'unknown reason'}; remove it "
                                  f"(`agentenv rm {sid}`) and create a new one")
@@ -212,6 +224,14 @@ class Sandbox:
 
     def _lock(self, action: str):
         return sandbox_lock(self._rt.registry.lock_dir, self.id, self.config.lock_timeout_s, action)
+
+    def _settled_record(self) -> SandboxRecord:
+        """The registry row, with a move to another host that a dead process left undecided settled first
+        (`agentenv.moves`: the destination says whether it arrived). The caller holds the lock."""
+        rec = self._record()
+        if rec.state == MOVING:
+            rec = self._rec = moves.settle_locked(self._rt, rec)
+        return rec
 
     # ---- running commands ----------------------------------------------------------------------
     def exec(self, cmd: str | Sequence[str], timeout: float | None = None, stdin: bytes | str | None = None,
@@ -393,7 +413,7 @@ class Sandbox:
     def resume(self) -> None:
         """Restore every process from the checkpoint, verified (CheckpointError if Docker started afresh)."""
         with self._lock("resume"):
-            rec = self._record()
+            rec = self._settled_record()
             if rec.state == "running":
                 raise SandboxStateError(f"sandbox {self.id} is already running")
             if rec.state != "paused":
@@ -468,7 +488,7 @@ class Sandbox:
         n = checks.fork_count(n)
         labels = checks.sandbox_labels(labels)
         with self._lock("fork"):
-            rec = self._record()
+            rec = self._settled_record()
             if rec.state not in ("running", "paused"):
                 raise _state_error(rec, "fork")
             was_running = rec.state == "running"
@@ -541,6 +561,18 @@ class Sandbox:
             spares.replenish(self._rt, rec.image, rec.user, rec.config, n)  # for the group's next fork
         return [Sandbox.get(sid) for sid in ids], source_error
 
+    def move(self, to: str, api_key: str | None = None, timeout: int | None = None) -> RemoteSandbox:
+        """Move this paused sandbox to the `agentenv serve` host at `to` (its API key: `api_key`, else
+        $AGENTENV_API_KEY), which restores it (verified; time to live `timeout` s, default its own); a handle
+        on it there. Until the destination confirms, this host keeps it: a failure leaves it paused here
+        (`agentenv.moves`); afterwards it is closed here (reason `moved to URL`)."""
+        from agentenv.remote import RemoteSandbox, shared_host
+
+        done = moves.move(self, to, api_key=api_key, timeout_s=timeout)
+        host = shared_host(done.url, api_key)
+        token = done.answer.get("envdAccessToken")
+        return RemoteSandbox(host, self.id, token) if token else host.get(self.id)
+
     def relabel(self, labels: Mapping[str, str], remove: Iterable[str] = ()) -> None:
         """Set `labels` and drop the `remove` keys in the registry, which is what `agentenv ls`, gc and
         pools read (the container keeps the labels it was created with: Docker cannot change them)."""
@@ -555,9 +587,11 @@ class Sandbox:
     def close(self) -> None:
         """Remove the container, its volume and checkpoints (idempotent); the registry keeps the row."""
         with self._lock("close"):
-            rec = self._record()
+            rec = self._settled_record()
             if rec.state == "closed":
                 return
+            if rec.state == MOVING:  # its destination may hold it by now: close it there, or retry
+                raise _state_error(rec, "close")
             remove_sandbox(self._rt, rec)
 
     def __enter__(self) -> Sandbox:

@@ -4,7 +4,9 @@ The ``sandbox`` group is AgentENV's `SandboxConfig` (conf/sandbox/default.yaml) 
 ``hosts`` (set in conf/config.yaml, like ``model.init_from``): a list of server URLs. Empty or null (the
 default) keeps every sandbox local. Set, each task's sandbox is created through ``agentenv.remote`` on
 the host with the most free memory (``SandboxTask(sandbox={"hosts": [...]})``), and the task talks to a
-`RemoteSandbox` with the same methods as a local `Sandbox`: the step path does not change.
+`RemoteSandbox` with the same methods as a local `Sandbox`: the step path does not change. A sandbox
+found paused when its episode leases it resumes where there is memory for it: moved to another host when
+its own lacks room (`agentenv.factory.RemoteSandboxes.lease`, `agentenv.remote.SandboxHosts.resume`).
 
 Remote sandboxes take their limits (memory, CPUs, ...) from their host's own sandbox config; the run's
 ``sandbox`` keys other than ``image`` do not apply to them. The hosts' API key is ``$AGENTENV_API_KEY``

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from agentenv.config import SandboxConfig
 from agentenv.results import ExecResult
@@ -84,6 +85,7 @@ class ContainerSpec:
     user: str           # 'agent' or 'root' (already resolved from 'auto')
     config: SandboxConfig
     labels: Mapping[str, str]
+    name: str = ""      # the container's name (its volume's: name + "-ws"); default agentenv-<sandbox id>
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,16 @@ class SandboxBackend(abc.ABC):
     def fork_files(self, source: ContainerRef, spec: ContainerSpec) -> ContainerRef:
         """A new container, not started, holding a copy of the stopped source's files (its work dir, and
         its writable root unless read-only): a fork once `restore` brings a checkpoint's memory into it."""
+
+    def new_container(self, spec: ContainerSpec) -> ContainerRef:
+        """A new container, not started, with an empty work dir: a moved sandbox once its files are unpacked
+        into `sandbox_files` and `restore` brings its checkpoint's memory into it."""
+        raise NotImplementedError(f"the {self.name} backend takes in no moved sandboxes")
+
+    def sandbox_files(self, ref: ContainerRef, *, rootfs: bool) -> dict[str, Path]:
+        """Host folders holding a sandbox's files: its work dir ("workdir") and, with `rootfs`, its writable
+        root layer ("rootfs"), which a fork copies and a move packs and unpacks."""
+        raise NotImplementedError(f"the {self.name} backend has no sandbox files on this host")
 
     def fork_into(self, source: ContainerRef, ref: ContainerRef) -> None:
         """Copy the stopped source's work dir into another sandbox's container made ahead (a spare shell of

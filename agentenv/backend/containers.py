@@ -240,7 +240,8 @@ class DockerContainers(SandboxBackend):
     def _new_container(self, spec: ContainerSpec) -> ContainerRef:
         """Volume (owned by the sandbox user) + created, not started, container."""
         labels = {**spec.labels, LABEL_SANDBOX: spec.sandbox_id}
-        volume = f"agentenv-{spec.sandbox_id}-ws"
+        name = spec.name or f"agentenv-{spec.sandbox_id}"
+        volume = f"{name}-ws"
         self.api.create_volume(volume, labels=labels)
         ref = ContainerRef(container="", volume=volume)
         try:
@@ -251,7 +252,7 @@ class DockerContainers(SandboxBackend):
             entrypoint, command = self._init_argv()
             cid = self.api.create_container(
                 spec.image, command=command, entrypoint=entrypoint, user=UIDS[spec.user],
-                name=f"agentenv-{spec.sandbox_id}",
+                name=name,
                 environment={"HOME": spec.config.workspace}, working_dir=spec.config.workspace,
                 labels=labels, host_config=self._host_config(spec, volume), hostname="sandbox",
                 tty=False, stdin_open=False, network_disabled=spec.config.network == "none",

@@ -25,6 +25,7 @@ processes stay in the host's time namespace and CLOCK_MONOTONIC advances across 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import secrets
 import shutil
@@ -172,13 +173,35 @@ class CriuRuntime(DockerContainers):
     def fork_into(self, source: ContainerRef, ref: ContainerRef) -> None:
         self._copy_files(source, ref, copy_rootfs=False)
 
+    @_docker_errors
+    def new_container(self, spec: ContainerSpec) -> ContainerRef:
+        name = spec.name or f"agentenv-{spec.sandbox_id}"
+        if self._name_taken(name):  # a moved sandbox keeps its id; another home on this Docker may hold it
+            name = f"{name}-{secrets.token_hex(4)}"
+        return self._new_container(dataclasses.replace(spec, name=name))
+
+    def _name_taken(self, name: str) -> bool:
+        """Does Docker have a container `name` or a volume `name`-ws (which creating it would share)?"""
+        for inspect, what in ((self.api.inspect_container, name), (self.api.inspect_volume, f"{name}-ws")):
+            try:
+                inspect(what)
+                return True
+            except docker.errors.NotFound:
+                continue
+        return False
+
+    @_docker_errors
+    def sandbox_files(self, ref: ContainerRef, *, rootfs: bool) -> dict[str, Path]:
+        out = {"workdir": Path(self.api.inspect_volume(ref.volume)["Mountpoint"])}
+        if rootfs:
+            out["rootfs"] = Path(self.api.inspect_container(ref.container)["GraphDriver"]["Data"]["UpperDir"])
+        return out
+
     def _copy_files(self, source: ContainerRef, ref: ContainerRef, *, copy_rootfs: bool) -> None:
         """A fork's files: the work-dir volume and (unless read-only) the writable rootfs layer."""
-        copy_tree(Path(self.api.inspect_volume(source.volume)["Mountpoint"]),
-                  Path(self.api.inspect_volume(ref.volume)["Mountpoint"]))
-        if copy_rootfs:
-            copy_tree(Path(self.api.inspect_container(source.container)["GraphDriver"]["Data"]["UpperDir"]),
-                      Path(self.api.inspect_container(ref.container)["GraphDriver"]["Data"]["UpperDir"]))
+        src, dst = self.sandbox_files(source, rootfs=copy_rootfs), self.sandbox_files(ref, rootfs=copy_rootfs)
+        for kind in src:
+            copy_tree(src[kind], dst[kind])
 
     def _restore(self, ref: ContainerRef, checkpoint: Checkpoint, sandbox_id: str) -> None:
         """Docker's `start --checkpoint` from a folder linking to `checkpoint`'s images, verified."""

@@ -38,12 +38,13 @@ class BodyTooLarge(Exception):
 class BodyLimit:
     """Refuse request bodies over `limit` bytes with 413: by Content-Length up front, else while reading."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, exempt: tuple[str, ...] = ()) -> None:
         self.app = app
         self.limit = limit
+        self.exempt = exempt  # paths that bound their bodies themselves (a moved sandbox's stream)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in self.exempt:
             return await self.app(scope, receive, send)
         for k, v in scope.get("headers", ()):
             if k == b"content-length":
@@ -102,7 +103,9 @@ def create_app(state: ServerState, reaper: bool = True) -> ASGIApp:
     limit = state.settings.max_body_bytes
     rpc = {"process.Process": process_app(state, limit),
            "filesystem.Filesystem": filesystem_app(state, limit)}
-    return BodyLimit(Dispatch(create_api(state, reaper), rpc), limit)
+    from agentenv.server.moves import IMPORTS_PATH
+
+    return BodyLimit(Dispatch(create_api(state, reaper), rpc), limit, exempt=(IMPORTS_PATH,))
 
 
 def create_api(state: ServerState, reaper: bool = True) -> FastAPI:
@@ -177,9 +180,11 @@ def create_api(state: ServerState, reaper: bool = True) -> FastAPI:
         return Response(status_code=204)
 
     from agentenv.server.control import control_router
+    from agentenv.server.moves import moves_router
 
     api.include_router(files_router(state))
     api.include_router(control_router(state))
+    api.include_router(moves_router(state))
 
     @api.api_route("/{path:path}", methods=list(_METHODS), include_in_schema=False)
     def unsupported(path: str, request: Request) -> Response:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 import urllib.parse
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -154,7 +155,8 @@ class MetricSample(BaseModel):
 class HostInfo(BaseModel):
     """GET /host: what a client needs to place a new sandbox on the least loaded host."""
 
-    memAvailableBytes: int = Field(description="the host's MemAvailable (/proc/meminfo)")
+    memAvailableBytes: int = Field(description="the host's MemAvailable (/proc/meminfo) less its "
+                                               "memory_reserve_mib")
     memTotalBytes: int
     running: int = Field(description="sandboxes served by this API that are running")
     paused: int = Field(description="sandboxes served by this API that are paused (no memory)")
@@ -211,9 +213,8 @@ def _cursor(token: str) -> tuple[float, str]:
     return key
 
 
-def control_router(state: ServerState) -> APIRouter:
-    """Every route requires the API key (X-API-Key)."""
-    settings = state.settings
+def api_key_dependency(state: ServerState) -> Callable[..., None]:
+    """The dependency every control-plane route declares: the server's API key in X-API-Key, else 401."""
 
     def api_key(key: str | None = Security(API_KEY)) -> None:
         try:
@@ -221,7 +222,13 @@ def control_router(state: ServerState) -> APIRouter:
         except Unauthorized as e:
             raise ApiError(401, str(e)) from None
 
-    r = APIRouter(dependencies=[Depends(api_key)], responses=_ERRORS, tags=["sandboxes"])
+    return api_key
+
+
+def control_router(state: ServerState) -> APIRouter:
+    """Every route requires the API key (X-API-Key)."""
+    settings = state.settings
+    r = APIRouter(dependencies=[Depends(api_key_dependency(state))], responses=_ERRORS, tags=["sandboxes"])
 
     def ttl(timeout: int | None) -> int:
         t = settings.default_timeout_s if timeout is None else timeout
@@ -484,8 +491,8 @@ def control_router(state: ServerState) -> APIRouter:
             if status in counts:
                 counts[status] += 1
         mem = _meminfo()
-        return HostInfo(memAvailableBytes=mem.get("MemAvailable", 0), memTotalBytes=mem.get("MemTotal", 0),
-                        **counts)
+        free = max(0, mem.get("MemAvailable", 0) - settings.memory_reserve_mib * 2**20)
+        return HostInfo(memAvailableBytes=free, memTotalBytes=mem.get("MemTotal", 0), **counts)
 
     @r.get("/sandboxes/{sandbox_id}/agentenv", response_model=AgentEnvView,
            summary="AgentENV's view of a sandbox: describe() and stats() (state, user, RSS, checkpoint size)")

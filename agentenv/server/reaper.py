@@ -9,6 +9,7 @@ import threading
 import time
 
 from agentenv.errors import AgentEnvError, SandboxNotFound
+from agentenv.moves import MOVING
 from agentenv.sandbox import Sandbox
 from agentenv.server.reconcile import sweep
 from agentenv.server.store import E2BStore
@@ -37,7 +38,7 @@ def reap_once(store: E2BStore, now: float | None = None) -> list[tuple[str, str]
                 sb.pause()
                 store.set_end(sid, NEVER)
                 done.append((sid, "paused"))
-            elif status == "paused":
+            elif status in ("paused", MOVING):  # a move keeps it paused here until it runs there
                 store.set_end(sid, NEVER)
             else:
                 sb.close()

@@ -10,6 +10,10 @@ sandbox's container (killed, OOM, removed), or dockerd (a restart stops every ru
 - `sweep` runs in the reaper's thread every `liveness_check_interval_s`: a running sandbox whose
   container stopped is forgotten (unless a dead pause left it paused: the runtime's `settle`),
   so that listing no longer shows it;
+- both also settle moves to other hosts (`agentenv.moves`): a sandbox left `moving` by a dead server (or
+  whose destination did not answer) is removed once its destination says it arrived there, else paused
+  here again; and `recover` first removes what unfinished imports from other hosts left here
+  (`agentenv.imports.recover`);
 - `settle` checks one sandbox when a request reaches it (marked broken, or its container stopped);
 - `forget` removes a gone sandbox (container, volume, checkpoints, E2B row) and keeps why in the
   registry's row, which `gone_reason` reads back: every later request on it is told why, not just
@@ -31,6 +35,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from agentenv import imports, moves
 from agentenv.backend import docker_client
 from agentenv.backend.base import LABEL_HOME, LABEL_SANDBOX, ContainerRef, ContainerState, Settled
 from agentenv.errors import SandboxBusy
@@ -58,10 +63,12 @@ class Recovery:
     gone: list[str] = field(default_factory=list)         # container gone or stopped: forgotten
     rebuilt: list[str] = field(default_factory=list)      # E2B row made again from the labels
     busy: list[str] = field(default_factory=list)         # locked by another process: left alone
+    imports_dropped: list[str] = field(default_factory=list)  # unfinished imports from other hosts: removed
+    moves_settled: list[str] = field(default_factory=list)    # moves left undecided: moved, or paused here
 
     def any(self) -> bool:
         return bool(self.unanswered or self.paused or self.rolled_back or self.resumed or self.gone
-                    or self.rebuilt)
+                    or self.rebuilt or self.imports_dropped or self.moves_settled)
 
 
 def why_dead(st: ContainerState | None) -> str:
@@ -149,6 +156,10 @@ def recover(store: E2BStore, ttl_s: float) -> Recovery:
     at a time (`agentenv serve` holds `server.lock`), so nothing found here is in the middle of a request."""
     rt = runtime()
     out = Recovery()
+    for sid in imports.recover():
+        store.delete(sid)
+        out.imports_dropped.append(sid)
+    out.moves_settled = _settle_moves(store)
     rows = set(store.ids()) | {s["snapshot_id"] for s in store.snapshots()}
     for rec in rt.registry.list_sandboxes(include_closed=False):
         if not (store.owns(rec) or rec.id in rows):
@@ -182,7 +193,8 @@ def _recover_one(store: E2BStore, rec: SandboxRecord, has_row: bool, ttl_s: floa
         # a create or fork that never finished: its container may exist without the registry knowing it
         # yet (Docker finished the create the server asked for). A finished one without a row (a lost
         # store, or an answer that never left) is kept: its row is rebuilt below.
-        flt = {"label": f"{LABEL_SANDBOX}={rec.id}"}
+        flt = {"label": [f"{LABEL_SANDBOX}={rec.id}", f"{LABEL_HOME}={rt.home}"]}  # a moved sandbox keeps
+        # its id: on a Docker engine that two homes share, the other home's container of it is not this one
         for c in docker_client.api().containers(all=True, filters=flt):
             rt.backend.remove(ContainerRef(c["Id"], ""))
         rt.backend.remove(ContainerRef("", rec.volume or f"agentenv-{rec.id}-ws"))
@@ -227,10 +239,21 @@ def _settle_container(store: E2BStore, rec: SandboxRecord, out: Recovery) -> boo
     return True
 
 
+def _settle_moves(store: E2BStore) -> list[str]:
+    """Settle the moves of this home's `moving` sandboxes that no one holds; a sandbox that left loses its
+    E2B row here. The ids settled."""
+    done = moves.settle_all()
+    for rec in done:
+        if rec.state == "closed":
+            store.delete(rec.id)
+    return [rec.id for rec in done]
+
+
 def sweep(store: E2BStore) -> list[str]:
     """Forget every served running sandbox whose container is not running (one Docker call, then one
     inspect, under the sandbox's lock, per suspect); returns their ids."""
     rt = runtime()
+    _settle_moves(store)
     running = [r for r in rt.registry.list_sandboxes(include_closed=False)
                if r.state == "running" and r.container and store.owns(r)]
     if not running:

@@ -92,7 +92,9 @@ def _recovery_text(done: Recovery) -> str:
         ("finished resumes recorded (running)", done.resumed),
         ("sandboxes whose container is gone removed", done.gone),
         ("E2B rows rebuilt from the sandboxes' labels (e2b.sqlite3 lost them)", done.rebuilt),
-        ("sandboxes busy in another process left alone", done.busy)) if ids]
+        ("sandboxes busy in another process left alone", done.busy),
+        ("unfinished imports from other hosts removed", done.imports_dropped),
+        ("moves to other hosts settled", done.moves_settled)) if ids]
     return "; ".join(parts)
 
 

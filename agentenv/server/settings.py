@@ -28,6 +28,7 @@ class ServerSettings:
     list_limit: int = setting(min=1)
     worker_threads: int = setting(min=1, max=1024)
     envd_version: str
+    memory_reserve_mib: int = setting(min=0, default=0)
 
     def __post_init__(self) -> None:
         if self.default_timeout_s > self.max_timeout_s:

@@ -14,8 +14,10 @@ from typing import TypeVar
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 
+from agentenv import moves
 from agentenv.errors import CheckpointError, SandboxNotFound, SandboxStateError
 from agentenv.locks import sandbox_lock
+from agentenv.moves import MOVING
 from agentenv.sandbox import Sandbox, runtime
 from agentenv.server.auth import same_secret
 from agentenv.server.errors import to_connect
@@ -63,6 +65,11 @@ class ServerState:
             raise _not_found(sandbox_id)
         sb = Sandbox.get(sandbox_id)
         status = sb.status
+        if status == MOVING:  # a move a dead process left undecided: its destination says how it ended
+            status = getattr(moves.settle(sandbox_id), "state", status)
+            if status == "closed":
+                self.store.delete(sandbox_id)
+                raise _not_found(sandbox_id)
         if status == "closed":
             raise SandboxNotFound(f"sandbox {sandbox_id!r} not found (it was killed)")
         if status == "broken" or (probe and status == "running"):
@@ -123,6 +130,9 @@ class ServerState:
 
 def _not_found(sandbox_id: str) -> SandboxNotFound:
     """Not served (any more): with why, when the server removed it because its container died."""
+    moved = moves.moved_to(runtime().registry.get_sandbox(sandbox_id) if sandbox_id else None)
+    if moved is not None:
+        return SandboxNotFound(f"sandbox {sandbox_id!r} is not here: it moved to {moved}")
     why = gone_reason(sandbox_id)
     return SandboxNotFound(f"sandbox {sandbox_id!r} not found" +
                            (f": it is gone ({why}); the server removed it" if why else ""))

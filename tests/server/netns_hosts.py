@@ -83,6 +83,62 @@ def namespace(index: int = 0) -> Iterator[tuple[str, str]]:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
 
 
+@contextlib.contextmanager
+def linked(a: tuple[str, str], b: tuple[str, str]) -> Iterator[None]:
+    """A veth pair straight between two namespaces (`a`, `b`: (namespace, its address) from `namespace`),
+    and in each a route to the other's address over it: their servers reach each other at the addresses
+    these tests reach them at, as machines of one network would, with no forwarding in this namespace."""
+    (ns_a, ip_a), (ns_b, ip_b) = a, b
+    if_a, if_b = f"k3rla{os.getpid()}", f"k3rlb{os.getpid()}"
+    _ip("link", "add", if_a, "type", "veth", "peer", "name", if_b)
+    try:
+        for ns, ifname, peer in ((ns_a, if_a, ip_b), (ns_b, if_b, ip_a)):
+            _ip("link", "set", ifname, "netns", ns)
+            _ip("netns", "exec", ns, "ip", "link", "set", ifname, "up")
+            _ip("netns", "exec", ns, "ip", "route", "add", f"{peer}/32", "dev", ifname)
+        yield
+    finally:  # deleting one end deletes the pair, wherever it is
+        for where, ifname in ((["ip", "netns", "exec", ns_a], if_a), ([], if_a), ([], if_b)):
+            subprocess.run([*where, "ip", "link", "del", ifname], capture_output=True, timeout=30)
+
+
+@dataclass
+class NamespacedServer:
+    """`agentenv serve --host ADDRESS` in network namespace `namespace`, with its own home and environment,
+    which a test may kill -9 and start again (with extra environment, e.g. `$AGENTENV_FAULT`)."""
+
+    home: Path
+    namespace: str
+    address: str
+    env: dict[str, str]
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{PORT}"
+
+    @property
+    def log(self) -> Path:
+        return self.home / "server.log"
+
+    def start(self, **extra_env: str) -> None:
+        argv = ["nsenter", f"--net=/var/run/netns/{self.namespace}", "--", sys.executable, "-m",
+                "agentenv.cli", "serve", "--host", self.address, "--port", str(PORT)]
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(argv, env={**self.env, **extra_env}, cwd=ROOT, stdout=out,
+                                         stderr=subprocess.STDOUT)
+        wait_healthy(self.url, self.proc, self.log)
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+
+
 def remove_labelled(home: Path) -> None:
     """Remove the containers, volumes and checkpoint images of the sandboxes made with this
     $AGENTENV_HOME (`agentenv gc` deletes the images of containers Docker no longer has)."""

@@ -18,7 +18,9 @@ LIFECYCLE_PATHS = {"/sandboxes", "/v2/sandboxes", "/sandboxes/{sandbox_id}", "/s
                    "/sandboxes/{sandbox_id}/refreshes", "/sandboxes/{sandbox_id}/fork",
                    "/sandboxes/{sandbox_id}/snapshots", "/snapshots", "/templates/{template_id}",
                    "/sandboxes/{sandbox_id}/metrics",
-                   "/host", "/sandboxes/{sandbox_id}/agentenv"}  # AgentENV's: placement, the CLI's view
+                   "/host", "/sandboxes/{sandbox_id}/agentenv",  # AgentENV's: placement, the CLI's view
+                   "/sandboxes/{sandbox_id}/agentenv/move", "/agentenv/imports", "/agentenv/imports/check",
+                   "/agentenv/imports/{move_id}"}  # and moves between hosts
 
 
 def test_openapi_document_is_served_and_committed(server):
