@@ -38,7 +38,10 @@ def template_key(image: str, user: str, config: Mapping[str, Any]) -> str:
 
 
 def _enabled(rt) -> bool:
-    return bool(getattr(rt.backend, "settings", None) and getattr(rt.backend.settings, "spare_shells", False))
+    """Spares are made for backends that restore into a started container (the Docker backends restore
+    through Docker's start, which needs a stopped one), when `spare_shells` is on."""
+    backend = rt.backend
+    return bool(backend.restores_into_running and getattr(backend.settings, "spare_shells", False))
 
 
 def claim(rt, image: str, user: str, config: Mapping[str, Any], n: int) -> list[SandboxRecord]:

@@ -1,23 +1,26 @@
-"""Where the CPU of moving a sandbox's state goes: one pause, one resume and one warm start (a fork of the
-paused sandbox) at a time, with every core sampled by `perf record -a` and the samples summed by who ran
-them: CRIU, runc, containerd's shims, containerd, dockerd, the `ctr` client, CRIU's helpers (tar and
-gzip for each tmpfs, iptables for its network lock), the sandbox's own processes (on a dump, CRIU's
-parasite copying their pages out runs in them), kernel threads (writeback), this process, the rest.
+"""Where the CPU of moving a sandbox's state goes, on the warm backend and on fastpath (today's Docker
+restore path) in one run: one pause, one resume and one warm start (a fork of the paused sandbox) at a
+time, with every core sampled by `perf record -a` and the samples summed by who ran them: CRIU (its page
+daemon too), runc, containerd's shims, containerd, dockerd, the `ctr` client, the warm backend's way into
+a sandbox (nsenter, setsid, unshare), CRIU's helpers (tar for each tmpfs, iptables for its network lock),
+the sandbox's own processes (on a dump, CRIU's parasite copying their pages out runs in them), kernel
+threads (writeback), this process, the rest.
 
-It says which part of a pause + resume a change could remove: the pages CRIU copies, its fixed work, or
-the daemons around it. Beside the samples: the host's busy time over each operation (/proc/stat) and what
-the pool charges it (`agentenv.pool.cpu.OpCpu`: the runtime's cgroup plus the calling thread). Each
-operation's window is matched by an idle window of the same length right after it, whose samples are
-subtracted kind by kind (the background the host has anyway).
+A lazy restore returns before its memory is in: CRIU's page daemon sends the rest afterwards, so a
+restore's window stays open until the daemon sent the last page (`page_fill_seconds`) and the daemon's
+CPU is counted. Beside the samples: the host's busy time over each operation (/proc/stat) and what the
+pool charges it (`agentenv.pool.cpu.OpCpu`). Each operation's window is matched by an idle window of the
+same length right after it, whose samples are subtracted kind by kind (the background the host has
+anyway). The target (a pause + resume at 200 MiB ≤ 0.4 CPU-s) is judged on the warm backend's
+repetitions, with fastpath's beside it.
 
 With `--thp MODE ...` the whole measurement runs once per transparent-huge-page mode (the host-wide
-`/sys/kernel/mm/transparent_hugepage/enabled`, set for the run and put back after it): whether restoring
-into 2 MiB pages, which the per-page faults of a resume point to, makes a resume or a fork cheaper. The
-first mode's run fills the main tables; a last table compares the modes.
+`/sys/kernel/mm/transparent_hugepage/enabled`, set for the run and put back after it); the first mode's
+run fills the main tables, a last table compares the modes.
 
 Needs `perf` (Debian: linux-perf) and root. Writes the `state-move-cpu` section of docs/benchmarks.md
 (unless --no-write) and prints it.
-Usage: python bench/state_move_cpu.py [--mb 200] [--reps 4] [--thp madvise always] [--no-write]
+Usage: python bench/state_move_cpu.py [--mb 200] [--reps 4] [--quick] [--thp madvise always] [--no-write]
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from backend_variants import FASTPATH, WARM, Variant, page_fill  # noqa: E402
 from bench_report import busy_cores_before, host_cpu_seconds, other_load_text, write_section  # noqa: E402
 from sandbox import Bench, cpu_source_words, versions  # noqa: E402
+from state_targets import CYCLE_CPU, judge  # noqa: E402
 
 from agentenv.backend.cgroups import cgroup_pids  # noqa: E402
 from agentenv.pool.cpu import HOST, OpCpu  # noqa: E402
@@ -50,21 +55,25 @@ FREQ = 999            # perf samples per second per core: a sample is 1/FREQ CPU
 PERF_START_S = 0.5    # perf record is sampling within this after it starts
 TAIL_S = 0.2          # kept sampling after an operation returns (work it left running)
 # process kinds by their comm (15 characters at most); the criu wrapper of scripts/install_criu.sh runs
-# CRIU through its own loader, so CRIU shows as the loader's name
+# CRIU through its own loader, so CRIU shows as the loader's name; the warm backend runs CRIU (and tar for
+# the tmpfs archives) from a descriptor, so it shows as the descriptor's number (`kind_of`)
+CRIU_KIND = "CRIU (its page daemon included; on warm, tar of each tmpfs too)"
+SANDBOX_KIND = "the sandbox's processes (a dump: CRIU's parasite; a fork: its copy's)"
 KINDS: list[tuple[str, tuple[str, ...]]] = [
-    ("CRIU", ("criu", "ld-linux-x86-64")),
+    (CRIU_KIND, ("criu", "ld-linux-x86-64")),
     ("runc", ("runc",)),
     ("containerd shims", ("containerd-shim",)),
     ("containerd", ("containerd",)),
     ("dockerd", ("dockerd",)),
     ("`ctr` client (the dump's call)", ("ctr",)),
-    ("tar + gzip (CRIU: each tmpfs)", ("tar", "gzip")),
+    ("tar + gzip (fastpath: CRIU's archive of each tmpfs)", ("tar", "gzip")),
+    ("nsenter, setsid, unshare, mount (the warm backend's way into a sandbox)",
+     ("nsenter", "setsid", "unshare", "mount")),
     ("iptables (CRIU's network lock)", ("iptables", "ip6tables", "iptables-restor", "ip6tables-resto",
                                         "iptables-nft", "xtables-nft-mul")),
     ("sh (the criu wrapper, hooks)", ("sh", "dash")),
 ]
 KERNEL_PREFIXES = ("kworker", "ksoftirqd", "rcu_", "kdamond", "kswapd", "kcompactd", "jbd2", "migration")
-CRIU_KIND, SANDBOX_KIND = "CRIU", "the sandbox's processes (a dump: CRIU's parasite; a fork: its copy's)"
 # what CRIU and the sandbox's processes spent their samples on, by symbol (first match; user-space
 # symbols are CRIU's own code and its libraries, with or without names)
 WORK: list[tuple[str, tuple[str, ...]]] = [
@@ -115,6 +124,7 @@ class Window(NamedTuple):
     seconds: float               # wall seconds of the operation
     work: dict[str, float]       # CRIU's and the sandbox's CPU-s by what they did (`work_of`)
     functions: dict[str, float]  # the same by kernel function
+    span: float                  # seconds from the call until its last page was in (>= seconds)
 
 
 def kind_of(pid: int, comm: str, sandbox_pids: set[int]) -> str:
@@ -122,6 +132,8 @@ def kind_of(pid: int, comm: str, sandbox_pids: set[int]) -> str:
         return SANDBOX_KIND
     if pid == os.getpid():
         return "this benchmark (the client's calls)"
+    if comm.isdigit():  # the warm backend execs CRIU (and tar) from a descriptor: /proc/self/fd/N
+        return CRIU_KIND
     for name, comms in KINDS:
         if comm in comms:
             return name
@@ -168,7 +180,8 @@ def split_samples(data: Path, pids: set[int]) -> tuple[dict[str, float], dict[st
 
 def perf_window(fn: Callable[[], object], sandbox_pids: Callable[[], set[int]], scratch: Path,
                 meter: OpCpu) -> Window:
-    """Run `fn` under `perf record -a` and account its window."""
+    """Run `fn` under `perf record -a` and account its window, which a restore's (`fn` returns the
+    restored sandboxes) keeps open until their page daemons sent the last page."""
     data = scratch / "perf.data"
     perf = subprocess.Popen(["perf", "record", "-a", "-F", str(FREQ), "-o", str(data)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -177,6 +190,9 @@ def perf_window(fn: Callable[[], object], sandbox_pids: Callable[[], set[int]], 
     cpu0, t0, token = host_cpu_seconds(), time.perf_counter(), meter.start()
     restored = fn()  # a restore returns its sandboxes: their cgroup CPU since the restore is charged too
     seconds = time.perf_counter() - t0
+    for s in restored or []:
+        page_fill(s)  # lazy pages: the daemon's work goes on after the call returned
+    span = time.perf_counter() - t0
     charged = meter.stop(token, restored_cpu_s=sum(s.stats().cpu_seconds_since_start for s in restored or []))
     time.sleep(TAIL_S)
     host = host_cpu_seconds() - cpu0
@@ -184,12 +200,12 @@ def perf_window(fn: Callable[[], object], sandbox_pids: Callable[[], set[int]], 
     perf.send_signal(signal.SIGINT)
     perf.wait(timeout=60)
     kinds, work, functions = split_samples(data, pids)
-    return Window(kinds, host, charged, seconds, work, functions)
+    return Window(kinds, host, charged, seconds, work, functions, span)
 
 
-def measure(args: argparse.Namespace, scratch: Path) -> dict:
-    bench = Bench(argparse.Namespace(rows=args.rows))
-    sb, _ = bench.sandbox(args.mb)
+def measure(args: argparse.Namespace, bench: Bench, variant: Variant, scratch: Path) -> dict:
+    """Every operation `args.reps` times on one sandbox of `variant` (call it inside its `use` block)."""
+    sb, _ = bench.sandbox(args.mb, variant)
     rss = sb.stats().rss_bytes
     sb.pause()
     sb.resume()  # warm-up: images, page cache and the daemons' caches as in steady use
@@ -220,7 +236,7 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
             if op == "warm start (fork of 1)":
                 sb.pause()  # a fork restores a paused sandbox's checkpoint
             window = perf_window(fn, sandbox_pids, scratch, meter)
-            idle = perf_window(lambda s=window.seconds: time.sleep(s), set, scratch, meter).kinds
+            idle = perf_window(lambda s=window.span: time.sleep(s), set, scratch, meter).kinds
             net = {k: max(0.0, v - idle.get(k, 0.0)) for k, v in window.kinds.items()}
             runs[op].append(window._replace(kinds=net))
             for f in forks:
@@ -249,76 +265,98 @@ def thp_enabled(mode: str) -> Iterator[None]:
         THP_ENABLED.write_text(before)
 
 
-def thp_table(results: dict[str, dict]) -> list[str]:
-    """Each mode's host CPU, page-fault samples and wall time per operation, with the kernel functions
-    CRIU and the sandbox's processes spent most on."""
+def thp_table(results: dict[str, dict[str, dict]]) -> list[str]:
+    """Each mode's host CPU, page-fault samples and wall time per backend and operation, with the kernel
+    functions CRIU and the sandbox's processes spent most on."""
     lines = ["", "The same operations with the host's transparent huge pages (`enabled` in "
              f"`{THP_ENABLED}`) set to each mode for a whole run (set by this script, put back after):", "",
-             f"| THP `enabled` | operation | host busy CPU-s | CRIU + sandbox: {FAULTS} | wall seconds | "
-             "kernel functions CRIU + the sandbox spent most on (CPU-s) |", "|---|---|---|---|---|---|"]
-    for mode, result in results.items():
-        for op in OPS:
-            runs = result["runs"][op]
-            names = {f for r in runs for f in r.functions}
-            top = sorted(((statistics.median(r.functions.get(f, 0.0) for r in runs), f) for f in names),
-                         reverse=True)
-            lines.append(f"| {mode} | {op} | {statistics.median(r.host for r in runs):.3f} | "
-                         f"{statistics.median(r.work.get(FAULTS, 0.0) for r in runs):.3f} | "
-                         f"{statistics.median(r.seconds for r in runs):.3f} | "
-                         + ", ".join(f"`{f}` {v:.3f}" for v, f in top[:TOP_FUNCTIONS]) + " |")
+             f"| THP `enabled` | backend | operation | host busy CPU-s | CRIU + sandbox: {FAULTS} "
+             "| wall seconds | kernel functions CRIU + the sandbox spent most on (CPU-s) |",
+             "|---|---|---|---|---|---|---|"]
+    for mode, by_backend in results.items():
+        for backend, result in by_backend.items():
+            for op in OPS:
+                runs = result["runs"][op]
+                names = {f for r in runs for f in r.functions}
+                top = sorted(((statistics.median(r.functions.get(f, 0.0) for r in runs), f) for f in names),
+                             reverse=True)
+                lines.append(f"| {mode} | {backend} | {op} | {statistics.median(r.host for r in runs):.3f} | "
+                             f"{statistics.median(r.work.get(FAULTS, 0.0) for r in runs):.3f} | "
+                             f"{statistics.median(r.seconds for r in runs):.3f} | "
+                             + ", ".join(f"`{f}` {v:.3f}" for v, f in top[:TOP_FUNCTIONS]) + " |")
     return lines
 
 
-def render(results: dict[str, dict], facts: dict, args: argparse.Namespace, cmd: str) -> str:
-    mode, result = next(iter(results.items()))
-    runs = result["runs"]
-    names = sorted({k for op in OPS for r in runs[op] for k in r.kinds},
-                   key=lambda k: -sum(statistics.median(r.kinds.get(k, 0.0) for r in runs[op]) for op in OPS))
+def cycle_cpu(result: dict) -> list[float]:
+    """CPU-s of each repetition's pause + resume: every sampled kind, less the idle window."""
+    pauses, resumes = result["runs"]["pause"], result["runs"]["resume"]
+    return [sum(p.kinds.values()) + sum(r.kinds.values()) for p, r in zip(pauses, resumes, strict=True)]
 
-    def p50(op: str, pick: Callable[[Window], float]) -> float:
-        return statistics.median(pick(r) for r in runs[op])
 
+def cycle_verdicts(by_backend: dict[str, dict], mb: int) -> list[str]:
+    """The CPU target judged on each backend's repetitions (the warm backend's is the target's)."""
+    target = CYCLE_CPU if mb == 200 else CYCLE_CPU.at(f"(measured at {mb} MiB)")
+    return [judge(target.at(f"— {backend}"), cycle_cpu(result)).text()
+            for backend, result in by_backend.items()]
+
+
+def render(results: dict[str, dict[str, dict]], facts: dict, args: argparse.Namespace, cmd: str) -> str:
+    mode, by_backend = next(iter(results.items()))
+    columns = [(b, op) for b in by_backend for op in OPS]
+
+    def p50(backend: str, op: str, pick: Callable[[Window], float]) -> float:
+        return statistics.median(pick(r) for r in by_backend[backend]["runs"][op])
+
+    def row(pick: Callable[[Window], float]) -> str:
+        cells = []
+        for b in by_backend:
+            ops = [p50(b, op, pick) for op in OPS]
+            cells += [f"{c:.3f}" for c in ops] + [f"{ops[0] + ops[1]:.3f}"]
+        return " | ".join(cells)
+
+    header = " | ".join(f"{b}: {op}" for b in by_backend for op in (*OPS, "pause + resume"))
+    rule = "|---|" + "---|" * (len(columns) + len(by_backend))
+    names = sorted({k for b, op in columns for r in by_backend[b]["runs"][op] for k in r.kinds},
+                   key=lambda k: -sum(p50(b, op, lambda r, k=k: r.kinds.get(k, 0.0)) for b, op in columns))
+    rss = ", ".join(f"{b} {r['rss'] / 2**20:.0f} MiB" for b, r in by_backend.items())
     lines = [
-        f"Command: `{cmd}`. One sandbox of {args.mb} MiB touched memory (RSS {result['rss'] / 2**20:.0f} "
-        f"MiB), {args.reps} repetitions of each operation after one uncounted pause + resume; medians. "
+        f"Command: `{cmd}`. One sandbox of {args.mb} MiB touched memory per backend (RSS: {rss}), "
+        f"{args.reps} repetitions of each operation after one uncounted pause + resume; medians. "
         + ", ".join(f"{k} {v}" for k, v in facts["versions"].items())
         + f"; {os.cpu_count()} CPU cores; {other_load_text(facts['busy'])} "
         f"Transparent huge pages: `{mode}`" + (" (the host's setting)." if mode == facts["thp"] else
                                               f" (set for the run; the host's setting is `{facts['thp']}`)."),
         "",
         "CPU-s per operation by who spent them (`perf record -a`, every core sampled at "
-        f"{FREQ} Hz, less an idle window of the same length right after):",
+        f"{FREQ} Hz, less an idle window of the same length right after; a lazy restore's window runs "
+        "until its page daemon sent the last page):",
         "",
-        "| who | " + " | ".join(OPS) + " | pause + resume |",
-        "|---|" + "---|" * (len(OPS) + 1),
+        f"| who | {header} |",
+        rule,
     ]
     for name in names:
-        cells = [p50(op, lambda r, n=name: r.kinds.get(n, 0.0)) for op in OPS]
-        lines.append(f"| {name} | " + " | ".join(f"{c:.3f}" for c in cells)
-                     + f" | {cells[0] + cells[1]:.3f} |")
-    sampled = [p50(op, lambda r: sum(r.kinds.values())) for op in OPS]
-    host = [p50(op, lambda r: r.host) for op in OPS]
-    charged = [p50(op, lambda r: r.charged) for op in OPS]
-    wall = [p50(op, lambda r: r.seconds) for op in OPS]
-    for label, row in (("**all sampled**", sampled), ("host busy time (/proc/stat)", host),
-                       ("charged by the pool (`OpCpu`)", charged), ("wall seconds", wall)):
-        lines.append(f"| {label} | " + " | ".join(f"{c:.3f}" for c in row) + f" | {row[0] + row[1]:.3f} |")
-    works = sorted({w for op in OPS for r in runs[op] for w in r.work},
-                   key=lambda w: -sum(p50(op, lambda r, w=w: r.work.get(w, 0.0)) for op in OPS[:2]))
+        lines.append(f"| {name} | " + row(lambda r, n=name: r.kinds.get(n, 0.0)) + " |")
+    for label, pick in (("**all sampled**", lambda r: sum(r.kinds.values())),
+                        ("host busy time (/proc/stat)", lambda r: r.host),
+                        ("charged by the pool (`OpCpu`)", lambda r: r.charged),
+                        ("wall seconds", lambda r: r.seconds),
+                        ("seconds until the last page was in", lambda r: r.span)):
+        lines.append(f"| {label} | " + row(pick) + " |")
+    works = sorted({w for b, op in columns for r in by_backend[b]["runs"][op] for w in r.work},
+                   key=lambda w: -sum(p50(b, op, lambda r, w=w: r.work.get(w, 0.0)) for b, op in columns))
     lines += ["", "What CRIU and the sandbox's processes (the two largest rows above) spent those CPU-s on, "
               "by the sampled function's name (kernel functions grouped by subsystem; user space is CRIU's "
               "own code; not less the idle window, in which neither runs):", "",
-              "| CRIU + the sandbox's processes, doing | " + " | ".join(OPS) + " | pause + resume |",
-              "|---|" + "---|" * (len(OPS) + 1)]
+              f"| CRIU + the sandbox's processes, doing | {header} |", rule]
     for w in works:
-        cells = [p50(op, lambda r, w=w: r.work.get(w, 0.0)) for op in OPS]
-        lines.append(f"| {w} | " + " | ".join(f"{c:.3f}" for c in cells) + f" | {cells[0] + cells[1]:.3f} |")
-    restored = ("" if result["source"] == HOST
-                else ", and on a resume or a fork the restored processes' cgroup")
-    lines += ["", f"The pool's charge reads {cpu_source_words(result['source'])}{restored}. "
-              "The host's busy time runs from the call to "
-              f"{TAIL_S} s after it returns, the sampled rows over perf's whole window; both include "
-              "whatever else ran (see the load above)."]
+        lines.append(f"| {w} | " + row(lambda r, w=w: r.work.get(w, 0.0)) + " |")
+    source = next(iter(by_backend.values()))["source"]
+    restored = "" if source == HOST else ", and on a resume or a fork the restored processes' cgroup"
+    lines += ["", f"The pool's charge reads {cpu_source_words(source)}{restored}. The host's busy time runs "
+              f"from the call to {TAIL_S} s after its last page was in, the sampled rows over perf's whole "
+              "window; both include whatever else ran (see the load above).", "",
+              "Target, on each repetition's pause + resume (all sampled, less the idle window):", ""]
+    lines += [f"- {v}" for v in cycle_verdicts(by_backend, args.mb)]
     if len(results) > 1:
         lines += thp_table(results)
     return "\n".join(lines)
@@ -326,14 +364,21 @@ def render(results: dict[str, dict], facts: dict, args: argparse.Namespace, cmd:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=int, default=200, help="touched memory of the sandbox (MiB)")
-    ap.add_argument("--reps", type=int, default=4, help="counted repetitions of each operation")
+    ap.add_argument("--mb", type=int, default=None, help="touched memory of the sandbox (MiB; default 200, "
+                                                         "quick 64)")
+    ap.add_argument("--reps", type=int, default=None, help="counted repetitions of each operation "
+                                                           "(default 4, quick 2)")
     ap.add_argument("--rows", type=int, default=400_000, help="SQLite rows the workload builds")
+    ap.add_argument("--quick", action="store_true", help="64 MiB, 2 repetitions, a small SQLite table")
     ap.add_argument("--thp", nargs="+", choices=THP_MODES, default=None,
                     help="transparent-huge-page modes to measure in turn, the first in the main tables "
                          "(default: the host's own, left as it is)")
     ap.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
     args = ap.parse_args(argv)
+    args.mb = args.mb if args.mb is not None else (64 if args.quick else 200)
+    args.reps = args.reps if args.reps is not None else (2 if args.quick else 4)
+    if args.quick:
+        args.rows = min(args.rows, 20_000)
     if args.reps < 1 or args.mb < 1:
         raise SystemExit("--reps and --mb must be at least 1")
     if shutil.which("perf") is None:
@@ -346,15 +391,22 @@ def main(argv: list[str] | None = None) -> None:
     modes = list(dict.fromkeys(args.thp or [facts["thp"]]))
     if modes != [facts["thp"]] and not os.access(THP_ENABLED, os.W_OK):
         raise SystemExit(f"--thp needs to write {THP_ENABLED} (root, a writable /sys)")
-    results: dict[str, dict] = {}
+    results: dict[str, dict[str, dict]] = {}
     for mode in modes:
-        home = tempfile.mkdtemp(prefix="agentenv-bench-")
-        os.environ["AGENTENV_HOME"] = home  # a private registry: nothing of anyone else's is touched
+        root = Path(tempfile.mkdtemp(prefix="agentenv-bench-"))  # private registries: nobody else's touched
+        bench = Bench(argparse.Namespace(rows=args.rows), root)
         try:
             with thp_enabled(mode) if mode != facts["thp"] else contextlib.nullcontext():
-                results[mode] = measure(args, Path(home))
+                results[mode] = {}
+                for variant in (WARM, FASTPATH):
+                    print(f"== THP {mode}: {variant.key}", flush=True)
+                    with bench.backends.use(variant):
+                        results[mode][variant.key] = measure(args, bench, variant, root)
         finally:
-            shutil.rmtree(home, ignore_errors=True)
+            try:
+                bench.cleanup()
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
     text = render(results, facts, args, cmd)
     print(text)
     if not args.no_write:

@@ -76,6 +76,33 @@ class ShellStream(abc.ABC):
         """Close this process's end of the connection (the shell sees its stdin end)."""
 
 
+class LiveFiles(abc.ABC):
+    """A running sandbox's files read and written from the host without starting a command in it (how
+    `agentenv serve` follows the outputs of the processes it started). Paths are absolute in the sandbox.
+    `SandboxBackend.live_files` gives one where the host cannot reach the files itself."""
+
+    @abc.abstractmethod
+    def read_many(self, offsets: Mapping[str, int], limit: int) -> dict[str, tuple[int, bytes] | None]:
+        """For each path: (its size, its bytes from the offset, at most `limit`), None when it is missing."""
+
+    @abc.abstractmethod
+    def write(self, path: str, data: bytes) -> None:
+        """Create or replace a file."""
+
+    @abc.abstractmethod
+    def listdir(self, path: str) -> list[str]:
+        """The names in a directory; FileNotFoundError when there is none."""
+
+    @abc.abstractmethod
+    def write_fifo(self, path: str, data: bytes, timeout_s: float) -> None:
+        """Write into a named pipe without blocking on it: FileNotFoundError (no pipe), ConnectionRefusedError
+        (no reader), BrokenPipeError (the reader closed it), TimeoutError (not read within `timeout_s`)."""
+
+    @abc.abstractmethod
+    def tree_usage(self, path: str) -> tuple[int, int]:
+        """(bytes of the files below `path`, size of the file system holding it)."""
+
+
 @dataclass(frozen=True)
 class ContainerSpec:
     """What a sandbox's container is made of."""
@@ -143,6 +170,7 @@ class SandboxBackend(abc.ABC):
     for different containers; callers serialise state changes of one container."""
 
     name: str = "abstract"
+    restores_into_running = False  # a restore can go into a started container (spare shells for forks)
 
     @abc.abstractmethod
     def probe(self, image: str, refresh: bool = False) -> HostProbe:
@@ -194,6 +222,11 @@ class SandboxBackend(abc.ABC):
         """Host folders holding a sandbox's files: its work dir ("workdir") and, with `rootfs`, its writable
         root layer ("rootfs"), which a fork copies and a move packs and unpacks."""
         raise NotImplementedError(f"the {self.name} backend has no sandbox files on this host")
+
+    def live_files(self, ref: ContainerRef) -> LiveFiles | None:
+        """The running sandbox's files for the host to read and write, or None where the host reaches them
+        itself (a container's root through its init, `/proc/<pid>/root`)."""
+        return None
 
     def fork_into(self, source: ContainerRef, ref: ContainerRef) -> None:
         """Copy the stopped source's work dir into another sandbox's container made ahead (a spare shell of

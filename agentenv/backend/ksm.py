@@ -4,17 +4,21 @@ Forks restored from one checkpoint start with identical memory, but CRIU copies 
 child's private memory. Their restores run with PR_SET_MEMORY_MERGE (`nsexec.start_criu`), which makes
 all their anonymous memory mergeable, and ksmd then folds identical pages into one copy-on-write page.
 ksmd only scans processes that asked for it, so its CPU goes to forks alone; `pages_to_scan` pages every
-`sleep_millisecs` bound that CPU (conf/agentenv/backend.yaml). The counters are host-wide (`describe`).
+`sleep_millisecs` bound that CPU (conf/agentenv/backend.yaml). The counters are host-wide (`describe`,
+`counters`), and so is ksmd's CPU time (`ksmd_cpu_seconds`: what the benchmarks charge merging).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 KSM = Path("/sys/kernel/mm/ksm")
 COUNTERS = ("pages_shared", "pages_sharing", "pages_unshared", "full_scans", "general_profit")
+_ksmd_pid = 0  # found once per process (a kernel thread keeps its pid until the next boot)
 
 
 def _write(name: str, value: int) -> None:
@@ -46,3 +50,37 @@ def describe() -> dict[str, object]:
         return out
     except (OSError, ValueError) as e:
         return {"unavailable": str(e)}
+
+
+def counters() -> dict[str, int]:
+    """The host-wide counters of `COUNTERS` this kernel has (empty without KSM)."""
+    out: dict[str, int] = {}
+    for name in COUNTERS:
+        try:
+            out[name] = int((KSM / name).read_text())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def stat_cpu_seconds(stat: str) -> float:
+    """utime + stime of a /proc/<pid>/stat line, in seconds (the name may hold spaces and parentheses)."""
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def ksmd_cpu_seconds() -> float | None:
+    """CPU seconds ksmd has run since boot; None where the kernel has no ksmd. ksmd is a kernel thread
+    (a child of kthreadd, pid 2), so no cgroup charges it: its /proc/<pid>/stat does."""
+    global _ksmd_pid
+    known = [_ksmd_pid] if _ksmd_pid else []
+    for pid in itertools.chain(known, (int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit())):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if stat[stat.index("(") + 1:stat.rindex(")")] == "ksmd" and fields[1] == "2":
+            _ksmd_pid = pid
+            return stat_cpu_seconds(stat)
+    return None

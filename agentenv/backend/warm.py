@@ -68,6 +68,8 @@ EMPTY_TAR_BYTES = 10240  # the archive of an empty folder: one entry and the end
 class WarmRuntime(CriuRuntime):
     """Tree dumps and restores into warm shells (see the module docstring)."""
 
+    restores_into_running = True
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.files = prepare_runtime_files(self.settings.runtime_dir)
