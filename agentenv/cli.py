@@ -98,8 +98,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         data = {"server": host.url, **host.info()}
         _emit(args, data, lambda: [print(f"{k:26} {v}") for k, v in data.items()])
         return 0
-    from agentenv import images
-    from agentenv.sandbox import runtime
+    from agentenv.backend import images
+    from agentenv.runtime import runtime
 
     try:
         rt = runtime()
@@ -127,7 +127,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_images_build(args: argparse.Namespace) -> int:
-    from agentenv import images
+    from agentenv.backend import images
 
     names = [args.name] if args.name else images.recipe_names()
     built = [images.build(n, force=args.force, quiet=args.quiet or args.json).to_dict() for n in names]
@@ -136,7 +136,7 @@ def cmd_images_build(args: argparse.Namespace) -> int:
 
 
 def cmd_images_ls(args: argparse.Namespace) -> int:
-    from agentenv import images
+    from agentenv.backend import images
 
     rows = [i.to_dict() for i in images.list_images()]
     _emit(args, rows, lambda: _table(
@@ -166,6 +166,30 @@ def cmd_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ls_filter(args: argparse.Namespace) -> Callable[[dict[str, Any]], bool]:
+    """`ls --label KEY[=VALUE]` (each must match) and `--owner PID|gone` (`agentenv.owner`'s label: the
+    sandboxes a process owns, or those whose owner process is gone, which `agentenv gc` closes)."""
+    from agentenv.owner import OWNER_LABEL, owner_alive
+
+    wanted = [item.partition("=") for item in args.label or ()]
+    owner = args.owner
+    if owner is not None and owner != "gone" and not owner.isdigit():
+        raise ConfigError(f"--owner expects a process id or `gone`, got {owner!r}")
+
+    def keep(row: dict[str, Any]) -> bool:
+        labels = row.get("labels") or {}
+        if any(key not in labels or (sep and labels[key] != value) for key, sep, value in wanted):
+            return False
+        if owner is None:
+            return True
+        value = labels.get(OWNER_LABEL)
+        if value is None:
+            return False
+        return not owner_alive(value) if owner == "gone" else value.split(":")[1:2] == [owner]
+
+    return keep
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     if args.server:
         rows = [s.describe() for s in _sandboxes(args).list(include_closed=args.all)]
@@ -175,6 +199,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
         rows = [r.describe() for r in Registry(agentenv_home().resolve()).list_sandboxes(args.all)
                 if args.all or r.state != "spare"]  # spare shells: made ahead for forks (agentenv.spares)
+    rows = [r for r in rows if _ls_filter(args)(r)]
     _emit(args, rows, lambda: _table(
         [[r["id"], r["state"], r["image"], r["user"], r["parent"] or "-"] for r in rows],
         ["ID", "STATE", "IMAGE", "USER", "PARENT"]))
@@ -276,6 +301,33 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tasks_new(args: argparse.Namespace) -> int:
+    """Write a new task's module, config and test from the template (`agentenv.scaffold`)."""
+    from agentenv.scaffold import new_task
+
+    written = new_task(args.name, args.dir, force=args.force)
+    _emit(args, [str(p) for p in written], lambda: [print(p) for p in written])
+    return 0
+
+
+def cmd_tasks_check(args: argparse.Namespace) -> int:
+    """gymnasium's env checker on a task (its config file or its env id), in sandboxes closed at the end."""
+    import yaml
+
+    from agentenv.tasks.check import check_task, config_target
+
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # the task's module, from the working directory
+    if args.target.endswith((".yaml", ".yml")):
+        env_id, kwargs, action = config_target(args.target)
+    else:
+        env_id, kwargs, action = args.target, {}, None
+    kwargs |= {k: yaml.safe_load(v) for k, v in _kv_pairs(args.set, "--set").items()}
+    done = check_task(env_id, kwargs, seed=args.seed, action=args.action or action)
+    _emit(args, {"env_id": env_id, "passed": True, "steps": done}, lambda: [print(line) for line in done])
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from agentenv.server.serve import serve
 
@@ -320,6 +372,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override any config key (conf/sandbox/default.yaml), e.g. --set read_only=false")
     a = add("ls", cmd_ls, "list sandboxes")
     a.add_argument("--all", action="store_true", help="include closed sandboxes")
+    a.add_argument("--label", action="append", metavar="KEY[=VALUE]",
+                   help="only sandboxes with this label (and value); repeat to require several")
+    a.add_argument("--owner", metavar="PID|gone",
+                   help="only sandboxes owned by this process (a trainer's workers, a task check), or whose "
+                        "owner is gone (what `agentenv gc` closes)")
 
     e = add("exec", cmd_exec, "run a command in a sandbox; exits with its exit code")
     e.add_argument("id")
@@ -354,6 +411,22 @@ def build_parser() -> argparse.ArgumentParser:
     mv.add_argument("--timeout", type=int, help="its time to live there in seconds (default: the host's)")
     s = add("stats", cmd_stats, "memory, CPU and checkpoint size")
     s.add_argument("ids", nargs="+", metavar="ID")
+    tasks = sub.add_parser("tasks", help="write a new task from a template, or check one", parents=[common])
+    tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True, parser_class=_Parser)
+    tn = tasks_sub.add_parser("new", parents=[common], help="write NAME.py, conf/env/NAME.yaml and "
+                              "test_NAME.py: a task that passes the checks and trains, to edit")
+    tn.add_argument("name", help="the task's module name (lower case, e.g. word_hunt): env=NAME to train it")
+    tn.add_argument("--dir", default=".", help="the folder to write into (default: the working directory)")
+    tn.add_argument("--force", action="store_true", help="overwrite files that exist")
+    tn.set_defaults(fn=_local_only(cmd_tasks_new, "tasks new"))
+    tc = tasks_sub.add_parser("check", parents=[common], help="gymnasium's env checker on a task in real "
+                              "sandboxes (all closed at the end), then one reset and step")
+    tc.add_argument("target", help="a task config (conf/env/NAME.yaml: its id and kwargs) or an env id "
+                    "(module:ns/Name-v0)")
+    tc.add_argument("--set", action="append", metavar="KEY=VALUE", help="a task option (YAML value)")
+    tc.add_argument("--seed", type=int, default=0, help="the seed of the extra reset (default 0)")
+    tc.add_argument("--action", help="the action of the extra step (default: a sampled one)")
+    tc.set_defaults(fn=_local_only(cmd_tasks_check, "tasks check"))
     gc = add("gc", _local_only(cmd_gc, "gc"),
              "reconcile the registry with Docker (remove orphans, close lost sandboxes)")
     gc.add_argument("--dry-run", action="store_true")

@@ -22,7 +22,7 @@ from agentenv.backend.base import ContainerRef
 from agentenv.errors import SandboxBusy
 from agentenv.locks import sandbox_lock
 from agentenv.owner import KEEPER_LABEL, OWNER_LABEL, keeper_alive, owner_alive
-from agentenv.sandbox import remove_sandbox, runtime
+from agentenv.runtime import remove_sandbox, runtime
 
 
 @dataclass

@@ -73,7 +73,7 @@ class Taken:
 
 
 def _runtime():
-    from agentenv.sandbox import runtime
+    from agentenv.runtime import runtime
 
     return runtime()
 
@@ -153,7 +153,7 @@ def _require_profile(cfg: SandboxConfig) -> None:
 def _require_image(tag: str) -> None:
     """The sandbox's image tag must exist here: images are content-hashed, so only the same tag is the same
     root file system."""
-    from agentenv import images
+    from agentenv.backend import images
 
     try:
         _runtime().backend.resolve_image(tag)
@@ -278,15 +278,12 @@ def _reason(e: BaseException) -> str:
 def _drop(sandbox_id: str, ref: ContainerRef | None) -> None:
     """Remove everything an unfinished import made: its container and work dir (found by their labels too),
     its images, its registry row."""
-    from agentenv.backend import docker_client
-
     rt = _runtime()
     refs = [ref] if ref is not None else []
-    flt = {"label": [f"{LABEL_SANDBOX}={sandbox_id}", f"{LABEL_HOME}={rt.home}"]}
     with contextlib.suppress(Exception):
-        api = docker_client.api()
-        refs += [ContainerRef(c["Id"], "") for c in api.containers(all=True, filters=flt)]
-        refs += [ContainerRef("", v["Name"]) for v in api.volumes(filters=flt).get("Volumes") or []]
+        found = rt.backend.find({LABEL_SANDBOX: sandbox_id, LABEL_HOME: str(rt.home)})
+        refs += [ContainerRef(c, "") for c in found["containers"]]
+        refs += [ContainerRef("", v) for v in found["volumes"]]
     for r in refs:
         try:
             rt.backend.remove(r)

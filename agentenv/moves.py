@@ -27,9 +27,10 @@ import secrets
 import shutil
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentenv.backend.base import Checkpoint
 from agentenv.backend.store import RECORD_FILE
@@ -48,7 +49,7 @@ from agentenv.registry import SandboxRecord
 
 if TYPE_CHECKING:
     from agentenv.remote import SandboxHost
-    from agentenv.sandbox import Sandbox, _Runtime
+    from agentenv.runtime import Runtime
 
 log = logging.getLogger(__name__)
 MOVING = "moving"            # the registry state of a sandbox on its way to another host
@@ -100,12 +101,28 @@ def read_journal(path: Path) -> dict[str, Any] | None:
     return entry if isinstance(entry, dict) else None
 
 
-def _journal(rt: _Runtime, sandbox_id: str) -> Path:
+def _journal(rt: Runtime, sandbox_id: str) -> Path:
     return rt.home / JOURNAL_DIR / f"{sandbox_id}.json"
 
 
 # ---- the move ----------------------------------------------------------------------------------------
-def move(sb: Sandbox, to: str, *, api_key: str | None = None, timeout_s: int | None = None) -> Moved:
+class Movable(Protocol):
+    """What `move` uses of the sandbox handle it moves (`agentenv.sandbox.Sandbox`, which imports this
+    module: it is named here by its shape)."""
+
+    _rt: Runtime
+
+    @property
+    def id(self) -> str: ...
+
+    def _lock(self, action: str) -> AbstractContextManager[object]: ...
+
+    def _record(self) -> SandboxRecord: ...
+
+    def _restorable(self, rec: SandboxRecord, ck: Checkpoint, action: str) -> Checkpoint: ...
+
+
+def move(sb: Movable, to: str, *, api_key: str | None = None, timeout_s: int | None = None) -> Moved:
     """Move the paused sandbox `sb` to the `agentenv serve` host at `to` (API key `api_key`, else
     `$AGENTENV_API_KEY`), which restores it (time to live `timeout_s`, default its own); see the module
     docstring. Errors: the destination's refusal (ImageError, BackendUnavailable, SandboxStateError, ...:
@@ -122,7 +139,7 @@ def move(sb: Sandbox, to: str, *, api_key: str | None = None, timeout_s: int | N
         return _move_locked(sb, rec, host, api_key, timeout_s)
 
 
-def _move_locked(sb: Sandbox, rec: SandboxRecord, host: SandboxHost, api_key: str | None,
+def _move_locked(sb: Movable, rec: SandboxRecord, host: SandboxHost, api_key: str | None,
                  timeout_s: int | None) -> Moved:
     rt, timings = sb._rt, {}
     row = rt.registry.latest_checkpoint(sb.id)
@@ -164,7 +181,7 @@ def _move_locked(sb: Sandbox, rec: SandboxRecord, host: SandboxHost, api_key: st
     return Moved(host.url, answer, timings)
 
 
-def _export(rt: _Runtime, rec: SandboxRecord, ck: Checkpoint, move_id: str,
+def _export(rt: Runtime, rec: SandboxRecord, ck: Checkpoint, move_id: str,
             spool: Path) -> tuple[dict[str, Any], list[Part]]:
     """The manifest and the parts of the stream: the checkpoint's files as they are, the work dir (and
     with `read_only: false` the writable root) archived into `spool`."""
@@ -246,7 +263,7 @@ def _verdict(host: SandboxHost, move_id: str, wait_s: float) -> dict[str, Any] |
         time.sleep(0.2)
 
 
-def _apply(rt: _Runtime, rec: SandboxRecord, verdict: dict[str, Any] | None, why: str = "") -> SandboxRecord:
+def _apply(rt: Runtime, rec: SandboxRecord, verdict: dict[str, Any] | None, why: str = "") -> SandboxRecord:
     """Act on the destination's word on the move of the `moving` sandbox `rec` (the caller holds its lock);
     its row afterwards."""
     entry = read_journal(_journal(rt, rec.id)) or {}
@@ -262,15 +279,15 @@ def _apply(rt: _Runtime, rec: SandboxRecord, verdict: dict[str, Any] | None, why
     return rt.registry.get_sandbox(rec.id) or rec
 
 
-def _finish(rt: _Runtime, rec: SandboxRecord, url: str) -> None:
+def _finish(rt: Runtime, rec: SandboxRecord, url: str) -> None:
     """The destination restored the sandbox: remove this copy; its row stays, closed, saying where it went."""
-    from agentenv.sandbox import remove_sandbox
+    from agentenv.runtime import remove_sandbox
 
     remove_sandbox(rt, rec, reason=MOVED + url)
     _journal(rt, rec.id).unlink(missing_ok=True)
 
 
-def settle_locked(rt: _Runtime, rec: SandboxRecord, wait_s: float = 0.0) -> SandboxRecord:
+def settle_locked(rt: Runtime, rec: SandboxRecord, wait_s: float = 0.0) -> SandboxRecord:
     """`rec` once its move is decided as far as the destination can tell now (the caller holds the
     sandbox's lock): a `moving` sandbox is asked about; any other row only loses a stale journal entry."""
     journal = _journal(rt, rec.id)
@@ -298,7 +315,7 @@ def settle_locked(rt: _Runtime, rec: SandboxRecord, wait_s: float = 0.0) -> Sand
 
 def settle(sandbox_id: str, lock_timeout_s: float = SETTLE_LOCK_S) -> SandboxRecord | None:
     """Settle one sandbox's move under its lock (see `settle_locked`); None when it is busy or unknown."""
-    from agentenv.sandbox import runtime
+    from agentenv.runtime import runtime
 
     rt = runtime()
     with contextlib.suppress(SandboxBusy):
@@ -312,7 +329,7 @@ def settle_all() -> list[SandboxRecord]:
     """Settle every `moving` sandbox of this home that no one holds (server start-up, liveness sweeps);
     the rows of those it settled. A destination that gave no word is asked again after `ASK_AGAIN_S` (its
     attempts cost the sweep seconds), sooner by any call on the sandbox."""
-    from agentenv.sandbox import runtime
+    from agentenv.runtime import runtime
 
     out, now = [], time.monotonic()
     for rec in runtime().registry.list_sandboxes():

@@ -8,15 +8,12 @@ holds the sandbox's lock and re-reads the state under it; exec takes no lock (us
 from __future__ import annotations
 
 import secrets
-import shlex
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentenv import checks, moves, spares
+from agentenv import checks, files, moves, spares
 from agentenv.backend.base import (
     LABEL_HOME,
     Checkpoint,
@@ -24,64 +21,35 @@ from agentenv.backend.base import (
     ContainerRef,
     ContainerSpec,
     RawExec,
-    SandboxBackend,
     ShellStream,
 )
-from agentenv.backend.selection import select_backend
 from agentenv.checks import MAX_FORKS, workspace_path
 from agentenv.config import SandboxConfig
 from agentenv.errors import (
     AgentEnvError,
     CheckpointError,
     ExecTimeout,
-    FileNotFoundInSandbox,
-    InvalidArgument,
-    PathOutsideWorkspace,
     SandboxNotFound,
     SandboxStateError,
 )
 from agentenv.faults import crash_point
 from agentenv.locks import sandbox_lock
 from agentenv.moves import MOVED, MOVING
-from agentenv.paths import agentenv_home
-from agentenv.registry import Registry, SandboxRecord
+from agentenv.registry import SandboxRecord
 from agentenv.results import ExecResult, SandboxStats
+from agentenv.runtime import Runtime, remove_sandbox, runtime
 from agentenv.session import Session
 
 if TYPE_CHECKING:
     from agentenv.remote import RemoteSandbox
 
-__all__ = ["MAX_FORKS", "Sandbox", "remove_sandbox", "runtime", "workspace_path"]
+__all__ = ["MAX_FORKS", "Sandbox", "workspace_path"]
 
 CONTAINER_REMOVED = "its container was removed outside AgentENV"
 # Labels `agentenv serve` sets on the sandboxes it serves (this key names the server, keys below it hold
 # the facts of its E2B row: agentenv/server/store.py). A fork inherits its source's labels but these: a
 # fork made outside the server (the CLI, a script) is not the server's; the server labels its own forks.
 SERVED_LABEL = "org.k3rl.agentenv.e2b"
-_EXIT_REFUSED = 3   # in-container file scripts: path resolves outside the work dir
-_EXIT_TOO_BIG = 4   # in-container file scripts: file larger than file_limit_bytes
-_EXIT_MISSING = 5   # in-container file scripts: no such file
-
-
-@dataclass
-class _Runtime:
-    home: Path
-    registry: Registry
-    backend: SandboxBackend
-
-
-_runtimes: dict[Path, _Runtime] = {}
-_runtimes_lock = threading.Lock()
-
-
-def runtime() -> _Runtime:
-    """Registry + backend for the current `$AGENTENV_HOME` (one per home per process)."""
-    home = agentenv_home().resolve()
-    with _runtimes_lock:
-        rt = _runtimes.get(home)
-        if rt is None:
-            rt = _runtimes[home] = _Runtime(home, Registry(home), select_backend(home))
-        return rt
 
 
 def _state_error(rec: SandboxRecord, action: str) -> SandboxStateError:
@@ -109,7 +77,7 @@ def _state_error(rec: SandboxRecord, action: str) -> SandboxStateError:
 class Sandbox:
     """A handle on one sandbox (see module docstring). Create with `Sandbox.create`, find with `get`."""
 
-    def __init__(self, record: SandboxRecord, rt: _Runtime | None = None) -> None:
+    def __init__(self, record: SandboxRecord, rt: Runtime | None = None) -> None:
         self._rt = rt or runtime()
         self._rec = record
         self._config: SandboxConfig | None = None  # fixed at creation: parsed once per handle
@@ -340,11 +308,10 @@ class Sandbox:
         rec = self._record()
         if rec.state != "running":
             raise _state_error(rec, "write files in")
-        script = _confine(cfg.workspace) + (
-            'mkdir -p -- "$(dirname -- "$p")" && cat > "$p" && chmod "$2" -- "$p"')
-        raw = self._backend_exec(rec, ["sh", "-c", script, "sh", full, format(mode, "o")],
-                                 timeout_s=cfg.exec_timeout_s, output_limit=64 * 1024, stdin=payload)
-        self._file_error(raw, path, "write")
+        argv = ["sh", "-c", files.write_script(cfg.workspace), "sh", full, format(mode, "o")]
+        raw = self._backend_exec(rec, argv, timeout_s=cfg.exec_timeout_s, output_limit=64 * 1024,
+                                 stdin=payload)
+        self._file_error(raw, path, full, "write")
 
     def read_file(self, path: str) -> bytes:
         """The bytes of a file below the work dir (at most file_limit_bytes); FileNotFoundInSandbox when
@@ -354,28 +321,19 @@ class Sandbox:
         rec = self._record()
         if rec.state != "running":
             raise _state_error(rec, "read files from")
-        script = _confine(cfg.workspace) + (
-            f'[ -e "$p" ] || {{ echo "no such file: $p" >&2; exit {_EXIT_MISSING}; }}; '
-            '[ -f "$p" ] || { echo "$p is not a regular file" >&2; exit 2; }; '
-            f'[ "$(stat -c %s -- "$p")" -le {cfg.file_limit_bytes} ] || exit {_EXIT_TOO_BIG}; '
-            'exec cat -- "$p"')
+        script = files.read_script(cfg.workspace, cfg.file_limit_bytes)
         raw = self._backend_exec(rec, ["sh", "-c", script, "sh", full], timeout_s=cfg.exec_timeout_s,
                                  output_limit=cfg.file_limit_bytes)
-        self._file_error(raw, path, "read")
+        self._file_error(raw, path, full, "read")
         return raw.stdout
 
-    def _file_error(self, raw: RawExec, path: str, verb: str) -> None:
-        if raw.exit_code == 0 and not raw.timed_out:
-            return
-        msg = raw.stderr.decode(errors="replace").strip()
-        if raw.exit_code == _EXIT_REFUSED:
-            raise PathOutsideWorkspace(f"{verb} {path!r} refused: {msg}")
-        if raw.exit_code == _EXIT_TOO_BIG:
-            raise InvalidArgument(f"{path!r} is bigger than file_limit_bytes={self.config.file_limit_bytes}")
-        if raw.exit_code == _EXIT_MISSING:
-            raise FileNotFoundInSandbox(f"{verb} {path!r} in sandbox {self.id}: {msg}")
-        msg = msg or f"exit {raw.exit_code}"
-        raise AgentEnvError(f"could not {verb} {path!r} in sandbox {self.id}: {msg}")
+    def _file_error(self, raw: RawExec, path: str, full: str, verb: str) -> None:
+        """Raise what a file script's outcome means (`agentenv.files.file_error`), if anything."""
+        error = files.file_error(raw.exit_code, raw.stderr.decode(errors="replace"), what=f"{verb} {path!r}",
+                                 path=full, sandbox_id=self.id, limit=self.config.file_limit_bytes,
+                                 timed_out=raw.timed_out)
+        if error is not None:
+            raise error
 
     # ---- pause / resume / fork ----------------------------------------------------------------
     def pause(self) -> None:
@@ -613,24 +571,8 @@ class Sandbox:
                             cpu_seconds_since_start=cpu)
 
 
-def remove_sandbox(rt: _Runtime, rec: SandboxRecord, reason: str | None = None) -> None:
-    """Remove a sandbox's container, volume and checkpoints and mark its row closed (with `reason` when
-    given). The caller holds the sandbox's lock: `Sandbox.close`, and gc for an orphan."""
-    rt.backend.remove(ContainerRef(container=rec.container or "", volume=rec.volume or ""))
-    while (ck := rt.registry.latest_checkpoint(rec.id)) is not None:
-        rt.registry.delete_checkpoint(ck.id)
-    rt.registry.update_sandbox(rec.id, state="closed", **({} if reason is None else {"reason": reason}))
-
-
 def inherited_labels(labels: Mapping[str, str]) -> dict[str, str]:
     """The labels a fork takes from its source: all but `SERVED_LABEL` and the keys below it."""
     return {k: v for k, v in labels.items() if k != SERVED_LABEL and not k.startswith(SERVED_LABEL + ".")}
-
-
-def _confine(workspace: str) -> str:
-    """Shell prologue: $1 must resolve (symlinks included) to a path below the work dir."""
-    ws = shlex.quote(workspace.rstrip("/"))
-    return (f'p=$1; r=$(realpath -m -- "$p") || exit {_EXIT_REFUSED}; case "$r" in {ws}/*) ;; '
-            f'*) echo "$p resolves to $r, outside {workspace}" >&2; exit {_EXIT_REFUSED};; esac; ')
 
 

@@ -233,14 +233,16 @@ def moe_inputs(M: int, E: int, top_k: int, L: int, I: int, device: str, dtype: t
 
 
 def moe_rows(device: str, E: int, top_k: int, L: int, I: int, token_counts: tuple[int, ...]) -> list[str]:
-    """Grouped GEMM vs the per-expert loop, bf16: a check of the output, then fwd and fwd+bwd times."""
+    """Our grouped GEMM (Triton) and PyTorch's ``grouped_mm`` vs the per-expert loop, bf16: a check of
+    the output, then fwd and fwd+bwd times (ratio: the loop over ours)."""
     from kernels.moe.grouped import moe_experts_triton
+    from kernels.moe.torch_grouped import moe_experts_grouped_mm
 
     lines = [
         f"MoE, {E} experts top-{top_k}, latent L={L}, intermediate I={I}, bf16, {device}:",
         "",
-        "| tokens | pass | grouped GEMM ms | per-expert loop ms | ratio |",
-        "|---:|---|---:|---:|---:|",
+        "| tokens | pass | grouped GEMM ms | torch grouped_mm ms | per-expert loop ms | ratio |",
+        "|---:|---|---:|---:|---:|---:|",
     ]
     for M in token_counts:
         x = moe_inputs(M, E, top_k, L, I, device, torch.bfloat16)
@@ -251,7 +253,7 @@ def moe_rows(device: str, E: int, top_k: int, L: int, I: int, token_counts: tupl
         lines.insert(1, f"check at {M} tokens: max |Δy| / max |y| = {rel:.1e} (grouped vs loop, bf16)")
         for name, backward in (("fwd", False), ("fwd+bwd", True)):
             timings = []
-            for fn in (moe_experts_triton, moe_experts_reference):
+            for fn in (moe_experts_triton, moe_experts_grouped_mm, moe_experts_reference):
                 leaves = {n: t.detach().clone().requires_grad_(backward and t.is_floating_point())
                           for n, t in x.items()}  # fmt: skip
 
@@ -261,7 +263,8 @@ def moe_rows(device: str, E: int, top_k: int, L: int, I: int, token_counts: tupl
                         y.float().sum().backward()
 
                 timings.append(time_ms(run, device))
-            line = f"| {M} | {name} | {timings[0]:.2f} | {timings[1]:.2f} | {timings[1] / timings[0]:.1f}× |"
+            line = (f"| {M} | {name} | {timings[0]:.2f} | {timings[1]:.2f} | {timings[2]:.2f} | "
+                    f"{timings[2] / timings[0]:.1f}× |")  # fmt: skip
             print(line, flush=True)
             lines.append(line)
     return lines

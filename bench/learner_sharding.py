@@ -1,27 +1,35 @@
-"""The sharded learner (``trainer.learner.world_size``, ``expert_parallel``): memory per rank, expert
-all_to_all bytes in the latent width against the backbone width, and the rank-0 peak of publishing
-full weights.
+"""The sharded learner's memory per rank, measured against the arithmetic of docs/training.md, beside the
+flat design it replaced; expert all_to_all bytes; K3's sizing on paper.
 
     python bench/learner_sharding.py             # rewrites section `learner-sharding` of docs/benchmarks.md
     python bench/learner_sharding.py --no-write  # print only
+    python bench/learner_sharding.py --no-flat   # without the flat design's rows
 
-In one run, on the same synthetic batch (groups of guessing-game episodes, no sandboxes):
+In one run, k3_small, one `train_step` of the same synthetic batch (16 guessing-game episodes in groups of
+4, 1 epoch x 1 minibatch) in 1, 2 and 4 gloo processes (data parallel, and data x expert parallel meshes):
 
-- world size 1 (a plain `Learner`, the baseline) and world size 2 (data parallel; data + expert parallel),
-  two gloo processes: one `train_step` each, then the parameter + AdamW bytes each rank holds between
-  steps (counted from the tensors: `rl.data_parallel.DataParallel.resident_bytes`) and the step's time;
-- with expert parallelism, the bytes each rank sent through the experts' all_to_alls (forward and
-  backward, off-rank only) and what the same (token, expert) pairs would cost at the backbone width;
-- the peak RSS growth of a rank while it gathers the full weights to publish them (`Learner.state_dict`,
-  what `LearnerActor.publish` puts in Ray's object store on rank 0), measured by resetting the kernel's
-  high-water mark (/proc/self/clear_refs);
-- for K3's own shapes (conf/model/k3.yaml), the all_to_all bytes per routed token, counted from the shapes
-  (bf16, dispatch + combine, top-k pairs), latent against backbone width.
+- FSDP2 block by block (`rl.sharding`, this tree), and the flat design it replaced (``git archive`` of
+  commit `FLAT_COMMIT` into a temporary folder, run from there: every trainable weight outside the
+  experts in one flat fp32 vector, gathered whole for a step);
+- per rank: *held* = parameter + AdamW bytes between steps, counted from the tensors; *held RSS* and
+  *step peak* = the process's resident memory after the step and its high-water mark during it
+  (/proc/self/clear_refs), both above its RSS before the learner was built; glibc returns freed blocks
+  of 64 KiB and more to the kernel (``MALLOC_MMAP_THRESHOLD_``), so RSS follows the live tensors;
+- *publish peak* = RSS growth of rank 0 while the full weights go to a sink that serialises what it is
+  handed (what ``ray.put`` does): unit by unit (FSDP2), or the whole state dict (flat);
+- *predicted* = the arithmetic of docs/training.md for the same shapes (`predicted_peak`), its
+  activation term calibrated on world size 1's measured peak and divided by the ranks;
+- the expert all_to_all bytes of the data x expert runs, and K3's per-rank figures on paper
+  (`k3_sizing`, a ``meta``-device K3: no memory).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,9 +40,15 @@ import torch.multiprocessing as mp
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # (the spawned ranks inherit the parent's path,
     sys.path.append(str(Path(__file__).resolve().parent))  # where bench/model.py must not shadow model/)
-from bench_report import busy_cores_before, compose, other_load_text, training_machine, write_section  # noqa: E402
+from bench_report import ROOT, busy_cores_before, other_load_text, training_machine, write_section  # noqa: E402
 
 SECTION = "learner-sharding"
+MODEL = "k3_small"
+FLAT_COMMIT = "db1e77e"  # the last tree with the flat design (rl/sharding.py's FlatShard)
+MESHES = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2)]  # (world size, expert parallel)
+FLAT_MESHES = [(1, 1), (2, 1), (2, 2), (4, 1)]  # the flat design: expert parallel 1 or all ranks
+MIB = 2**20
+os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")  # read by each spawned rank's glibc at start
 
 
 def episodes(n: int, seed: int = 0) -> list:
@@ -56,141 +70,261 @@ def episodes(n: int, seed: int = 0) -> list:
     return out
 
 
-def overrides(model: str, world: int, ep: int) -> list[str]:
-    return [f"model={model}", "algo.group_size=4", "algo.episodes_per_step=16", "algo.epochs=1",
-            "algo.minibatches=1", "trainer.learner_threads=1", "trainer.num_cpus=4",
+def overrides(world: int, ep: int) -> list[str]:
+    return [f"model={MODEL}", "algo.group_size=4", "algo.episodes_per_step=16", "algo.epochs=1",
+            "algo.minibatches=1", "trainer.learner_threads=1", "trainer.num_cpus=5",
             f"trainer.learner.world_size={world}", f"trainer.learner.expert_parallel={ep}"]  # fmt: skip
 
 
-def peak_rss_growth(fn) -> tuple[object, int]:
-    """``fn()``'s result and how far this process's peak RSS rose above its RSS before the call (bytes)."""
+def compose_at(root: Path, world: int, ep: int):
+    """The checked run config of the tree at ``root`` (its own conf/ and rl/)."""
+    from hydra import compose, initialize_config_dir
 
-    def status(key: str) -> int:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-        raise KeyError(key)
+    from rl.train import resolve_config
 
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := current RSS
-    before = status("VmRSS:")
-    result = fn()
-    return result, status("VmHWM:") - before
+    with initialize_config_dir(config_dir=str(root / "conf"), version_base=None):
+        return resolve_config(compose("config", overrides=overrides(world, ep)))
 
 
-def measure(learner, batch) -> dict:
-    """One step of ``learner``: its time, the bytes held after it, its traffic and the publish peak."""
-    started = time.perf_counter()
-    metrics = learner.train_step(batch)
-    step_s = time.perf_counter() - started
-    if learner.parallel is not None:
-        held = learner.parallel.resident_bytes(learner.optimizer)
-    else:
-        trained = [p for g in learner.optimizer.param_groups for p in g["params"]]
-        fixed = [p for p in learner.model.parameters() if not p.requires_grad]
-        state = [t for s in learner.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
-        held = sum(t.numel() * t.element_size() for t in trained + fixed + state)
-    state, publish_peak = peak_rss_growth(learner.state_dict)  # what LearnerActor.publish gathers
-    full = sum(t.numel() * t.element_size() for t in state.values())
-    return {"step_s": step_s, "held": held, "metrics": metrics, "publish_peak": publish_peak, "full": full}
+def status(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
 
 
-def _rank_main(rank: int, port: int, model: str, ep: int, out: str) -> None:
+def reset_peak() -> int:
+    """Reset the high-water mark to the current RSS; returns that RSS."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return status("VmRSS:")
+
+
+def serialise(state: dict) -> None:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+
+
+def _rank(rank: int, world: int, ep: int, port: int, root: str, design: str, out: str) -> None:
+    """One rank of one row (in a process of its own, importing the tree at ``root``)."""
+    sys.path.insert(0, root)
+    torch.set_num_threads(1)
     from rl.learner import Learner
     from rl.ranks import RankGroup, join_rank_group, leave_rank_group
 
-    torch.set_num_threads(1)
-    join_rank_group("127.0.0.1", port, rank, 2, ep, torch.device("cpu"))
-    try:
-        cfg = compose(overrides(model, 2, ep))
-        learner = Learner(cfg, group=RankGroup(rank, 2, ep))
-        result = measure(learner, episodes(cfg.algo.episodes_per_step))
-        torch.save(result, f"{out}.rank{rank}")
-    finally:
+    if world > 1:
+        join_rank_group("127.0.0.1", port, rank, world, ep, torch.device("cpu"))
+    cfg = compose_at(Path(root), world, ep)
+    batch = episodes(cfg.algo.episodes_per_step)
+    import importlib
+
+    for library in ("torch._dynamo", "torch.distributed.fsdp"):  # ~0.1 GB of code FSDP2 loads: not the
+        importlib.import_module(library)  # learner's memory, so in the baseline
+
+    base = status("VmRSS:")
+    learner = Learner(cfg, group=RankGroup(rank, world, ep)) if world > 1 else Learner(cfg)
+    reset_peak()
+    started = time.perf_counter()
+    metrics = learner.train_step(batch)
+    step_s = time.perf_counter() - started
+    result = {"step_s": step_s, "step_peak": status("VmHWM:") - base,
+              "held_rss": status("VmRSS:") - base, "metrics": metrics}  # fmt: skip
+    if design == "fsdp2":
+        result["held"] = learner.sharded.held_bytes(learner.optimizer)
+        before = reset_peak()
+        learner.sharded.full_units(serialise)
+    else:
+        if learner.parallel is not None:
+            result["held"] = learner.parallel.resident_bytes(learner.optimizer)
+        else:
+            trained = [p for g in learner.optimizer.param_groups for p in g["params"]]
+            fixed = [p for p in learner.model.parameters() if not p.requires_grad]
+            state = [t for s in learner.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+            result["held"] = sum(t.numel() * t.element_size() for t in trained + fixed + state)
+        before = reset_peak()
+        serialise(learner.state_dict())
+    result["publish_peak"] = status("VmHWM:") - before
+    Path(f"{out}.rank{rank}").write_text(json.dumps(result))
+    if world > 1:
         leave_rank_group()
 
 
-def two_ranks(model: str, ep: int) -> list[dict]:
+def run_row(root: Path, design: str, world: int, ep: int) -> list[dict]:
     from rl.ranks import free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "result")
-        mp.spawn(_rank_main, args=(free_port(), model, ep, out), nprocs=2, join=True)
-        return [torch.load(f"{out}.rank{r}", weights_only=False) for r in range(2)]
+        mp.spawn(_rank, args=(world, ep, free_port(), str(root), design, out), nprocs=world, join=True)
+        return [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(world)]
 
 
-def k3_counted() -> str:
-    """All_to_all bytes per routed token for K3's shapes (conf/model/k3.yaml), counted."""
-    cfg = compose(["model=k3"]).model
+def flat_tree(folder: Path) -> Path:
+    """The flat design's tree (commit `FLAT_COMMIT`'s rl/, model/, kernels/, conf/, agentenv/)."""
+    folders = ["rl", "model", "kernels", "conf", "agentenv"]
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", FLAT_COMMIT, *folders], check=True,
+                             capture_output=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------- arithmetic
+
+
+def unit_sizes(model, world: int, ep: int) -> tuple[int, int, list[int]]:
+    """(parameters, of them routed experts, the parameters each rank gathers per unit) for ``model`` on a
+    ``world / ep`` x ``ep`` mesh: a decoder layer's backbone whole, its experts 1/ep of them."""
+    total = sum(p.numel() for p in model.parameters())
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts.w" in n)
+    units = []
+    for layer in model.model.layers:
+        own = sum(p.numel() for n, p in layer.named_parameters() if ".experts.w" not in n)
+        units.append(own)
+        if layer.is_moe:
+            units.append(sum(p.numel() for p in layer.block_sparse_moe.experts.parameters()) // ep)
+    units += [model.model.embed_tokens.weight.numel(), model.lm_head.weight.numel()]
+    return total, experts, units
+
+
+def predicted_peak(total: int, units: list[int], world: int, activations: float, weight: int = 4) -> dict:
+    """docs/training.md's arithmetic for one rank (fp32 here: ``weight`` bytes per gathered element):
+    held = 12 B x P / N (weights, AdamW's two moments); during the step + 4 B x P / N (gradient shards),
+    the two largest units in flight (gathered weights + their full gradients), activations / N."""
+    held = 12 * total / world
+    in_flight = 2 * weight * sum(sorted(units)[-2:])
+    return {"held": held, "peak": held + 4 * total / world + in_flight + activations / world}
+
+
+def k3_sizing(ranks: int, ep: int) -> dict:
+    """Per-rank bytes for K3 (conf/model/k3.yaml) on ``ranks`` GPUs with ``ep``-way expert parallelism,
+    bf16 compute (fp32 master weights, AdamW, gradients), before activations."""
+    from model import K3Config, K3ForCausalLM
+
+    cfg = K3Config.from_yaml(ROOT / "conf" / "model" / "k3.yaml")
+    with torch.device("meta"):
+        model = K3ForCausalLM(cfg)
+    total, experts, units = unit_sizes(model, ranks, ep)
+    shard = total / ranks
+    largest = sorted(units)[-2:]
+    return {"params": total, "experts": experts, "weights": 4 * shard, "adam": 8 * shard,
+            "grads": 4 * shard, "in_flight": 2 * 2 * sum(largest) + (2 + 4) * largest[-1],
+            "largest_unit": largest[-1]}  # fmt: skip
+
+
+def k3_table() -> list[str]:
+    gb = 1e9
+    rows = ["| GPUs | expert parallel | weights (fp32) | AdamW | gradients | units in flight (bf16) | "
+            "sum GB |", "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for ranks, ep in ((256, 128), (448, 448), (896, 448), (1792, 896)):
+        k = k3_sizing(ranks, ep)
+        parts = [k["weights"], k["adam"], k["grads"], k["in_flight"]]
+        rows.append(f"| {ranks} | {ep} | {parts[0] / gb:.1f} | {parts[1] / gb:.1f} | {parts[2] / gb:.1f} | "
+                    f"{parts[3] / gb:.1f} | **{sum(parts) / gb:.1f}** |")  # fmt: skip
+    return rows
+
+
+def k3_traffic() -> str:
+    """All_to_all bytes per routed token for K3's shapes, counted."""
+    from model import K3Config
+
+    cfg = K3Config.from_yaml(ROOT / "conf" / "model" / "k3.yaml")
     k, d, latent = cfg.num_experts_per_token, cfg.hidden_size, cfg.expert_width
-    bf16 = 2
-    moe_layers = sum(1 for i in range(cfg.num_hidden_layers) if i >= cfg.first_k_dense_replace)
-    latent_b = k * latent * bf16 * 2  # dispatch + combine, per MoE layer, every pair off-rank
-    backbone_b = k * d * bf16 * 2
-    mib = 2**20
-    return (f"K3 (conf/model/k3.yaml: d = {d}, latent l = {latent}, top-{k} of {cfg.num_experts} experts, "
-            f"{moe_layers} MoE layers), bf16, dispatch + combine per MoE layer: **{latent_b:,} bytes "
-            f"per token in the latent space vs {backbone_b:,} at the backbone width = "
-            f"{latent_b / backbone_b:.2f}x** ({latent_b * moe_layers / mib:.1f} MiB vs "
-            f"{backbone_b * moe_layers / mib:.1f} MiB per token through all MoE layers, forward; "
-            "the backward sends the same again).")  # fmt: skip
+    latent_b, backbone_b = k * latent * 2 * 2, k * d * 2 * 2  # bf16, dispatch + combine
+    return (f"K3's expert exchange (d = {d}, latent l = {latent}, top-{k}), bf16, dispatch + combine per MoE "
+            f"layer: **{latent_b:,} bytes per token in the latent space vs {backbone_b:,} at the backbone "
+            f"width = {latent_b / backbone_b:.2f}x**.")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- main
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=["k3_small"])
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--no-flat", action="store_true", help="skip the flat design's rows")
     args = parser.parse_args()
     busy = busy_cores_before()
     machine = training_machine()
     started = time.perf_counter()
-    torch.set_num_threads(1)
-    rows, traffic_rows = [], []
-    from rl.learner import Learner
+    from model import K3ForCausalLM
 
-    for model in args.models:
-        cfg = compose(overrides(model, 1, 1))
-        single = measure(Learner(cfg), episodes(cfg.algo.episodes_per_step))
-        rows.append(f"| {model} | 1 | - | {single['held'] / 2**20:.1f} | 1.00x | {single['step_s']:.1f} | "
-                    f"{single['full'] / 2**20:.1f} | {single['publish_peak'] / 2**20:.1f} |")  # fmt: skip
-        for ep in (1, 2):
-            ranks = two_ranks(model, ep)
-            for rank, r in enumerate(ranks):
-                ratio = r["held"] / single["held"]
-                kind = "DP+EP" if ep > 1 else "DP"
-                rows.append(f"| {model} | 2 ({kind}) | {rank} | {r['held'] / 2**20:.1f} | "
-                            f"**{ratio:.3f}x** | {r['step_s']:.1f} | {r['full'] / 2**20:.1f} | "
-                            f"{r['publish_peak'] / 2**20:.1f} |")  # fmt: skip
-                m = r["metrics"]
-                if ep > 1 and rank == 0:  # the step's traffic, summed over the ranks: the same on each
-                    latent, backbone = m["ep_latent_bytes"], m["ep_backbone_bytes"]
-                    traffic_rows.append(
-                        f"| {model} | {int(m['ep_pairs']):,} | {int(latent):,} | "
-                        f"{int(m['ep_metadata_bytes']):,} | {int(backbone):,} | **{latent / backbone:.3f}** |"
-                    )
-            print("\n".join(rows[-2:]), flush=True)
+    cfg = compose_at(ROOT, 1, 1)
+    with torch.device("meta"):
+        small = K3ForCausalLM(cfg.model)
+    runs: dict[tuple[str, int, int], list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = [("fsdp2", ROOT, MESHES)]
+        if not args.no_flat:
+            trees.append(("flat", flat_tree(Path(tmp)), FLAT_MESHES))
+        for design, root, meshes in trees:
+            for world, ep in meshes:
+                runs[design, world, ep] = run_row(root, design, world, ep)
+                r = runs[design, world, ep][0]
+                print(f"{design} {world}x{ep}: held {r['held'] / MIB:.0f} MiB, peak "
+                      f"{r['step_peak'] / MIB:.0f} MiB, {r['step_s']:.1f} s", flush=True)  # fmt: skip
+    total, experts, units1 = unit_sizes(small, 1, 1)
+    base = runs["fsdp2", 1, 1][0]
+    activations = base["step_peak"] - predicted_peak(total, units1, 1, 0.0)["peak"]
+    rows, verdicts, traffic = [], [], []
+    for (design, world, ep), ranks in runs.items():
+        ref = runs[design, 1, 1][0]
+        worst = max(ranks, key=lambda r: r["step_peak"])
+        held = max(r["held"] for r in ranks)
+        pred = predicted_peak(total, unit_sizes(small, world, ep)[2], world, activations)
+        kind = "-" if world == 1 else ("DP" if ep == 1 else f"DP {world // ep} x EP {ep}")
+        shown = f"{pred['peak'] / MIB:.0f}" if design == "fsdp2" else "-"
+        rows.append(f"| {design} | {world} | {kind} | {held / MIB:.1f} | {held / ref['held']:.3f}x | "
+                    f"{worst['held_rss'] / MIB:.0f} | {worst['step_peak'] / MIB:.0f} | "
+                    f"**{worst['step_peak'] / ref['step_peak']:.3f}x** | {shown} | "
+                    f"{max(r['step_s'] for r in ranks):.1f} | "
+                    f"{ranks[0]['publish_peak'] / MIB:.0f} |")  # fmt: skip
+        if design == "fsdp2" and world > 1:
+            peak_ratio, held_ratio = worst["step_peak"] / ref["step_peak"], held / ref["held"]
+            if world == 2:
+                peak_ok, held_ok = peak_ratio <= 0.6, held_ratio <= 0.55
+                verdicts.append(f"world size 2 ({kind}): step peak {peak_ratio:.3f}x (target <= 0.6x: "
+                                f"**{'met' if peak_ok else 'missed'}**), held {held_ratio:.3f}x "
+                                f"(target <= 0.55x: **{'met' if held_ok else 'missed'}**)")  # fmt: skip
+            else:
+                verdicts.append(f"world size 4 ({kind}): held {held_ratio:.3f}x (target <= 0.35x: "
+                                f"**{'met' if held_ratio <= 0.35 else 'missed'}**), step peak "
+                                f"{peak_ratio:.3f}x")  # fmt: skip
+        m = ranks[0]["metrics"]
+        if ep > 1 and "ep_latent_bytes" in m:
+            latent, backbone = m["ep_latent_bytes"], m["ep_backbone_bytes"]
+            traffic.append(f"| {design} | {world} | {kind} | {int(m['ep_pairs']):,} | {int(latent):,} | "
+                           f"{int(backbone):,} | {latent / backbone:.3f} |")  # fmt: skip
     body = "\n".join([
         "## Sharded learner (`bench/learner_sharding.py`)\n",
-        f"Command: `python bench/learner_sharding.py --models {' '.join(args.models)}`. {machine}; "
-        f"{other_load_text(busy)}\n",
-        "One `train_step` (16 episodes, groups of 4, 1 epoch x 1 minibatch) at world size 1 (the baseline, "
-        "same run) and in two gloo processes (data parallel; data + expert parallel). *Held* = parameter + "
-        "AdamW bytes a rank holds between steps, counted from its tensors (the full parameters are "
-        "gathered only inside a step); *publish peak* = rank-0 RSS growth while it gathers the full "
-        "weights for the rollout workers (gathered once per version on every rank; rank 0 puts them in "
-        "Ray's object store, whose copy is in its shared memory, not in this figure). Pairs include the "
-        "padding positions, which the single-rank learner also runs through the experts.\n",
-        "| model | world size | rank | held MiB | vs world size 1 | step s | full weights MiB "
-        "| publish peak MiB |",
-        "|---|---|---|---|---|---|---|---|",
+        f"Command: `python bench/learner_sharding.py`. {machine}; {other_load_text(busy)}\n",
+        f"{MODEL} ({total / 1e6:.1f} M parameters, {experts / 1e6:.1f} M of them routed experts), one "
+        "`train_step` of 16 episodes (groups of 4, 1 epoch x 1 minibatch) per row, fp32 on the CPU, gloo. "
+        "*fsdp2*: this tree (`rl.sharding`); *flat*: the design it replaced, run from commit "
+        f"`{FLAT_COMMIT}` "
+        "(`git archive`). *Held* = parameter + AdamW bytes of a rank between steps (counted "
+        "from its tensors; "
+        "the largest rank); *held RSS*, *step peak* = the rank's resident memory after the step and its "
+        "high-water mark during it, above its RSS before the learner was built (the worst rank; ratios "
+        "against the same design's world size 1); *predicted* = docs/training.md's arithmetic "
+        "(12 B x P / N held, + 4 B x P / N gradients, + the two largest gathered units with "
+        "their gradients, "
+        f"+ activations / N, the activations ({activations / MIB:.0f} MiB) calibrated at world size 1); "
+        "*publish peak* = rank 0's RSS growth while the full weights go to a sink that serialises what it "
+        "is handed (unit by unit; flat: the whole state dict).\n",
+        "| design | world size | mesh | held MiB | held vs 1 | held RSS MiB | step peak MiB | peak vs 1 | "
+        "predicted MiB | step s | publish peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
-        "\nExpert all_to_all traffic of one step, data + expert parallel (bytes the two ranks sent each "
-        "other, forward and backward, every MoE layer, summed over the ranks; *metadata* = the pair counts "
-        "and expert ids sent first; *backbone* = the same pairs' activations at the backbone width):\n",
-        "| model | (token, expert) pairs routed | latent bytes sent | metadata bytes | backbone-width bytes "
-        "| ratio |",
-        "|---|---|---|---|---|---|",
-        *traffic_rows,
-        "\n" + k3_counted(),
+        "\nTargets (fsdp2): " + "; ".join(verdicts) + ".",
+        "\nExpert all_to_all traffic of one step (every rank's bytes to the others, forward and backward, "
+        "every MoE layer; *backbone* = the same pairs at the backbone width):\n",
+        "| design | world size | mesh | pairs routed | latent bytes | backbone-width bytes | ratio |",
+        "|---|---|---|---|---|---|---|",
+        *traffic,
+        "\n" + k3_traffic(),
+        "\nK3 on paper (conf/model/k3.yaml, a `meta`-device model: "
+        f"{k3_sizing(448, 448)['params'] / 1e9:,.1f} B parameters, "
+        f"{k3_sizing(448, 448)['experts'] / 1e9:,.1f} B routed experts), per rank before activations "
+        "(docs/training.md, *Sizing N*):\n",
+        *k3_table(),
         f"\n(total {time.perf_counter() - started:.0f} s)",
     ])  # fmt: skip
     if args.no_write:

@@ -61,7 +61,7 @@ def measure(cfg, weights: dict, batch, replay: bool) -> tuple[float, dict]:
     from rl.routing import routing_mismatch
 
     learner = Learner(replace(cfg, algo=replace(cfg.algo, routing_replay=replay)))
-    learner.model.load_state_dict(weights)
+    learner.load_weights(weights)
     with torch.no_grad():
         logp, _, _, stats = learner._forward(batch)
     gap = masked_mean((logp - batch.rollout_logprobs).abs(), batch.action_mask).item()

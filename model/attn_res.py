@@ -38,11 +38,32 @@ class DepthSources:
     `blocks` holds the embedding and one sum per finished block; `partial` the sum of the current block's
     sub-layer outputs so far. A block's sum is pushed to `blocks` *after* the first sub-layer of the next
     block has used it as a source (`close_block`), so that sub-layer sees exactly [b_0 .. b_{n-1}].
+
+    A decoder layer gets ``blocks`` and ``partial`` as tensors (so that a sharded learner's wrapper sees
+    them, `model.k3.K3DecoderLayer.forward`) and works on its own copy; the model replays the layer's two
+    outputs on its sources with the same two steps, `open_layer` then `add_output` per sub-layer.
     """
 
-    def __init__(self, embedding: torch.Tensor) -> None:
+    def __init__(self, embedding: torch.Tensor, block_size: int = 1, full: bool = True) -> None:
         self.blocks: list[torch.Tensor] = [embedding]
         self.partial: torch.Tensor | None = None
+        self.block_size, self.full = block_size, full
+
+    def copy(self) -> DepthSources:
+        twin = DepthSources(self.blocks[0], self.block_size, self.full)
+        twin.blocks, twin.partial = list(self.blocks), self.partial
+        return twin
+
+    def open_layer(self, index: int) -> None:
+        """After layer ``index``'s attention read its sources: its block starts here (block AttnRes)."""
+        if not self.full and index > 0 and index % self.block_size == 0:
+            self.close_block()  # the finished block was a source of this sub-layer; now it is a block sum
+
+    def add_output(self, output: torch.Tensor) -> None:
+        """A sub-layer's output joins the sources (full AttnRes: as a source of its own)."""
+        self.add(output)
+        if self.full:
+            self.close_block()
 
     def sources(self) -> list[torch.Tensor]:
         return self.blocks + ([self.partial] if self.partial is not None else [])

@@ -1,9 +1,11 @@
 """Save / load a K3 model as `model.safetensors` + `config.json` in Moonshot's layout.
 
-The state dict already carries the checkpoint names (the module tree mirrors them), and `config.json` is
+The state dict already carries the checkpoint names (the module tree mirrors them; the stacked routed
+experts give per-expert names, `model.moe.RoutedExperts`), and `config.json` is
 `K3Config.to_hf_dict()` (`model_type: kimi_linear`, `architectures: [KimiLinearForCausalLM]`), so vLLM,
 sglang and transformers can read what `save_pretrained` writes. Loading is strict: a missing, unexpected or
-differently shaped tensor raises `CheckpointMismatch` naming the first such tensor.
+differently shaped tensor raises `CheckpointMismatch` naming the first such tensor. The weights file is
+written tensor by tensor (`StreamingExport`), so a sharded learner exports one unit at a time.
 `K3ForCausalLM.from_pretrained` builds the model from `read_config` and fills it with `load_pretrained`;
 this module never imports the model class (model.k3 imports it, not the other way round).
 """
@@ -11,6 +13,10 @@ this module never imports the model class (model.k3 imports it, not the other wa
 from __future__ import annotations
 
 import json
+import math
+import os
+import struct
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,23 +44,74 @@ def _stored(state: dict[str, torch.Tensor], config: K3Config) -> dict[str, torch
     return {k: v.detach().contiguous() for k, v in state.items()}
 
 
+SAFETENSORS_DTYPES = {  # torch dtype name -> safetensors' name
+    "float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int64": "I64", "int32": "I32",
+    "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+}  # fmt: skip
+
+
+class StreamingExport:
+    """``save_pretrained``'s folder written tensor by tensor: the safetensors header from ``layout``
+    ((name, dtype, shape) of every tensor, in the order they will come), then each chunk of tensors
+    handed to `write` (e.g. one sharded learner unit's full weights at a time), so the whole state dict
+    is never in memory at once. `close` checks that every tensor came, then puts the file in place
+    (atomically) and writes ``config.json``. With tied embeddings ``lm_head.weight`` is left out."""
+
+    def __init__(self, directory: str | Path, config: K3Config,
+                 layout: Iterable[tuple[str, torch.dtype, tuple[int, ...]]]) -> None:  # fmt: skip
+        self.directory, self.config = Path(directory), config
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tied = config.tie_word_embeddings
+        self.expected = [entry for entry in layout if not (tied and entry[0] == "lm_head.weight")]
+        header: dict[str, object] = {}
+        offset = 0
+        for name, dtype, shape in self.expected:
+            size = math.prod(shape) * dtype.itemsize
+            kind = SAFETENSORS_DTYPES[str(dtype).removeprefix("torch.")]
+            header[name] = {"dtype": kind, "shape": list(shape), "data_offsets": [offset, offset + size]}
+            offset += size
+        header["__metadata__"] = {"format": "pt"}
+        blob = json.dumps(header, separators=(",", ":")).encode()
+        blob += b" " * (-len(blob) % 8)
+        self.tmp = self.directory / (WEIGHTS_NAME + ".tmp")
+        self.file = open(self.tmp, "wb")  # noqa: SIM115 (closed by close())
+        self.file.write(struct.pack("<Q", len(blob)) + blob)
+        self.done = 0
+
+    def write(self, tensors: dict[str, torch.Tensor]) -> None:
+        """The next tensors of the layout (names, dtypes and shapes checked)."""
+        import torch
+
+        for name, tensor in tensors.items():
+            if self.config.tie_word_embeddings and name == "lm_head.weight":
+                continue
+            if self.done >= len(self.expected):
+                raise ValueError(f"export: {name!r} comes after every tensor of the layout")
+            want = self.expected[self.done]
+            if (name, tensor.dtype, tuple(tensor.shape)) != want:
+                raise ValueError(f"export: got {name!r} {tensor.dtype} {tuple(tensor.shape)}, expected "
+                                 f"{want[0]!r} {want[1]} {want[2]}")  # fmt: skip
+            self.file.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+            self.done += 1
+
+    def close(self) -> None:
+        self.file.close()
+        if self.done != len(self.expected):
+            missing = self.expected[self.done][0]
+            left = len(self.expected) - self.done
+            raise ValueError(f"export: {left} tensors never came, the first {missing!r}")
+        os.replace(self.tmp, self.directory / WEIGHTS_NAME)  # never a half-written file under the real name
+        with open(self.directory / CONFIG_NAME, "w") as f:
+            json.dump(self.config.to_hf_dict(), f, indent=2)
+
+
 def save_pretrained(model, directory: str | Path) -> None:
-    save_state(model.state_dict(), model.config, directory)
-
-
-def save_state(state: dict[str, torch.Tensor], config: K3Config, directory: str | Path) -> None:
-    """`save_pretrained` of a model's full state dict and config, without the model (a sharded learner
-    gathers the state dict from its ranks)."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    state = _stored(state, config)
-    tmp = directory / (WEIGHTS_NAME + ".tmp")
-    save_file(state, str(tmp), metadata={"format": "pt"})
-    tmp.replace(directory / WEIGHTS_NAME)  # never leave a half-written checkpoint under the real name
-    with open(directory / CONFIG_NAME, "w") as f:
-        json.dump(config.to_hf_dict(), f, indent=2)
+    """Write ``model.safetensors`` (the state dict's checkpoint names) and ``config.json``."""
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    layout = [(k, v.dtype, tuple(v.shape)) for k, v in state.items()]
+    writer = StreamingExport(directory, model.config, layout)
+    writer.write(state)
+    writer.close()
 
 
 def load_state_checked(model, state: dict[str, torch.Tensor]) -> None:

@@ -22,7 +22,7 @@ from model.config import K3Config
 from model.ffn import GatedFFN, glu_activation
 from model.kda import KimiDeltaAttention
 from model.mla import MultiHeadLatentAttention
-from model.moe import LatentMoE, RouterStats, RoutingOverride, TopKRouter
+from model.moe import LatentMoE, RoutedExperts, RouterStats, RoutingOverride, TopKRouter
 from model.norm import RMSNorm
 
 
@@ -70,6 +70,7 @@ class K3DecoderLayer(nn.Module):
 
     def __init__(self, cfg: K3Config, layer_idx: int) -> None:
         super().__init__()
+        self.cfg = cfg
         self.layer_idx = layer_idx
         self.is_kda = cfg.is_kda_layer(layer_idx)
         self.is_moe = cfg.is_moe_layer(layer_idx)
@@ -87,6 +88,30 @@ class K3DecoderLayer(nn.Module):
                 cfg.hidden_size, cfg.rms_norm_eps
             )
             self.mlp_res_norm, self.mlp_res_proj = make_depth_query(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self, stream: torch.Tensor | list[torch.Tensor], partial: torch.Tensor | None, valid, key_valid,
+        cache, override: RoutingOverride | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, RouterStats | None]:  # fmt: skip
+        """One decoder layer, in one forward (the unit a sharded learner gathers, `rl.sharding`).
+
+        Plain residual stream: ``stream`` is h [B, T, d] (``partial`` None); returns (h + attention + FFN,
+        None, router stats). Block AttnRes: ``stream`` and ``partial`` are the `DepthSources` blocks and
+        partial sum; returns (attention output, FFN output, router stats), which the model adds to its
+        sources in the same order. Every tensor returned is made here (none passed through)."""
+        if not self.cfg.uses_attn_res:
+            h = stream + self.attention(stream, valid, key_valid, cache)
+            out, stats = self.feed_forward(h, valid, override)
+            return h + out, None, stats
+        src = DepthSources(stream[0], self.cfg.attn_res_block_size, self.cfg.attn_res_full)
+        src.blocks, src.partial = list(stream), partial
+        h = depth_mix(src.sources(), self.self_attention_res_norm, self.self_attention_res_proj)
+        src.open_layer(self.layer_idx)
+        attended = self.attention(h, valid, key_valid, cache)
+        src.add_output(attended)
+        h = depth_mix(src.sources(), self.mlp_res_norm, self.mlp_res_proj)
+        out, stats = self.feed_forward(h, valid, override)
+        return attended, out, stats
 
     def attention(self, h: torch.Tensor, valid, key_valid, cache) -> torch.Tensor:
         x = self.input_layernorm(h)
@@ -125,41 +150,26 @@ class K3Model(nn.Module):
         h = self.embed_tokens(input_ids)
         stats: list[RouterStats] = []
         layer_caches = cache.layers if cache is not None else [None] * len(self.layers)
+        src = DepthSources(h, self.cfg.attn_res_block_size, self.cfg.attn_res_full)
+        for layer, layer_cache in zip(self.layers, layer_caches, strict=True):
+            override = self._override(layer, routes)
+            if self.cfg.uses_attn_res:  # Block AttnRes: every sub-layer reads a depth mixture of the sources
+                attended, out, st = layer(src.blocks, src.partial, valid, key_valid, layer_cache, override)
+                src.open_layer(layer.layer_idx)
+                src.add_output(attended)
+                src.add_output(out)
+            else:
+                h, _none, st = layer(h, None, valid, key_valid, layer_cache, override)
+            if st is not None:
+                stats.append(st)
         if self.cfg.uses_attn_res:
-            h = self._attn_res_stack(h, valid, key_valid, layer_caches, stats, routes)
-        else:
-            for layer, layer_cache in zip(self.layers, layer_caches, strict=True):
-                h = h + layer.attention(h, valid, key_valid, layer_cache)
-                out, st = layer.feed_forward(h, valid, self._override(layer, routes))
-                h = h + out
-                if st is not None:
-                    stats.append(st)
+            h = depth_mix(src.sources(), self.output_attn_res_norm, self.output_attn_res_proj)
         return self.norm(h), stats
 
     def _override(self, layer: K3DecoderLayer, routes: RecordedRoutes | None) -> RoutingOverride | None:
         if routes is None or not layer.is_moe:
             return None
         return routes.layer(self.moe_ordinal[layer.layer_idx])
-
-    def _attn_res_stack(self, embedding, valid, key_valid, layer_caches, stats, routes=None) -> torch.Tensor:
-        """Block AttnRes: every sub-layer reads a depth mixture of the block sums and the partial sum."""
-        block, full = self.cfg.attn_res_block_size, self.cfg.attn_res_full
-        src = DepthSources(embedding)
-        for i, (layer, layer_cache) in enumerate(zip(self.layers, layer_caches, strict=True)):
-            h = depth_mix(src.sources(), layer.self_attention_res_norm, layer.self_attention_res_proj)
-            if not full and i > 0 and i % block == 0:
-                src.close_block()  # the finished block was a source of this sub-layer; now it is a block sum
-            src.add(layer.attention(h, valid, key_valid, layer_cache))
-            if full:
-                src.close_block()
-            h = depth_mix(src.sources(), layer.mlp_res_norm, layer.mlp_res_proj)
-            out, st = layer.feed_forward(h, valid, self._override(layer, routes))
-            src.add(out)
-            if full:
-                src.close_block()
-            if st is not None:
-                stats.append(st)
-        return depth_mix(src.sources(), self.output_attn_res_norm, self.output_attn_res_proj)
 
 
 class K3ForCausalLM(nn.Module):
@@ -188,6 +198,8 @@ class K3ForCausalLM(nn.Module):
             elif isinstance(module, TopKRouter):
                 nn.init.normal_(module.weight, std=std)
                 module.e_score_correction_bias.zero_()
+            elif isinstance(module, RoutedExperts):
+                module.reset_parameters(std)
             elif isinstance(module, KimiDeltaAttention):
                 module.reset_gate_parameters()
 
@@ -196,13 +208,6 @@ class K3ForCausalLM(nn.Module):
         """An empty decoding cache for `batch_size` sequences."""
         layers = [KDALayerCache() if layer.is_kda else MLALayerCache() for layer in self.model.layers]
         return K3Cache(layers, batch_size)
-
-    def invalidate_weight_caches(self) -> None:
-        """Drop the stacked expert weights reused across decode steps (needed only after writing weights
-        through `param.data`; optimizer steps, `load_state_dict` and `param.copy_` are detected)."""
-        for layer in self.model.layers:
-            if layer.is_moe:
-                layer.block_sparse_moe.invalidate_weight_cache()
 
     def moe_routers(self) -> list[TopKRouter]:
         """The router of every MoE layer, in layer order (for `update_bias` after each learner step)."""

@@ -16,7 +16,9 @@ Expert parallelism (`model.expert_parallel`): u's sum runs over experts held by 
 all_to_all in the latent width l (h and the experts' outputs travel, never x).
 
 Module names follow Moonshot's checkpoints (`gate`, `experts.E.w1/w3/w2`, `shared_experts`,
-`routed_expert_down_proj`, `routed_expert_norm`, `routed_expert_up_proj`). With
+`routed_expert_down_proj`, `routed_expert_norm`, `routed_expert_up_proj`); the routed experts are stored
+stacked (`RoutedExperts`: one [E, ...] tensor per weight, what the grouped GEMM takes) and keep the
+per-expert names in their state dict. With
 `routed_expert_hidden_size: null` the block is a standard DeepSeek-V3-style MoE (experts on x).
 """
 
@@ -110,14 +112,128 @@ class TopKRouter(nn.Module):
         self.e_score_correction_bias.copy_(new_bias.to(self.e_score_correction_bias))
 
 
-class Expert(nn.Module):
-    """One routed expert: w1 (gate) and w3 (up) [I, l], w2 (down) [l, I] (checkpoint names)."""
+EXPERT_WEIGHTS = ("w1", "w3", "w2")  # gate [E, I, l], up [E, I, l], down [E, l, I]: checkpoint order
 
-    def __init__(self, width: int, intermediate: int) -> None:
+
+def expert_key(prefix: str, expert: int, weight: str) -> str:
+    """The checkpoint name of one expert's weight: ``{prefix}{expert}.{weight}.weight`` (``w1``/``w3``/``w2``
+    as in Moonshot's checkpoints, where each expert is a module of three linear layers)."""
+    return f"{prefix}{expert}.{weight}.weight"
+
+
+def stacked_slot(name: str) -> tuple[str, int | None]:
+    """Where a checkpoint name lives in the model: ``(..experts.wN, E)`` for a routed expert's
+    ``..experts.E.wN.weight``, else ``(name, None)``."""
+    head, sep, tail = name.rpartition(".experts.")
+    parts = tail.split(".")
+    if sep and len(parts) == 3 and parts[0].isdigit() and parts[1] in EXPERT_WEIGHTS and parts[2] == "weight":
+        return f"{head}.experts.{parts[1]}", int(parts[0])
+    return name, None
+
+
+def parameter_names(module: nn.Module) -> list[str]:
+    """The checkpoint names of ``module``'s parameters: a stacked expert weight counts as its experts'
+    ``experts.E.wN.weight`` (buffers and other state are not included)."""
+    names = []
+    for name, param in module.named_parameters():
+        head, _, weight = name.rpartition(".")
+        if head.endswith(".experts") and weight in EXPERT_WEIGHTS:
+            names += [expert_key(head + ".", e, weight) for e in range(param.shape[0])]
+        else:
+            names.append(name)
+    return names
+
+
+def write_per_expert(state: dict, prefix: str, stacked: dict[str, torch.Tensor], first: int = 0) -> None:
+    """Write ``stacked`` (``{"w1": [E, ...], ...}``: experts ``first`` .. ``first + E - 1``) into ``state``
+    under the per-expert names of `expert_key`, expert after expert (views of the stacked tensors)."""
+    for index in range(next(iter(stacked.values())).shape[0]):
+        for weight in EXPERT_WEIGHTS:
+            if weight in stacked:
+                state[expert_key(prefix, first + index, weight)] = stacked[weight][index]
+
+
+class RoutedExperts(nn.Module):
+    """The routed experts of one LatentMoE layer, stored stacked: ``w1`` (gate) and ``w3`` (up) [E, I, l],
+    ``w2`` (down) [E, l, I], the layout the grouped GEMM takes (no re-stacking per forward).
+
+    Outside, they keep the per-expert checkpoint names ``experts.E.w1.weight`` ...: ``state_dict`` splits
+    the stacked tensors into per-expert views and ``load_state_dict`` stacks per-expert tensors, so
+    ``save_pretrained``, weight sync and old checkpoints see what they always saw. A sharded learner's
+    parameters (DTensors: rows on several ranks) keep their stacked names, which
+    ``torch.distributed.checkpoint`` reshards. With expert parallelism the stacked tensor is a DTensor
+    split over the expert dimension; the forward runs this rank's experts (`local_weights`).
+    """
+
+    def __init__(self, cfg: K3Config) -> None:
         super().__init__()
-        self.w1 = nn.Linear(width, intermediate, bias=False)
-        self.w3 = nn.Linear(width, intermediate, bias=False)
-        self.w2 = nn.Linear(intermediate, width, bias=False)
+        experts, width, intermediate = cfg.num_experts, cfg.expert_width, cfg.moe_intermediate_size
+        self.w1 = nn.Parameter(torch.empty(experts, intermediate, width))
+        self.w3 = nn.Parameter(torch.empty(experts, intermediate, width))
+        self.w2 = nn.Parameter(torch.empty(experts, width, intermediate))
+        self.activation = glu_activation(cfg)
+        self.situ = cfg.hidden_act == "situ"
+        self.betas = (cfg.activation_situ_beta, cfg.activation_situ_linear_beta)
+        self.register_state_dict_post_hook(_per_expert_state)
+        self.register_load_state_dict_pre_hook(_stacked_state)
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float) -> None:
+        """Normal(0, std) expert by expert, in checkpoint order (w1, w3, w2 of expert 0, then expert 1, ...),
+        so a seed gives the weights it gave when every expert was a module of three linear layers."""
+        for expert in range(self.w1.shape[0]):
+            for weight in EXPERT_WEIGHTS:
+                nn.init.normal_(getattr(self, weight)[expert], std=std)
+
+    def local_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(w1, w3, w2) of the experts this process holds: the whole stack, or under expert parallelism
+        this rank's slice of the DTensor (differentiable: gradients reach the DTensor parameters)."""
+        return tuple(_local(getattr(self, w)) for w in EXPERT_WEIGHTS)  # type: ignore[return-value]
+
+    def forward(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """u [M, l] = sum_j weights[:, j] E_{ids[:, j]}(h) over local expert indices ``ids`` [M, k]."""
+        w_gate, w_up, w_down = self.local_weights()
+        weights = weights.to(h.dtype)
+        if self.situ:
+            return moe_experts(h, ids, weights, w_gate, w_up, w_down, *self.betas)
+        return _experts_loop(h, ids, weights, w_gate, w_up, w_down, self.activation)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _is_sharded(tensor: torch.Tensor) -> bool:
+    return hasattr(tensor, "placements")  # a DTensor
+
+
+def _per_expert_state(module: RoutedExperts, state: dict, prefix: str, local_metadata: dict) -> None:
+    """``state_dict`` post-hook: the stacked tensors under per-expert checkpoint names, in the old
+    module order; a sharded (DTensor) stack keeps its stacked names (see `RoutedExperts`)."""
+    keys = [prefix + w for w in EXPERT_WEIGHTS]
+    if any(key not in state or _is_sharded(state[key]) for key in keys):
+        return
+    stacked = {w: state.pop(prefix + w) for w in EXPERT_WEIGHTS}
+    write_per_expert(state, prefix, stacked)
+
+
+def _stacked_state(module: RoutedExperts, state: dict, prefix: str, local_metadata, strict, missing_keys,
+                   unexpected_keys, error_msgs) -> None:  # fmt: skip
+    """``load_state_dict`` pre-hook: per-expert tensors (all of them, for each weight) stacked under the
+    parameter's name; some experts without the others are an error naming the first one missing."""
+    experts = module.w1.shape[0]
+    for weight in EXPERT_WEIGHTS:
+        keys = [expert_key(prefix, e, weight) for e in range(experts)]
+        given = [key in state for key in keys]
+        if prefix + weight in state or not any(given):
+            continue
+        if all(given):
+            state[prefix + weight] = torch.stack([state.pop(key) for key in keys])
+        else:
+            error_msgs.append(f"{keys[given.index(False)]} is missing ({sum(given)} of {experts} experts' "
+                              f"{weight} given)")  # fmt: skip
+            for key in keys:
+                state.pop(key, None)
 
 
 class LatentMoE(nn.Module):
@@ -129,8 +245,8 @@ class LatentMoE(nn.Module):
         self.cfg = cfg
         self.gate = TopKRouter(cfg)
         width = cfg.expert_width
-        self.experts = nn.ModuleList(Expert(width, cfg.moe_intermediate_size) for _ in range(cfg.num_experts))
         self.activation = glu_activation(cfg)
+        self.experts = RoutedExperts(cfg)
         self.shared_experts = (
             GatedFFN(cfg.hidden_size, cfg.moe_intermediate_size * cfg.num_shared_experts, self.activation)
             if cfg.num_shared_experts
@@ -155,14 +271,16 @@ class LatentMoE(nn.Module):
         scores, ids, weights, own = self.gate(flat, override)
         h = self.routed_expert_down_proj(flat) if self.cfg.uses_latent_moe else flat
         if self.expert_parallel is None:
-            u = self._routed(h, ids, weights)
+            u = self.experts(h, ids, weights)
         else:  # the same sum, over experts on every rank (all_to_all of h and of the experts' outputs)
-            u = self.expert_parallel(self, h, ids, weights)
+            u = self.expert_parallel(self.experts, h, ids, weights)
         if self.cfg.uses_latent_moe:
             if self.routed_expert_norm is not None:
                 u = self.routed_expert_norm(u)
             u = self.routed_expert_up_proj(u)
-        y = u if self.shared_experts is None else u + self.shared_experts(flat)
+        y = u.reshape(shape)  # the shared experts' sum makes it a tensor of its own (no view of u)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
         real = slice(None) if valid is None else valid.reshape(-1)
         used = ids[real]
         stats = RouterStats(
@@ -172,43 +290,7 @@ class LatentMoE(nn.Module):
             ids=used,
             own_ids=used if own is ids else own[real],
         )
-        return y.reshape(shape), stats
-
-    def _routed(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        w_gate, w_up, w_down = self._stacked_expert_weights()
-        if self.cfg.hidden_act == "situ":
-            return moe_experts(
-                h, ids, weights.to(h.dtype), w_gate, w_up, w_down,
-                self.cfg.activation_situ_beta, self.cfg.activation_situ_linear_beta,
-            )  # fmt: skip
-        return _experts_loop(h, ids, weights.to(h.dtype), w_gate, w_up, w_down, self.activation)
-
-    def _stacked_expert_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The experts' weights as [E, I, l], [E, I, l], [E, l, I] for `kernels.moe_experts`.
-
-        The per-expert modules keep the checkpoint names (and `named_parameters()` yields them, as weight
-        sync needs). With autograd on, the stack is rebuilt each call so gradients reach every expert;
-        without it (decoding) the stack is reused until a weight changes: in-place updates through the
-        parameter (optimizer steps, `load_state_dict`, `p.copy_` under no_grad) bump its version and are
-        seen; writes through `p.data` are not, so call `K3ForCausalLM.invalidate_weight_caches()` after them.
-        """
-        params = [p for e in self.experts for p in (e.w1.weight, e.w3.weight, e.w2.weight)]
-        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-            self._stack_cache = None
-            return self._stack(params)
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
-        cached = getattr(self, "_stack_cache", None)
-        if cached is None or cached[0] != key:
-            cached = (key, self._stack(params))
-            self._stack_cache = cached
-        return cached[1]
-
-    def invalidate_weight_cache(self) -> None:
-        self._stack_cache = None
-
-    @staticmethod
-    def _stack(params: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return tuple(torch.stack(params[i::3]) for i in range(3))  # type: ignore[return-value]
+        return y, stats
 
 
 def _experts_loop(h, ids, weights, w_gate, w_up, w_down, activation) -> torch.Tensor:

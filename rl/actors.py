@@ -2,9 +2,10 @@
 
 Data path (the driver holds references, never the tensors or the episodes):
 
-- weights: the learner puts its state dict in Ray's object store once per version (`LearnerActor.publish`,
-  and at the end of every `LearnerActor.train_step`) and returns ``(version, ObjectRef)``; the driver
-  passes the reference to every worker's `RolloutWorker.load_weights`, where Ray resolves it.
+- weights: the learner puts its full weights in Ray's object store once per version, one sharded unit at a
+  time (`LearnerActor.publish`, and at the end of every `LearnerActor.train_step`: `rl.weights`); the
+  driver gathers every rank's blocks into one `rl.weights.PublishedWeights` and passes it to every
+  worker's `RolloutWorker.load_weights`, which fetches the blocks.
 - episodes: the driver calls `RolloutWorker.rollout` with ``num_returns=1 + groups``; it reads the first
   reference (the echoed version, `RolloutStats` and expert loads: small) and hands the others (one list
   of episodes per group) unopened to `LearnerActor.train_step`, which concatenates them in order.
@@ -34,6 +35,7 @@ from typing import Any
 import ray
 import torch
 
+from rl.checkpoint_files import RankFile, put_rank_files
 from rl.config import RunConfig
 from rl.device import Placement
 from rl.engines import build_engine
@@ -45,7 +47,9 @@ from rl.policy import build_policy_shell
 from rl.ranks import free_port, join_rank_group
 from rl.rollout import EpisodeRunner, RolloutStats
 from rl.sandbox_hosts import apply_worker_environment
+from rl.shard_checkpoint import MemoryReader, learner_facts, load_from, save_to_memory
 from rl.tokenizer import build_tokenizer
+from rl.weights import WeightBlock, put_unit, resolve
 
 NO_WEIGHTS = -1  # the version of a worker that has not loaded any weights yet
 
@@ -84,13 +88,14 @@ class RolloutWorker:
         self._standby_lock = threading.Lock()
         self._last_call = -1  # async: the driver's number of the last rollout call this worker finished
 
-    def load_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> int:
-        """Copy the learner's weights of ``version`` into the policy (Ray resolves a reference passed
-        as ``state_dict``); returns the version now held."""
+    def load_weights(self, version: int, state_dict: Any) -> int:
+        """Copy the learner's weights of ``version`` into the policy (``state_dict``: the learner's
+        `rl.weights.PublishedWeights`, fetched here, or a state dict); returns the version now held."""
         if version < self.version:
             raise StaleWeights(
                 f"worker {self.index} holds weights v{self.version}; refusing older v{version}"
             )
+        state_dict = resolve(state_dict)
         if self.engine_holds_weights:
             self.engine.load_weights(version, state_dict)
         else:
@@ -99,13 +104,14 @@ class RolloutWorker:
         return version
 
     @ray.method(concurrency_group=WEIGHTS_GROUP)
-    def offer_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> int:
+    def offer_weights(self, version: int, state_dict: Any) -> int:
         """Async mode: copy the weights of ``version`` into the standby policy (runs beside a rollout);
         the rollout swaps them in before its next turn. Older offers are ignored. Returns the version
         now in standby."""
         with self._standby_lock:
             if version <= max(self.version, self._standby_version):
                 return self._standby_version
+            state_dict = resolve(state_dict)
             if self.engine_holds_weights:  # kept as is: pushed into the engine between two turns
                 self._standby = state_dict
             else:
@@ -236,11 +242,11 @@ class RolloutWorker:
 
 class LearnerActor(Learner):
     """Ray actor: the `Learner`, with its torch thread count set for its process, publishing each
-    weights version to Ray's object store.
+    weights version to Ray's object store and moving its checkpoints through it.
 
     With ``trainer.learner.world_size`` > 1 it is rank ``rank`` of the learner (`rl.learner_group` starts
     the ranks): the `Learner` is built in `join`, once every rank knows rank 0's address; every rank
-    then gets every call, and only rank 0 puts the gathered weights in the object store."""
+    then gets every call and answers with its own part (its weight blocks, its checkpoint files)."""
 
     def __init__(self, cfg: RunConfig, rank: int = 0) -> None:
         torch.set_num_threads(cfg.trainer.learner_threads)
@@ -270,26 +276,33 @@ class LearnerActor(Learner):
         """`node_address` of the learner."""
         return node_address()
 
-    def publish(self) -> tuple[int, ray.ObjectRef | None]:
-        """Put the current weights in the object store (once: ``ray.put`` serialises a copy, so the
-        state dict is not cloned first; from a GPU it is copied to the CPU, so that any worker can read
-        it); returns ``(version, reference)``. Sharded: every rank gathers the full weights (a collective),
-        rank 0 puts them, the others return no reference and drop their copy."""
-        state = self.state_dict()
-        if self.rank != 0:
-            return self.version, None
-        if self.placement.device.type != "cpu":
-            state = {k: v.detach().cpu() for k, v in state.items()}
-        return self.version, ray.put(state)
+    def publish(self) -> tuple[int, list[WeightBlock]]:
+        """Put the current full weights in the object store, unit by unit (a collective: every rank
+        gathers each unit's shards; rank 0 puts the backbone, each expert-parallel rank its own experts;
+        from a GPU they are copied to the CPU first, so that any worker can read them); returns
+        ``(version, this rank's blocks)``."""
+        blocks: list[WeightBlock] = []
+        self.sharded.full_units(lambda unit: put_unit(blocks, unit), experts_stay=True)
+        return self.version, blocks
 
-    def train_step(self, *shares: list[Episode]) -> tuple[dict[str, Any], int, ray.ObjectRef | None]:
+    def train_step(self, *shares: list[Episode]) -> tuple[dict[str, Any], int, list[WeightBlock]]:
         """One `Learner.train_step` on the episode lists concatenated in order (the driver passes the
         rollouts' group references; Ray resolves them here), then `publish`; returns
-        ``(metrics, version, weights reference)``. Sharded, every rank gets the whole batch and trains
-        its share (`rl.data_parallel`)."""
+        ``(metrics, version, this rank's weight blocks)``. Every rank gets the whole batch and trains its
+        share (`rl.data_parallel`)."""
         metrics = super().train_step([episode for share in shares for episode in share])
-        version, weights = self.publish()
-        return metrics, version, weights
+        version, blocks = self.publish()
+        return metrics, version, blocks
+
+    def save_files(self) -> tuple[dict[str, Any], list[RankFile]]:
+        """This rank's part of a checkpoint, into the object store (`rl.checkpoint_files`): the writer's
+        facts for the manifest and this rank's files; the driver writes them into the checkpoint."""
+        return learner_facts(self), put_rank_files(save_to_memory(self))
+
+    def load_files(self, saved: dict[str, Any], refs: dict[str, ray.ObjectRef]) -> None:
+        """Resume from the checkpoint whose manifest is ``saved`` and whose files the driver put in the
+        object store (``refs``: name -> reference); this rank fetches the files its shards need."""
+        load_from(self, saved, MemoryReader(lambda name: ray.get(refs[name])))
 
 
 def rollout_worker_actor():

@@ -22,6 +22,7 @@ from rl.episode import Outcome
 from rl.inflight import InFlightRecord, kept_sandboxes, remove_record, save_record
 from rl.seeds import async_group_seeds, async_sampling_seed
 from rl.sources import Batch, FinishedGroup, finished_groups
+from rl.weights import PublishedWeights
 from rl.workers import RolloutWorkers, worker_lost
 
 log = logging.getLogger("k3rl.train")
@@ -104,7 +105,7 @@ class AsyncRollouts:
         )
         self.calls[summary] = (w, groups, call)
 
-    def publish(self, version: int, weights: ray.ObjectRef) -> None:
+    def publish(self, version: int, weights: PublishedWeights) -> None:
         """Offer the learner's new weights to every worker (returns at once: workers copy them beside
         their running rollout and swap them in between turns)."""
         self.workers.offer(version, weights)

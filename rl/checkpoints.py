@@ -1,9 +1,10 @@
 """The checkpoint layout of every training stage (RL and SFT), written and read here only.
 
 ``<run>/checkpoints/iter_NNNNN/`` (``NNNNN``: the last finished iteration, or SFT optimizer step, from 0)
-holds ``policy/`` (``save_pretrained``), ``learner.pt`` (the learner's state, `rl.learner.Learner.save`)
-and ``trainer_state.json``, written last: a folder without it is not a checkpoint. Async runs add their
-episodes in flight beside them (``rl.inflight``).
+holds ``policy/`` (``save_pretrained``), ``learner/`` and ``learner.json`` (the learner's distributed
+checkpoint and its manifest of sizes and checksums, `rl.shard_checkpoint`) and ``trainer_state.json``,
+written last: a folder without it is not a checkpoint. Async runs add their episodes in flight beside
+them (``rl.inflight``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from agentenv.errors import ConfigError
 
 CHECKPOINTS = "checkpoints"  # the run folder's subfolder of checkpoints
 POLICY = "policy"  # the weights, as `model.checkpoint.save_pretrained` writes them
-LEARNER_STATE = "learner.pt"  # optimizer, schedule, value head, reference, RNG states, step, version
+LEARNER_DIR = "learner"  # the learner's distributed checkpoint: one file per rank and .metadata
+MANIFEST = "learner.json"  # world size, version, steps, and each file of learner/ with size and SHA-256
 TRAINER_STATE = "trainer_state.json"  # `TrainerState`
 _PREFIX = "iter_"
 
@@ -58,8 +60,8 @@ def latest_checkpoint(path: str | Path) -> Path:
 
 
 def write_checkpoint(run_dir: str | Path, state: TrainerState, save_learner: Callable[[Path], None]) -> Path:
-    """Checkpoint ``state.iteration`` of a run: ``save_learner(folder)`` writes ``policy/`` and
-    ``learner.pt``, then ``trainer_state.json`` completes it. Returns the folder."""
+    """Checkpoint ``state.iteration`` of a run: ``save_learner(folder)`` writes ``policy/``, ``learner/``
+    and ``learner.json``, then ``trainer_state.json`` completes it. Returns the folder."""
     path = checkpoint_dir(run_dir, state.iteration)
     save_learner(path)
     (path / TRAINER_STATE).write_text(json.dumps(asdict(state), default=float))

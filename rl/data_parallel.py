@@ -1,4 +1,5 @@
-"""What a `rl.learner.Learner` rank does differently when ``trainer.learner.world_size`` > 1.
+"""How a `rl.learner.Learner` rank shares the batch with the others (``trainer.learner.world_size``; a
+learner of one rank is the group of size 1, where every share is the whole).
 
 - **Rows**: every rank receives the whole batch (collating it is cheap) and computes the advantages on it;
   each optimizer step's rows (whole groups, ``algo.minibatches`` of them per batch) are split into
@@ -6,9 +7,8 @@
   tensors the whole batch needs (the pre-update log-probs and values) are gathered back (`gather_rows`).
 - **Loss**: each rank's loss is its share of the global loss (`loss_shares`: its token or sequence
   count over the global one, as ``algo.loss_aggregation`` weighs them), so the gradients summed over the
-  ranks are the single-rank gradient (`rl.sharding.sharded_optimizer_step`).
-- **Weights**: parameters and AdamW state sharded (`rl.sharding.FlatShard`), routed experts split when
-  ``expert_parallel`` = world_size (`model.expert_parallel`).
+  ranks are the single-rank gradient (FSDP2 sums them, `rl.sharding`).
+- **Weights**: not here: `rl.sharding` shards them.
 - **Balancing**: quantile balancing needs every rank's router scores of the step: they are gathered
   exactly (`pooled_scores`, one all_gather of [tokens, experts] per MoE layer) and every rank solves the
   same bias. Exact, at the cost of m x n floats per layer on each rank; a sharded histogram would send
@@ -18,84 +18,18 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from model.expert_parallel import ExpertParallel, local_expert_name, shard_experts
+from model.expert_parallel import ExpertParallel
 from rl.ranks import RankGroup
-from rl.sharding import FlatShard
-
-VALUE_HEAD = "value_head."  # name prefix of the PPO value head's parameters in the flat shard
-
-
-def is_routed_expert(name: str) -> bool:
-    """Whether a parameter name is one of a LatentMoE layer's routed experts."""
-    return ".experts." in name
 
 
 class DataParallel:
-    """One rank's view of the sharded learner (see the module docstring)."""
+    """One rank's share of the batch, its loss and its metrics (see the module docstring);
+    ``dispatchers``: the MoE layers' expert-parallel exchanges (their traffic is logged)."""
 
-    def __init__(self, model: nn.Module, value_head: nn.Module | None, group: RankGroup) -> None:
+    def __init__(self, group: RankGroup, dispatchers: list[ExpertParallel]) -> None:
         self.group = group
-        self.model = model
-        self.dispatchers: list[ExpertParallel] = []
-        if group.expert_parallel > 1:
-            self.dispatchers = shard_experts(model, group.rank, group.expert_parallel)
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        if value_head is not None:
-            named += [(VALUE_HEAD + n, p) for n, p in value_head.named_parameters()]
-        split = bool(self.dispatchers)
-        self.flat_names = [n for n, _ in named if not (split and is_routed_expert(n))]
-        self.expert_names = [n for n, _ in named if split and is_routed_expert(n)]
-        params = dict(named)
-        self.flat = FlatShard([params[n] for n in self.flat_names], group, model.invalidate_weight_caches)
-        self.experts = [params[n] for n in self.expert_names]
-
-    # ------------------------------------------------------------------ parameters
-    def optimizer_params(self) -> list[nn.Parameter]:
-        """What this rank's AdamW steps: its flat slice, then its own routed experts."""
-        return [self.flat.shard, *self.experts]
-
-    def resident_bytes(self, optimizer: torch.optim.Optimizer) -> int:
-        """Bytes of parameters and AdamW state this rank holds between steps (trainable parameters, the
-        router biases and other non-trained parameters of the model, optimizer moments)."""
-        held = [self.flat.shard, *self.experts, *(p for p in self.model.parameters() if not p.requires_grad)]
-        state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
-        return sum(t.numel() * t.element_size() for t in held + state)
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole policy's state dict (the names and values of the single-rank model): the flat
-        slices and every rank's experts gathered; the same on every rank."""
-        state = {
-            n: t for n, t in self.model.state_dict().items() if not (self.dispatchers and is_routed_expert(n))
-        }
-        for name, value in zip(self.flat_names, self.flat.full_tensors(), strict=True):
-            if not name.startswith(VALUE_HEAD):
-                state[name] = value
-        return state | self.gathered_experts()
-
-    def value_head_state(self) -> dict[str, torch.Tensor]:
-        """The value head's full parameters (PPO), gathered."""
-        tensors = self.flat.full_tensors()
-        return {
-            n[len(VALUE_HEAD) :]: t
-            for n, t in zip(self.flat_names, tensors, strict=True)
-            if n.startswith(VALUE_HEAD)
-        }
-
-    def gathered_experts(self) -> dict[str, torch.Tensor]:
-        """Every rank's routed experts under their global names (empty without expert parallelism)."""
-        if not self.experts:
-            return {}
-        numels = [p.numel() for p in self.experts]
-        local = torch.cat([p.detach().reshape(-1) for p in self.experts])
-        every = self.group.all_gather_equal(local)
-        per_rank = self.dispatchers[0].per_rank
-        out = {}
-        for r in range(self.group.world_size):
-            for name, value, p in zip(self.expert_names, every[r].split(numels), self.experts, strict=True):
-                out[local_expert_name(name, r * per_rank)] = value.view(p.shape)
-        return out
+        self.dispatchers = dispatchers
 
     # ------------------------------------------------------------------ rows
     def local_rows(self, rows: torch.Tensor) -> torch.Tensor:

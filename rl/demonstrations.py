@@ -1,7 +1,7 @@
 """`python -m rl.demonstrations [overrides]`: demonstration episodes of a scripted expert, as JSONL.
 
-A scripted expert (``rl.experts``) plays the configured task in a real sandbox, through
-``env.step(action_text)`` like a policy, for ``num_episodes`` episodes; each episode is written as one
+The task config's scripted expert (``env.expert``, see ``rl.experts``) plays the task in a real sandbox,
+through ``env.step(action_text)`` like a policy, for ``num_episodes`` episodes; each episode is written as one
 JSON line in the token layout the RL loop produces (``rl.rollout``, ``rl.episode.Episode``)::
 
     <|bos|> <|observation|> obs₀ <|end|> <|action|>  act₀ <|end|>  <|observation|> obs₁ <|end|> <|action|>
@@ -187,7 +187,7 @@ def record(
     env = task_env(run)
     try:
         for index, seed in enumerate(demonstration_seeds(run.seed, num_episodes)):
-            demo = recorder.play(env, expert_for(run.env.id, quality, seed), seed, index)
+            demo = recorder.play(env, expert_for(run.env.expert, quality, seed), seed, index)
             yield demo
             if demo.episode.error is not None:
                 env.close()
@@ -250,8 +250,11 @@ def run_demonstrations(cfg: DictConfig) -> tuple[Path, dict[str, float]]:
     run_cfg, own = demo_settings(cfg)
     run = load(run_cfg)
     quality = (own["expert"] or {}).get("quality")
+    if not run.env.expert:
+        raise ConfigError(f"env.expert: the task {run.env.id} names no scripted expert; set env.expert to "
+                          "module:Class (an rl.experts.Expert) or module:function (observation -> action)")
     try:
-        expert_for(run.env.id, quality)  # an unknown task or quality stops here, before any sandbox
+        expert_for(run.env.expert, quality)  # an unknown expert or quality stops here, before any sandbox
     except ExpertError as exc:
         raise ConfigError(str(exc)) from None
     tokenizer = build_tokenizer(run.tokenizer)
@@ -290,6 +293,16 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    """The user's config folders and the command line as for ``rl.train`` (`rl.config.command_line`)."""
+    from rl.config.command_line import prepare
+
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # task modules in the working directory, as `python -m` has
+    try:
+        sys.argv = [sys.argv[0], *prepare(sys.argv[1:], "demonstrations")]
+    except ConfigError as exc:
+        print(f"k3rl-demonstrations: config error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     _hydra_main()
 
 

@@ -13,6 +13,12 @@ episode in flight across a weight update continues with the new weights, so one 
 versions; the trainer's staleness bound looks at the oldest action token (`Episode.oldest_version`).
 `collate` ignores the versions: the learner needs only the sampling log-probs they go with.
 
+What the task reported: ``cut`` says what ended an episode before the task did (``max_turns``: the task's
+turn limit truncated it; ``tokens``: the runner stopped it at ``env.max_episode_tokens``), ``task_info``
+holds the numeric values of the task's ``Outcome.info`` at each step (`rl.task_metrics` turns them into
+the iteration's per-task metrics), and a failed episode's ``trace`` holds the frames of the task's own
+files in the exception's traceback (`agentenv.tracebacks`), so the error names the line to fix.
+
 Routing replay: ``routes`` holds, for every action token in order, the experts the engine's routers chose
 where that token was sampled (`rl.generation.Generation.routes`: ``[n_action_tokens, n_moe_layers,
 top_k]``), or None when no engine recorded any. Action tokens appended without a record get rows of -1
@@ -23,10 +29,13 @@ the field existed (an older in-flight checkpoint) reads back with ``routes`` Non
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import torch
 
+from agentenv.tracebacks import frames_text
 from rl.failures import failure_kind
 
 
@@ -49,6 +58,10 @@ class Episode:
     # [n_action_tokens, n_moe_layers, top_k] experts that sampled each action token (-1: none recorded);
     # None: no record at all. See the module docstring.
     routes: torch.Tensor | None = None
+    # None for fields an older pickled episode lacks (class defaults): see the module docstring
+    cut: str | None = None  # "max_turns" or "tokens": what ended it before the task did
+    task_info: dict[str, list[float]] | None = None  # numeric Outcome.info key -> its value at each step
+    trace: str | None = None  # a failed episode: the task-file frames of its exception
 
     @property
     def first_observation(self) -> str:
@@ -118,6 +131,17 @@ class Episode:
             self.error, self.failure = error, kind or "runtime_error"
         else:
             self.error, self.failure = f"{type(error).__name__}: {error}", kind or failure_kind(error)
+            self.trace = frames_text(error)
+
+    def record_info(self, info: dict) -> None:
+        """Keep the numeric values (bools as 0/1) of one step's ``info``, but the base task's ``turn`` and
+        ``success`` (already counted)."""
+        for key, value in info.items():
+            if key in ("turn", "success") or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                continue
+            if self.task_info is None:
+                self.task_info = {}
+            self.task_info.setdefault(str(key), []).append(float(value))
 
 
 @dataclass(frozen=True)
@@ -132,9 +156,13 @@ class Outcome:
     oldest_version: int | None = None  # of its action tokens (see `Episode.oldest_version`)
     newest_version: int | None = None
     failure: str | None = None  # the kind of failure of a failed episode (`Episode.failure`)
+    cut: str | None = None  # `Episode.cut`
+    # each numeric Outcome.info key of the task and its mean over the episode's steps that reported it
+    task_info: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def of(cls, episode: Episode) -> Outcome:
+        info = episode.task_info or {}
         return cls(
             episode.success,
             episode.reward,
@@ -144,6 +172,8 @@ class Outcome:
             episode.oldest_version,
             episode.newest_version,
             episode.failure,
+            episode.cut,
+            tuple((key, sum(values) / len(values)) for key, values in sorted(info.items()) if values),
         )
 
 

@@ -21,8 +21,12 @@ task                              quality                     play
                                   ``partial_fix``             the same with a plausible partial fix
 ================================  ==========================  ============================================
 
-Use :func:`expert_for` to get one: ``expert_for("agentenv/GuessNumber-v0", quality="linear", seed=3)``;
-then ``expert.start(first_observation)`` and ``expert.act(observation)`` for every turn.
+Which expert plays a task is the task config's ``env.expert``: ``module:Name`` of an `Expert` subclass
+(as the built-in configs name the classes here) or of a plain function ``observation -> action`` (a
+`FunctionExpert` of one quality, the function's name), so a task of one's own brings its expert along.
+Use :func:`expert_for` to get one: ``expert_for("rl.experts:GuessNumberExpert", quality="linear",
+seed=3)`` (a built-in task's env id works too: `expert_spec` reads it from conf/env/); then
+``expert.start(first_observation)`` and ``expert.act(observation)`` for every turn.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import random
 import re
 import shlex
+from collections.abc import Callable
 
 # ---------------------------------------------------------------------------------------------- base
 
@@ -194,44 +199,86 @@ class FixCodeExpert(Expert):
         return None
 
 
-# ------------------------------------------------------------------------------------------ registry
-
-EXPERTS: dict[str, type[Expert]] = {
-    "agentenv/GuessNumber-v0": GuessNumberExpert,
-    "agentenv/FindValue-v0": FindValueExpert,
-    "agentenv/FixCode-v0": FixCodeExpert,
-    "agentenv/KVLookup-v0": GuessNumberExpert,  # the same game: answers "higher LOW-HIGH" to guesses
-}
+# ---------------------------------------------------------------------------------- pluggable experts
 
 
-def _bare_id(env_id: str) -> str:
-    """``module:Name-v0`` (gymnasium's import-then-lookup form) -> ``Name-v0``."""
-    return env_id.split(":", 1)[1] if ":" in env_id else env_id
+class FunctionExpert(Expert):
+    """A plain function ``observation text -> action text`` as an expert of one quality, its name."""
+
+    def __init__(self, act: Callable[[str], str], quality: str, seed: int = 0) -> None:
+        super().__init__(quality, seed)
+        self._act = act
+
+    def start(self, observation: str) -> None:
+        """Nothing to remember: the function reads each observation afresh."""
+
+    def act(self, observation: str) -> str:
+        return str(self._act(observation))
 
 
-def qualities(env_id: str) -> tuple[str, ...]:
-    """The qualities of ``env_id``'s expert, best (the default) first."""
-    return _expert_class(env_id).QUALITIES
+_OBJECT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
-def _expert_class(env_id: str) -> type[Expert]:
-    cls = EXPERTS.get(_bare_id(env_id))
-    if cls is None:
-        raise ExpertError(f"no scripted expert for task {env_id!r}; experts exist for {sorted(EXPERTS)}")
-    return cls
+def expert_spec(env_id: str) -> str:
+    """The ``expert`` (``module:Name``) of the shipped task config whose ``id`` is ``env_id``
+    (conf/env/*.yaml): how a caller that knows only a built-in task's id finds its expert."""
+    import yaml
+
+    from agentenv.paths import conf_dir
+
+    bare = env_id.split(":", 1)[1] if ":" in env_id else env_id
+    found = set()
+    for path in sorted((conf_dir() / "env").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        ids = {data.get("id"), str(data.get("id", "")).split(":", 1)[-1]}
+        if data.get("expert") and bare in ids:
+            found.add(data["expert"])
+    if len(found) != 1:
+        which = f"several scripted experts ({sorted(found)})" if found else "no scripted expert"
+        raise ExpertError(f"{which} for task {env_id!r} in the shipped configs (conf/env/*.yaml, key "
+                          "expert); name one with env.expert=module:Name")
+    return found.pop()
 
 
-def expert_for(env_id: str, quality: str | None = None, seed: int = 0) -> Expert:
-    """A fresh expert for ``env_id`` of the given quality (None: the task's best expert).
+def _resolve(spec: str) -> type[Expert] | Callable[[str], str]:
+    """``module:Name`` (or a built-in task's env id, see `expert_spec`) -> the expert class or function."""
+    from rl.config.imports import import_object
+
+    if not _OBJECT_PATH.match(spec):
+        spec = expert_spec(spec)
+    try:
+        obj = import_object(spec, "env.expert")
+    except ValueError as exc:  # ConfigError: the module or the name is not there
+        raise ExpertError(str(exc)) from None
+    if isinstance(obj, type) and issubclass(obj, Expert):
+        return obj
+    if callable(obj) and not isinstance(obj, type):
+        return obj
+    raise ExpertError(f"env.expert: {spec!r} is neither an rl.experts.Expert subclass nor a function "
+                      "observation -> action")
+
+
+def qualities(spec: str) -> tuple[str, ...]:
+    """The qualities of an expert (``module:Name``, or a built-in task's env id), best (the default) first."""
+    expert = _resolve(spec)
+    if isinstance(expert, type):
+        return expert.QUALITIES
+    return (expert.__name__,)
+
+
+def expert_for(spec: str, quality: str | None = None, seed: int = 0) -> Expert:
+    """A fresh expert of the given quality (None: the best): ``spec`` is a task config's ``env.expert``
+    (``module:Name``, an `Expert` subclass or a function) or a built-in task's env id.
 
     ``seed`` seeds the expert's own randomness (only ``random_split`` uses any)."""
-    cls = _expert_class(env_id)
-    quality = quality or cls.QUALITIES[0]
-    if quality not in cls.QUALITIES:
-        raise ExpertError(
-            f"expert.quality={quality!r} is unknown for {env_id}; choose one of {list(cls.QUALITIES)}"
-        )
-    return cls(quality, seed)
+    expert = _resolve(spec)
+    names = qualities(spec)
+    quality = quality or names[0]
+    if quality not in names:
+        raise ExpertError(f"expert.quality={quality!r} is unknown for {spec}; choose one of {list(names)}")
+    if isinstance(expert, type):
+        return expert(quality, seed)
+    return FunctionExpert(expert, quality, seed)
 
 
-__all__ = ["EXPERTS", "KNOWN_BUGS", "Expert", "ExpertError", "expert_for", "qualities"]
+__all__ = ["KNOWN_BUGS", "Expert", "ExpertError", "FunctionExpert", "expert_for", "expert_spec", "qualities"]

@@ -13,8 +13,12 @@ the step's MaxVio per layer logged → a new weights version.
 Routing replay (``algo.routing_replay``, see ``rl.routing``): the forward passes route each generated
 token to the experts the rollout recorded for it; the routing mismatch against the record is logged
 every step, with or without replay, beside ``rollout_logprob_gap``. Device (``trainer.device``, see
-``rl.device``): on CUDA the fp32 weights and AdamW state live on the GPU and the forward runs under bf16
-autocast.
+``rl.device``): on CUDA the fp32 weights and AdamW state live on the GPU and the forward runs in bf16
+(gathered bf16 weights, bf16 autocast).
+
+Every learner is sharded (`rl.sharding`: FSDP2 block by block on a device mesh); one of
+``trainer.learner.world_size`` = 1 is the mesh of size 1 in a process group of its own (`rl.ranks`), so
+the same code runs at every size, and so do its checkpoints (`rl.shard_checkpoint`).
 
 `Learner` is a plain class (tested directly); ``rl.actors`` wraps it as a Ray actor.
 """
@@ -22,12 +26,12 @@ autocast.
 from __future__ import annotations
 
 import copy
-import random
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from model import K3ForCausalLM, checkpoint
 from model.balancing import max_violation, maxvio_floor, prefix_multiplicities, quantile_balance
@@ -47,7 +51,7 @@ from rl.algos import (
     usable_episodes,
     zero_variance_groups,
 )
-from rl.checkpoints import LEARNER_STATE, POLICY
+from rl.checkpoints import POLICY
 from rl.config import AlgoConfig, RunConfig
 from rl.data_parallel import DataParallel
 from rl.device import Placement
@@ -56,11 +60,11 @@ from rl.generation import MASKED_LOGIT, disallowed_tokens
 from rl.init_weights import load_init_weights
 from rl.optim import build_optimizer, optimizer_step
 from rl.policy import build_policy
-from rl.ranks import RankGroup
+from rl.ranks import RankGroup, join_single_rank
 from rl.routing import mismatch_counts, mismatch_metrics, recorded_routes
 from rl.seeds import maxvio_floor_seed
-from rl.shard_checkpoint import consolidated, load_sharded, save_sharded
-from rl.sharding import sharded_optimizer_step
+from rl.shard_checkpoint import load_local, save_local
+from rl.sharding import ShardedPolicy, learner_mesh, stacked_names
 from rl.tokenizer import build_tokenizer
 
 
@@ -72,6 +76,7 @@ class Learner:
     ``trainer.device``).
     ``group``: this process's rank in a ``trainer.learner.world_size`` > 1 learner (`rl.ranks`), whose
     torch.distributed group is already joined; it trains its share of each batch (`rl.data_parallel`).
+    Without one, a learner of one rank joins (or makes) a process group of size 1.
     """
 
     def __init__(
@@ -85,6 +90,15 @@ class Learner:
         self.pad_id = tokenizer.pad_id
         self.temperature = cfg.rollout.temperature
         self.disallowed = disallowed_tokens(tokenizer, cfg.env.action_vocabulary, cfg.model.vocab_size)
+        world = cfg.trainer.learner.world_size
+        if group is None and world == 1:
+            group = join_single_rank(device)
+        if group is None or group.world_size != world:
+            raise ValueError(
+                f"trainer.learner.world_size={world}: the learner needs its rank group "
+                f"(rl.ranks.join_rank_group), got {group}"
+            )
+        self.group = group
         self.model = build_policy(cfg.model, cfg.seed)
         load_init_weights(self.model, cfg.model)  # model.init_from: a checkpoint's weights, if set
         self.model.to(device)  # fp32 master weights (no-op on the CPU)
@@ -97,32 +111,43 @@ class Learner:
         self.reference: K3ForCausalLM | None = None
         if self.algo.kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        # what the optimizer steps and a checkpoint stores, under one root: ``policy.*``, ``value_head.*``
+        self.trained = nn.ModuleDict({"policy": self.model})
         if self.value_head is not None:
-            params += list(self.value_head.parameters())
-        self.parallel: DataParallel | None = None
-        if cfg.trainer.learner.world_size > 1:
-            if group is None or group.world_size != cfg.trainer.learner.world_size:
-                raise ValueError(
-                    f"trainer.learner.world_size={cfg.trainer.learner.world_size}: the learner needs its "
-                    f"rank group (rl.ranks.join_rank_group), got {group}"
-                )
-            self.parallel = DataParallel(self.model, self.value_head, group)
-            params = self.parallel.optimizer_params()
-        self.optimizer, self.scheduler = build_optimizer(params, self.algo.optim)
+            self.trained["value_head"] = self.value_head
+        mesh = learner_mesh(group, device)
+        dtype = self.placement.compute_dtype
+        self.sharded = ShardedPolicy(self.model, self.value_head, self.reference, mesh, dtype)
+        self.parallel = DataParallel(group, self.sharded.dispatchers)
+        self.optimizer, self.scheduler = build_optimizer(self.sharded.trainable(), self.algo.optim)
         self.version = 0
         self.steps = 0
 
     # ------------------------------------------------------------------ weights
     def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
-        """The current version and a copy of the policy's state dict (CPU tensors, router biases
-        included). ``rl.actors.LearnerActor.publish`` puts the state dict in Ray's object store instead.
-        With several ranks every rank gathers the full weights (a collective: call it on all ranks)."""
-        return self.version, {k: v.detach().cpu().clone() for k, v in self.state_dict().items()}
+        """The current version and a copy of the policy's full state dict (CPU tensors, router biases
+        included; per-expert names). A collective: every rank calls it; rank 0 gets the weights, the
+        others an empty dict. ``rl.actors.LearnerActor.publish`` puts them in Ray's object store unit by
+        unit instead."""
+        return self.version, self.state_dict()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's full state dict (gathered from the ranks when the learner is sharded)."""
-        return self.model.state_dict() if self.parallel is None else self.parallel.full_state_dict()
+        """The policy's full state dict on rank 0 (gathered unit by unit, CPU copies; other ranks: {})."""
+        state: dict[str, torch.Tensor] = {}
+        self.sharded.full_units(lambda unit: state.update({k: v.cpu().clone() for k, v in unit.items()}))
+        return state
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy full weights (a state dict under checkpoint names, as `weights` returns, on every rank)
+        into the policy's shards in place."""
+        options = StateDictOptions(full_state_dict=True, strict=True)
+        set_model_state_dict(self.model, stacked_names(state), options=options)
+
+    def optimizer_step(self, loss: torch.Tensor) -> torch.Tensor:
+        """`rl.optim.optimizer_step` over the ranks: ``loss`` is this rank's share of the global loss;
+        the global gradient norm (squares of every rank's shards summed) is returned."""
+        return optimizer_step(self.optimizer, self.scheduler, loss, self.algo.optim.grad_clip,
+                              self.parallel.summed)  # fmt: skip
 
     # ------------------------------------------------------------------ training
     def advantages(
@@ -202,9 +227,7 @@ class Learner:
         single = algo.epochs * algo.minibatches == 1
         first = None
         everything = torch.arange(len(episodes))
-        mine = slice(None) if self.parallel is None else self.parallel.local_rows(everything)
-        if self.parallel is not None:
-            self.parallel.flat.gather()
+        mine = self.parallel.local_rows(everything)
         if single:
             first = self._forward(batch, mine)
             old_logp, old_values = first[0].detach(), None if first[1] is None else first[1].detach()
@@ -212,16 +235,15 @@ class Learner:
         else:
             with torch.no_grad():
                 old_logp, old_values, _, first_router_stats = self._forward(batch, mine)
-        if self.parallel is not None:  # every rank's pre-update log-probs and values, for the whole batch
-            old_logp = self.parallel.gather_rows(old_logp, everything, len(episodes))
-            old_values = self.parallel.gather_rows(old_values, everything, len(episodes))
+        # every rank's pre-update log-probs and values, for the whole batch
+        old_logp = self.parallel.gather_rows(old_logp, everything, len(episodes))
+        old_values = self.parallel.gather_rows(old_values, everything, len(episodes))
         routing = {}  # the learner's own routing vs the rollout's, before this batch's updates
         if batch.routes is not None:  # counted on this rank's rows, summed over the ranks, then divided
             layers, counts = mismatch_counts(
                 first_router_stats, batch.attention_mask[mine], batch.routes[mine]
             )
-            if self.parallel is not None:
-                counts = self.parallel.summed(counts)
+            counts = self.parallel.summed(counts)
             routing = mismatch_metrics(layers, counts)
         advantages, returns = self.advantages(batch, old_values)
         is_weights = None
@@ -236,7 +258,7 @@ class Learner:
         floors: dict[int, float] = {}  # per minibatch: its tokens are the same in every epoch
         for _epoch in range(algo.epochs):
             for chunk, rows in enumerate(chunks):
-                local = rows if self.parallel is None else self.parallel.local_rows(rows)
+                local = self.parallel.local_rows(rows)
                 forward = first if first is not None else self._forward(batch, local)
                 step_metrics = self._update(
                     batch, local, forward, old_logp, old_values, advantages, returns, is_weights
@@ -253,9 +275,7 @@ class Learner:
             metrics["maxvio_first_update"] = totals["maxvio"][0]
             metrics["maxvio_last_update"] = totals["maxvio"][-1]
         metrics["optimizer_steps"] = float(len(totals.get("loss", [])))
-        if self.parallel is not None:
-            self.parallel.flat.release()  # back to 1/world_size of the weights until the next step
-            metrics.update(self.parallel.traffic())
+        metrics.update(self.parallel.traffic())
         self.steps += 1
         self.version += 1
         mask = batch.action_mask
@@ -284,16 +304,14 @@ class Learner:
             aggregation=algo.loss_aggregation,
             is_weights=None if is_weights is None else is_weights[rows],
         )
-        shares = None  # with several ranks: this rank's weight in each global mean (rl.data_parallel)
-        if self.parallel is not None:
-            shares = self.parallel.loss_shares(mask, algo.loss_aggregation)
-            policy_loss = policy_loss * shares[0]
+        # this rank's weight in each global mean (rl.data_parallel; 1 on a learner of one rank)
+        shares = self.parallel.loss_shares(mask, algo.loss_aggregation)
+        policy_loss = policy_loss * shares[0]
         loss = policy_loss
         metrics: dict[str, float] = {}
         if values is not None:
             value_loss = clipped_value_loss(values, old_values[rows], returns[rows], mask, algo.value_clip)
-            if shares is not None:
-                value_loss = value_loss * shares[1]
+            value_loss = value_loss * shares[1]
             loss = loss + algo.value_coef * value_loss
             metrics["value_loss"] = value_loss.item()
         kl = torch.zeros(())
@@ -306,21 +324,13 @@ class Learner:
                 self.action_logits(ref_logits[:, :-1], mask), batch.input_ids[rows][:, 1:]
             )
             kl = masked_mean(kl_estimate(logp, ref_logp, algo.kl_estimator), mask)
-            if shares is not None:
-                kl = kl * shares[1]
+            kl = kl * shares[1]
             loss = loss + algo.kl_coef * kl
         entropy = masked_mean(entropy_from_logits(logits), mask)
-        if shares is not None:
-            entropy = entropy * shares[1]
+        entropy = entropy * shares[1]
         if algo.entropy_coef > 0:
             loss = loss - algo.entropy_coef * entropy
-        if self.parallel is None:
-            grad_norm = optimizer_step(self.optimizer, self.scheduler, loss, algo.optim.grad_clip)
-        else:
-            parallel = self.parallel
-            grad_norm = sharded_optimizer_step(
-                self.optimizer, self.scheduler, loss, algo.optim.grad_clip, parallel.flat, parallel.group
-            )
+        grad_norm = self.optimizer_step(loss)
         metrics.update(
             {
                 "loss": loss.item(),
@@ -332,9 +342,7 @@ class Learner:
                 "grad_norm": grad_norm.item(),
             }
         )
-        if shares is not None:
-            metrics = self.parallel.global_metrics(metrics, float(shares[1]))
-        return metrics
+        return self.parallel.global_metrics(metrics, float(shares[1]))
 
     def _maxvio_floor(self, batch: Batch, rows: torch.Tensor | slice) -> float:
         """`model.balancing.maxvio_floor` of this optimizer step's tokens: the MaxVio a perfectly balanced
@@ -362,10 +370,9 @@ class Learner:
         metrics: dict[str, float] = {}
         for router, layer in zip(self.model.moe_routers(), sorted(scores), strict=True):
             bias = router.e_score_correction_bias
-            pooled = torch.cat(scores[layer])
-            if self.parallel is not None:  # the global batch's scores and loads: every rank, same bias
-                pooled = self.parallel.pooled_scores(pooled)
-                loads[layer] = self.parallel.summed_loads(loads[layer])
+            # the global batch's scores and loads: every rank solves the same bias
+            pooled = self.parallel.pooled_scores(torch.cat(scores[layer]))
+            loads[layer] = self.parallel.summed_loads(loads[layer])
             solved = quantile_balance(pooled, router.top_k, bias)
             router.update_bias(bias + self.algo.balance_rate * (solved - bias))
             metrics[f"maxvio/layer{layer}"] = max_violation(loads[layer])
@@ -375,54 +382,26 @@ class Learner:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory: str | Path) -> None:
-        """Weights (safetensors), value head, optimizer, scheduler, RNG states, step and version (a sharded
-        learner: every rank calls it, `rl.shard_checkpoint`)."""
+        """Write a checkpoint into ``directory`` (every rank calls it; the ranks share the folder): the
+        learner's distributed checkpoint and its manifest (`rl.shard_checkpoint`), then ``policy/``, the
+        full weights as ``save_pretrained`` writes them, streamed unit by unit by rank 0."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if self.parallel is not None:
-            save_sharded(self, directory)
-            return
-        self.model.save_pretrained(directory / POLICY)
-        torch.save(
-            {
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "value_head": self.value_head.state_dict() if self.value_head is not None else None,
-                "reference": self.reference.state_dict() if self.reference is not None else None,
-                "version": self.version,
-                "steps": self.steps,
-                "rng": {
-                    "torch": torch.get_rng_state(),
-                    "numpy": np.random.get_state(),
-                    "python": random.getstate(),
-                },
-            },
-            directory / LEARNER_STATE,
-        )
+        save_local(self, directory)
+        self.export(directory / POLICY)
+
+    def export(self, directory: str | Path) -> None:
+        """``save_pretrained`` of the full policy into ``directory`` (a collective; rank 0 writes, one
+        unit's full weights in memory at a time)."""
+        writer = None
+        if self.group.rank == 0:
+            writer = checkpoint.StreamingExport(directory, self.model.config, self.sharded.layout())
+        self.sharded.full_units(lambda unit: writer.write(unit) if writer is not None else None)
+        if writer is not None:
+            writer.close()
 
     def load(self, directory: str | Path) -> None:
-        """Restore what `save` wrote, in place: the checkpoint's tensors are copied into the policy's
-        own parameters (strict names and shapes, `model.checkpoint.CheckpointMismatch` otherwise), so
-        the optimizer keeps pointing at the parameters it steps."""
-        directory = Path(directory)
-        if not (directory / LEARNER_STATE).is_file():
-            raise FileNotFoundError(f"{directory} is not a learner checkpoint (no {LEARNER_STATE})")
-        checkpoint.read_config(directory / POLICY)  # both files present, or a clear error
-        # read on the CPU (the RNG states must be CPU tensors); the optimizer moves its state to the params
-        state = torch.load(directory / LEARNER_STATE, weights_only=False, map_location="cpu")
-        if self.parallel is not None:
-            load_sharded(self, directory, state)
-            return
-        checkpoint.load_pretrained(self.model, directory / POLICY)
-        if "sharded" in state:  # written by a sharded learner: its ranks' files, merged
-            state |= consolidated(self, directory, state)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.value_head is not None and state["value_head"] is not None:
-            self.value_head.load_state_dict(state["value_head"])
-        if self.reference is not None and state["reference"] is not None:
-            self.reference.load_state_dict(state["reference"])
-        self.version, self.steps = int(state["version"]), int(state["steps"])
-        torch.set_rng_state(state["rng"]["torch"])
-        np.random.set_state(state["rng"]["numpy"])
-        random.setstate(state["rng"]["python"])
+        """Restore what `save` wrote (every rank calls it; the ranks read the folder), at this learner's
+        world size whatever the writer's: the shards go into the policy's own parameters, so the
+        optimizer keeps pointing at what it steps."""
+        load_local(self, Path(directory))

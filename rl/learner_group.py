@@ -1,7 +1,11 @@
 """The driver's handle on the learner: one `rl.actors.LearnerActor`, or ``trainer.learner.world_size``
 of them placed by one Ray placement group and joined in one ``torch.distributed`` group.
 
-Every call goes to every rank (they run the same collectives) and returns rank 0's answer. The ranks'
+Every call goes to every rank (they run the same collectives) and returns rank 0's answer, except the
+weights and the checkpoints, which every rank has a part of: `train_step` and `publish` gather every
+rank's weight blocks into one `rl.weights.PublishedWeights`; `save` writes every rank's checkpoint files
+into the driver's folder and checks them, then exports ``policy/`` from the published weights, and
+`load` sends a checkpoint's files back (`rl.checkpoint_files`): no rank touches the folder. The ranks'
 bundles each ask for what one learner asks for (``trainer.learner_cpus``, ``learner_resources``, a GPU
 share on CUDA), packed onto as few nodes as fit: one node with room for all of them holds them all; on a
 cluster whose nodes offer ``learner: 1`` each, they land one per node. The process group's address is
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -28,8 +33,11 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rl.actors import LearnerActor
+from rl.checkpoint_files import put_checkpoint_files, write_rank_files
+from rl.checkpoints import POLICY
 from rl.device import learner_options
 from rl.errors import LearnerRankLost
+from rl.weights import PublishedWeights
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +82,12 @@ def lost_rank(actors: list, refs: list, first: int, error: RayError, wait_s: flo
 class LearnerGroup:
     """The learner's ranks (see the module docstring); at world size 1, the single actor as before."""
 
-    def __init__(self, actors: list, placement: Any | None, nodes: list[dict[str, str]]) -> None:
+    def __init__(self, actors: list, placement: Any | None, nodes: list[dict[str, str]], cfg: Any) -> None:
         self.actors = actors
         self.placement = placement
         self.nodes = nodes
+        self.cfg = cfg
+        self.published: PublishedWeights | None = None  # the latest version's weights, in the object store
 
     @classmethod
     def start(cls, cfg: Any) -> LearnerGroup:
@@ -86,7 +96,7 @@ class LearnerGroup:
         world = cfg.trainer.learner.world_size
         actor_cls = ray.remote(LearnerActor)
         if world == 1:
-            return cls([actor_cls.options(**options).remote(cfg)], None, [])
+            return cls([actor_cls.options(**options).remote(cfg)], None, [], cfg)
         bundle = {"CPU": options["num_cpus"], **options["resources"]}
         if options.get("num_gpus"):
             bundle["GPU"] = options["num_gpus"]
@@ -106,7 +116,7 @@ class LearnerGroup:
             actor_cls.options(**options, scheduling_strategy=bundles[rank]).remote(cfg, rank)
             for rank in range(world)
         ]
-        learner = cls(actors, group, [{} for _ in actors])
+        learner = cls(actors, group, [{} for _ in actors], cfg)
         address, port = learner._call("rendezvous", ranks=actors[:1])
         learner.nodes = learner._every("join", address, port)
         nodes = [n["ip"] for n in learner.nodes]
@@ -145,22 +155,38 @@ class LearnerGroup:
             return ray.get(getattr(self.actors[0], method).remote(*args))
         return self._every(method, *args, ranks=ranks)[0]
 
-    def train_step(self, *refs: Any) -> tuple[dict[str, Any], int, Any]:
-        """`LearnerActor.train_step` on the batch's group references: ``(metrics, version, weights ref)``."""
-        return self._call("train_step", *refs)
+    def train_step(self, *refs: Any) -> tuple[dict[str, Any], int, PublishedWeights]:
+        """`LearnerActor.train_step` on the batch's group references: ``(metrics, version, weights)``."""
+        answers = self._every("train_step", *refs)
+        self.published = PublishedWeights(answers[0][1], [b for _m, _v, blocks in answers for b in blocks])
+        return answers[0][0], self.published.version, self.published
 
-    def publish(self) -> tuple[int, Any]:
-        return self._call("publish")
+    def publish(self) -> tuple[int, PublishedWeights]:
+        """The current weights into the object store (every rank's blocks): ``(version, weights)``."""
+        answers = self._every("publish")
+        self.published = PublishedWeights(answers[0][0], [b for _v, blocks in answers for b in blocks])
+        return self.published.version, self.published
 
     def node(self) -> dict[str, str]:
         """Rank 0's node."""
         return self._call("node")
 
     def save(self, folder: str) -> None:
-        self._call("save", folder)
+        """Write the learner's checkpoint into ``folder`` on the driver's machine: every rank's files
+        through the object store, checked, the manifest, then ``policy/`` from the published weights
+        (published again first if the learner has moved on since)."""
+        answers = self._every("save_files")
+        facts = answers[0][0]
+        write_rank_files(Path(folder), facts, [files for _facts, files in answers])
+        if self.published is None or self.published.version != facts["version"]:
+            self.publish()
+        self.published.export(Path(folder) / POLICY, self.cfg.model)
 
     def load(self, path: str) -> None:
-        self._call("load", path)
+        """Resume every rank from the checkpoint ``path`` on the driver's machine (its files checked,
+        then sent through the object store), whatever world size wrote it."""
+        saved, refs = put_checkpoint_files(Path(path))
+        self._every("load_files", saved, refs)
 
     def kill(self) -> None:
         """Kill every rank and free their placement group."""

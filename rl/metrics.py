@@ -1,14 +1,16 @@
 """Metrics: one record per iteration to the console, ``metrics.jsonl`` and TensorBoard, and a PNG plot.
 
-The plot (reward, success, KL, or the entropy when no KL is computed, and MaxVio per iteration) is
-rewritten at the end of a run and on Ctrl-C (``rl.train`` calls ``plot`` from its ``finally``), so an
-interrupted run still leaves its curve.
+The plot (reward, success with the held-out ``eval_success`` beside it when the run evaluates, KL, or the
+entropy when no KL is computed, and MaxVio per iteration) is rewritten at the end of a run and on Ctrl-C
+(``rl.train`` calls ``plot`` from its ``finally``), so an interrupted run still leaves its curve.
+``python -m rl.metrics RUN_DIR`` prints a run's metrics as a table (`run_table`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +106,11 @@ def plot_history(
         if key == "success":
             ax.set_ylim(-0.02, 1.02)
             ax.axhline(0.9, color="gray", ls="--", lw=1)
+            held_out = [(x, r["eval_success"]) for x, r in zip(xs, history, strict=True)
+                        if "eval_success" in r]
+            if held_out:  # trainer.eval_every: the held-out games beside the training episodes
+                ax.plot(*zip(*held_out, strict=True), "o-", lw=1, ms=3, label="held-out (eval_success)")
+                ax.legend(fontsize=8, loc="lower right")
     for ax in axes[1]:
         ax.set_xlabel("wall time (min)" if x_key == "elapsed_s" else "iteration")
     if title:
@@ -121,3 +128,54 @@ def _jsonable(value: Any) -> Any:
         return float(value)
     except (TypeError, ValueError):
         return str(value)
+
+
+SHOWN = ("success", "eval_success", "reward", "turns", "episodes_cut_by_max_turns", "episodes_cut_by_tokens",
+         "failed_episodes")
+
+
+def run_table(run_dir: str | Path) -> str:
+    """A run folder's ``metrics.jsonl`` as a table: one row per iteration, the columns of `SHOWN` that the
+    run recorded and the task's own metrics (``<Task>/<key>``, `rl.task_metrics`)."""
+    from rl.task_metrics import task_name
+
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (a run folder of `python -m rl.train` holds it)")
+    history = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    prefix = ""
+    resolved = run_dir / "resolved_config.yaml"
+    if resolved.is_file():
+        import yaml
+
+        env_id = ((yaml.safe_load(resolved.read_text()) or {}).get("env") or {}).get("id", "")
+        prefix = f"{task_name(env_id)}/" if env_id else ""
+    columns = [k for k in SHOWN if any(k in r for r in history)]
+    columns += sorted({k for r in history for k in r if prefix and k.startswith(prefix)})
+    rows = [["iteration", *columns]]
+    for record in history:
+        cells = [record.get(k) for k in columns]
+        rows.append([str(record["iteration"]), *("-" if v is None else f"{v:.3g}" for v in cells)])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rl.metrics RUN_DIR``: print `run_table`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m rl.metrics",
+                                     description="a training run's metrics, one row per iteration")
+    parser.add_argument("run_dir", help="the run folder (hydra.run.dir, outputs/<date>/<time>)")
+    args = parser.parse_args(argv)
+    try:
+        print(run_table(args.run_dir))
+    except FileNotFoundError as exc:
+        print(f"rl.metrics: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,7 +6,9 @@ CUDA (`backend_for`). A collective takes tensors on the device its backend works
 says which (`collective_device`: cpu for gloo, cuda for NCCL, which refuses CPU tensors); the group's
 collectives check it (`RankGroup.device`). Its rendezvous address (the IP of rank 0's node and a free port
 there) comes from Ray in `rl.learner_group`; tests spawn plain processes with a loopback address. One
-group per process: the learner is the only user of ``torch.distributed`` in a learner actor.
+group per process: the learner is the only user of ``torch.distributed`` in a learner actor. A learner of
+one rank runs in a group of size 1 that it makes itself (`join_single_rank`: an in-memory store, gloo
+bound to the loopback interface), so it takes the sharded learner's path (`rl.sharding`).
 """
 
 from __future__ import annotations
@@ -139,6 +141,28 @@ def join_rank_group(
         timeout=timedelta(seconds=timeout_s),
     )
     return RankGroup(rank, world_size, expert_parallel)
+
+
+def join_single_rank(device: torch.device) -> RankGroup:
+    """The rank group of a learner of one rank: this process's default group of size 1, made here if
+    there is none yet (several learners of one process share it); a group of another size is an error."""
+    if dist.is_initialized():
+        if dist.get_world_size() != 1:
+            raise RuntimeError(f"a learner of one rank in a process whose torch.distributed group has "
+                               f"{dist.get_world_size()} ranks: pass its rank group (rl.ranks.RankGroup)")
+        return RankGroup(0, 1, 1)
+    options = None
+    if backend_for(device) == "gloo":  # no peer to reach: never bind to what the host name resolves to
+        options = dist.ProcessGroupGloo._Options()
+        options._devices = [dist.ProcessGroupGloo.create_device(interface=loopback_interface())]
+    dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1,
+                            pg_options=options)  # fmt: skip
+    return RankGroup(0, 1, 1)
+
+
+def loopback_interface() -> str:
+    """The name of this host's loopback interface (``lo`` on Linux)."""
+    return interface_of("127.0.0.1") or "lo"
 
 
 def leave_rank_group() -> None:

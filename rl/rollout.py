@@ -124,7 +124,7 @@ class RolloutStats:
     forks: int = 0
     fork_s: float = 0.0  # each group's fork latency, summed over groups (they fork at once)
     fork_phase_s: float = 0.0  # wall time of the fork phases: with `forks`, the cost per forked member
-    sandboxes_created: int = 0
+    sandboxes_created: int = 0  # by the resets: a new env's, and a new one after each played episode
     sandbox_running_s: float = 0.0  # sandbox-seconds of the pool's members running since the last run
     sandbox_paused_s: float = 0.0  # ... and paused
     pause_waits: list[float] = field(default_factory=list)  # the expected wait that triggered each pause
@@ -248,7 +248,6 @@ class EpisodeRunner:
                 # the size a sandbox is counted at before the pool has measured one: its memory limit
                 self.gate.fallback_bytes = task(env).sandbox_config().memory_bytes
             self.free_envs.append(env)
-            stats.sandboxes_created += 1
         taken, self.free_envs = self.free_envs[:n], self.free_envs[n:]
         return taken
 
@@ -545,7 +544,9 @@ class EpisodeRunner:
         self._record_pool(stats)
         stats.episodes = len(episodes)
         stats.failed = sum(1 for e in episodes if e.error)
-        stats.errors = [f"seed {e.seed}: {e.error}" for e in episodes if e.error]
+        # each error's first line says what failed; the task-file frames of its traceback follow
+        stats.errors = [f"seed {e.seed}: {e.error}" + (f"\n{e.trace}" if e.trace else "")
+                        for e in episodes if e.error]
         stats.outcomes = [Outcome.of(e) for e in episodes]
         stats.generated_tokens = sum(sum(e.action_mask) for e in episodes)
         with self._stats_lock:
@@ -569,12 +570,16 @@ class EpisodeRunner:
         def reset(job):
             env, seed = job
             with self._admitted(env, stats) as slot:  # the reset creates or resumes its sandbox: a slot
+                created = task(env).sandboxes_created
                 try:
                     observation, _ = env.reset(seed=seed)
                     return observation, None
                 except Exception as exc:  # the episode fails, not the run
                     self._free_if_stopped(env, slot)
                     return None, exc
+                finally:  # a new sandbox for a new env, or for the episode after a played one
+                    with self._stats_lock:
+                        stats.sandboxes_created += task(env).sandboxes_created - created
 
         results = list(self.threads.map(reset, jobs))
         if self.group_start == "seed":
@@ -709,8 +714,10 @@ class EpisodeRunner:
                 episode.turns += 1
                 episode.step_rewards.append((last_action_token[i], float(reward)))
                 episode.success = episode.success or bool(info.get("success", False))
+                episode.record_info(info)
                 if terminated or truncated:
                     episode.truncated = bool(truncated)
+                    episode.cut = "max_turns" if truncated and not terminated else None
                     continue
                 episode.append(
                     [tok.observation_id, *tok.encode(observation), tok.end_id, tok.action_id],
@@ -719,6 +726,7 @@ class EpisodeRunner:
                 )
                 if len(episode.tokens) + self.max_new_tokens > self.max_episode_tokens:
                     episode.truncated = True
+                    episode.cut = "tokens"  # the task did not end it: env.max_episode_tokens did
                     continue
                 still_active.append(i)
             active = still_active

@@ -36,7 +36,6 @@ from rl.episode import Episode
 from rl.generation import MASKED_LOGIT
 from rl.learner import Learner
 from rl.metrics import MetricsLogger
-from rl.optim import optimizer_step
 from rl.seeds import sft_epoch_seed
 
 log = logging.getLogger("k3rl.sft")
@@ -78,7 +77,7 @@ class SFTLearner(Learner):
         logits = self.masked_logits(out.logits[:, :-1], batch.action_mask)
         loss, stats = sft_loss(logits, batch.input_ids[:, 1:], batch.action_mask)
         lr = self.scheduler.get_last_lr()[0]  # the lr this step uses
-        grad_norm = optimizer_step(self.optimizer, self.scheduler, loss, self.algo.optim.grad_clip)
+        grad_norm = self.optimizer_step(loss)
         metrics = {
             "loss": loss.item(),
             "accuracy": stats.accuracy,

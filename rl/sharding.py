@@ -1,139 +1,248 @@
-"""Parameters and AdamW state sharded across the learner's ranks: one flat fp32 vector, 1/N per rank.
+"""The learner's policy on PyTorch's own sharding: FSDP2 (``fully_shard``) block by block on a device
+mesh whose two dimensions are data and expert parallelism.
 
-Design (ZeRO-3 with the whole backbone as one unit), and why not FSDP2's ``fully_shard``:
+- **Mesh** (`LearnerMesh`): ``world_size`` ranks as ``(dp, ep)`` = ``(world_size / expert_parallel,
+  expert_parallel)``; its flattened 1-d view (every rank) is what the backbone is sharded over. A
+  learner of one rank is the mesh of size 1 (same code path; its collectives are local copies).
+- **Units**: every decoder layer is one ``fully_shard`` unit, and so are the embedding and the LM head
+  (untied) and the rest (final norm, AttnRes output mix) as the root; the PPO value head and the KL
+  reference are roots of their own. Each parameter is a DTensor holding 1/N of its rows; a unit's full
+  weights exist only while it runs (forward, then again in backward), the next unit's gather prefetched,
+  so a step's peak is about two units' full weights beside this rank's shards, gradients and AdamW state.
+- **Routed experts**: stacked ``[E, out, in]`` (`model.moe.RoutedExperts`), each layer's experts a unit
+  of their own on the ``dp`` dimension; with ``expert_parallel`` > 1 they are first split over the ``ep``
+  dimension (`model.expert_parallel.shard_experts`: a DTensor sharded on the expert dimension, tokens
+  exchanged by all_to_all in the latent width), so a rank holds its E/ep experts, further cut over dp.
+- **Router bias**: ``e_score_correction_bias`` is ignored by FSDP (``ignored_params``): a plain
+  parameter, whole on every rank, which quantile balancing updates in place from the global statistics.
+- **Gradients**: summed over the ranks (each rank's loss is its share of the global loss; divide factor
+  1, plain SUM reductions, which gloo also has); with ``expert_parallel`` the all_to_all's backward
+  already brings every rank's tokens' contribution to an expert, and FSDP sums the dp replicas.
+- **Mixed precision**: when the policy computes in bf16 (CUDA), each unit gathers bf16 weights and
+  reduce-scatters fp32 gradients (``MixedPrecisionPolicy``); the sharded fp32 weights are the master copy.
 
-- every trainable parameter outside the routed experts is laid out, in ``named_parameters`` order, in one
-  flat vector padded to a multiple of N; rank r owns the contiguous slice r, as an ``nn.Parameter`` that the
-  rank's AdamW steps (AdamW is elementwise, so stepping slices equals stepping the whole: the exactness
-  test checks it against the single-rank learner);
-- between steps a rank holds only its slice and its AdamW moments: ``release`` empties the model's
-  parameters. ``gather`` (one ``all_gather_single``) refills them as views of one full vector for a
-  step's forward and backward passes; ``reduce_grads`` (one ``reduce_scatter_single``, summed) leaves each
-  rank the gradient of its slice. So resident parameter + optimizer memory is 1/N, while a step's peak holds
-  the full backbone once (FSDP would gather layer by layer; with one unit the peak is one full copy);
-- the routed experts are not in the flat vector when ``expert_parallel`` splits them: each rank keeps its
-  own experts whole (`model.expert_parallel`) and steps them itself; their gradients are complete (the
-  all_to_all's backward brings every rank's tokens' contribution), so they need no reduction;
-- the router's selection bias is not trainable: it stays whole on every rank, and quantile balancing
-  updates it identically everywhere from the global statistics.
-
-FSDP2 would wrap each layer's parameters as DTensors: quantile balancing's in-place bias update, the MoE
-layer's stacked-expert cache keyed on storage pointers and the experts split by expert parallelism would
-each need special cases, and its CPU/gloo path is not what it is tested on; the flat layout here is a few
-collectives whose result the exactness test pins down.
+`ShardedPolicy.full_units` hands out the full weights unit by unit (publishing to the rollout workers,
+``save_pretrained``), never a second full copy of the model on a rank.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from model import K3ForCausalLM
+from model.expert_parallel import ExpertParallel, shard_experts
+from model.moe import EXPERT_WEIGHTS, stacked_slot, write_per_expert
 from rl.ranks import RankGroup
 
+VALUE_HEAD = "value_head."  # name prefix of the PPO value head's parameters beside the policy's
 
-class FlatShard:
-    """``params`` (same values on every rank at construction) sharded as one flat vector; see the module
-    docstring. ``shard`` is this rank's slice, the parameter the optimizer steps."""
+
+@dataclass(frozen=True)
+class LearnerMesh:
+    """The learner's device mesh: ``mesh`` 2-d (``dp``, ``ep``), ``world`` its flattened 1-d view."""
+
+    mesh: DeviceMesh
+    world: DeviceMesh
+
+    @property
+    def dp(self) -> DeviceMesh:
+        return self.mesh["dp"]
+
+    @property
+    def ep(self) -> DeviceMesh:
+        return self.mesh["ep"]
+
+
+# per default group and shape; each entry keeps its group alive, so no later group can reuse its id
+_MESHES: dict[tuple[int, int, int, str], tuple[object, LearnerMesh]] = {}
+
+
+def learner_mesh(group: RankGroup, device: torch.device) -> LearnerMesh:
+    """The mesh of ``group``'s ranks (made once per process group and shape: every rank makes it
+    together; a group made again after the last was destroyed gets meshes of its own)."""
+    world = dist.GroupMember.WORLD
+    key = (id(world), group.world_size, group.expert_parallel, device.type)
+    if key not in _MESHES:
+        if group.world_size % group.expert_parallel:
+            raise ValueError(f"expert_parallel={group.expert_parallel} does not divide the learner's "
+                             f"{group.world_size} ranks")  # fmt: skip
+        shape = (group.world_size // group.expert_parallel, group.expert_parallel)
+        mesh = init_device_mesh(device.type, shape, mesh_dim_names=("dp", "ep"))
+        _MESHES[key] = (world, LearnerMesh(mesh, mesh["dp", "ep"]._flatten("world")))
+    return _MESHES[key][1]
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of ``tensor`` this rank holds (a DTensor's local shard; a plain tensor itself)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def check_no_replicas(tensor: torch.Tensor) -> None:
+    """Summing squares of local shards over the ranks counts each element once only if no mesh dimension
+    of size > 1 replicates ``tensor``; a clear error otherwise."""
+    if isinstance(tensor, DTensor):
+        for size, placement in zip(tensor.device_mesh.shape, tensor.placements, strict=True):
+            if size > 1 and isinstance(placement, Replicate):
+                raise ValueError(f"a gradient replicated over {size} ranks ({tensor.placements}): the global "
+                                 "norm would count it more than once")  # fmt: skip
+
+
+class ShardedPolicy:
+    """``model`` (and the value head, the KL reference) sharded with FSDP2 on ``mesh``; see the module
+    docstring. ``compute_dtype`` bf16 turns on the mixed-precision policy."""
 
     def __init__(
-        self, params: list[nn.Parameter], group: RankGroup, after_gather: Callable[[], None] | None = None
-    ) -> None:
-        """``after_gather``: called once the parameters hold new storage (the MoE layers' stacked-expert
-        cache is keyed on storage pointers, which a new buffer may reuse: it must be dropped)."""
-        self.params = params
-        self.group = group
-        self.after_gather = after_gather
-        self.shapes = [p.shape for p in params]
-        self.numels = [p.numel() for p in params]
-        self.total = sum(self.numels)
-        self.size = -(-self.total // group.world_size)  # ceil: the last rank's slice is padded
-        first = params[0]
-        flat = torch.zeros(self.size * group.world_size, dtype=first.dtype, device=first.device)
-        torch.cat([p.detach().reshape(-1) for p in params], out=flat[: self.total])
-        start = group.rank * self.size
-        self.shard = nn.Parameter(flat[start : start + self.size].clone())
-        self.release()
+        self, model: K3ForCausalLM, value_head: nn.Module | None, reference: K3ForCausalLM | None,
+        mesh: LearnerMesh, compute_dtype: torch.dtype,
+    ) -> None:  # fmt: skip
+        self.model, self.value_head, self.reference, self.mesh = model, value_head, reference, mesh
+        self.mp = MixedPrecisionPolicy()
+        if compute_dtype != torch.float32:
+            self.mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+        self.dispatchers: list[ExpertParallel] = self._shard(model, prefetch=True)
+        if reference is not None:
+            self._shard(reference, prefetch=False)
+        if value_head is not None:
+            self._unit(value_head, mesh.world)
 
-    def gather(self) -> None:
-        """Refill every parameter with its full value (views of one gathered vector)."""
-        full = torch.empty(
-            self.size * self.group.world_size, dtype=self.shard.dtype, device=self.shard.device
-        )
-        dist.all_gather_single(full, self.shard.detach())
-        for p, view, shape in zip(
-            self.params, full[: self.total].split(self.numels), self.shapes, strict=True
-        ):
-            p.data = view.view(shape)
-        if self.after_gather is not None:
-            self.after_gather()
+    # ------------------------------------------------------------------ sharding
+    def _unit(self, module: nn.Module, mesh: DeviceMesh, ignored: set[nn.Parameter] | None = None) -> None:
+        fully_shard(module, mesh=mesh, mp_policy=self.mp, ignored_params=ignored or None)
+        module.set_gradient_divide_factor(1.0)  # the ranks' losses are shares of the global loss: sum
+        module.set_force_sum_reduction_for_comms(True)
 
-    def release(self) -> None:
-        """Drop the full parameters (and their gradients): this rank keeps only ``shard``."""
-        for p in self.params:
-            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-            p.grad = None
+    def _shard(self, model: K3ForCausalLM, prefetch: bool) -> list[ExpertParallel]:
+        mesh = self.mesh
+        dispatchers = shard_experts(model, mesh.ep) if mesh.ep.size() > 1 else []
+        biases = {router.e_score_correction_bias for router in model.moe_routers()}
+        layers = list(model.model.layers)
+        units: list[list[nn.Module]] = []  # per layer: the layer, then its experts
+        for layer in layers:
+            experts = [layer.block_sparse_moe.experts] if layer.is_moe else []
+            for module in experts:
+                self._unit(module, mesh.dp)
+            self._unit(layer, mesh.world, biases)
+            units.append([layer, *experts])
+        if not model.config.tie_word_embeddings:  # a tied weight belongs to one unit: the root
+            self._unit(model.model.embed_tokens, mesh.world)
+            self._unit(model.lm_head, mesh.world)
+        self._unit(model, mesh.world, biases)
+        if prefetch:  # gather the next unit (in backward: the previous) while this one computes
+            for this, following in zip(units, units[1:], strict=False):
+                this[0].set_modules_to_forward_prefetch(following)
+                following[0].set_modules_to_backward_prefetch(this)
+        return dispatchers
 
-    def reduce_grads(self) -> None:
-        """``shard.grad`` = this rank's slice of the gradient summed over the ranks; the full gradients
-        are dropped. A parameter without a gradient counts as zeros."""
-        grads = [
-            p.grad.reshape(-1) if p.grad is not None else p.new_zeros(n)
-            for p, n in zip(self.params, self.numels, strict=True)
-        ]
-        flat = torch.zeros(
-            self.size * self.group.world_size, dtype=self.shard.dtype, device=self.shard.device
-        )
-        torch.cat(grads, out=flat[: self.total])
-        out = torch.empty_like(self.shard)
-        dist.reduce_scatter_single(out, flat, op=dist.ReduceOp.SUM)
-        self.shard.grad = out
-        for p in self.params:
-            p.grad = None
+    # ------------------------------------------------------------------ parameters
+    def trainable(self) -> list[nn.Parameter]:
+        """What AdamW steps: the policy's trainable parameters (DTensor shards), then the value head's."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            params += list(self.value_head.parameters())
+        return params
 
-    def full_tensors(self) -> list[torch.Tensor]:
-        """Every parameter's full value (a gathered copy; the model's parameters are left as they are)."""
-        full = torch.empty(
-            self.size * self.group.world_size, dtype=self.shard.dtype, device=self.shard.device
-        )
-        dist.all_gather_single(full, self.shard.detach())
-        return [v.view(s) for v, s in zip(full[: self.total].split(self.numels), self.shapes, strict=True)]
+    def held_bytes(self, optimizer: torch.optim.Optimizer) -> int:
+        """Bytes of parameters and AdamW state this rank holds between steps: its shards of every
+        parameter (the router biases whole), of the value head, and of the optimizer's moments."""
+        params = [*self.model.parameters()] + ([*self.value_head.parameters()] if self.value_head else [])
+        state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+        return sum(local(t).numel() * local(t).element_size() for t in params + state)
 
-    def slice_of(self, values: list[torch.Tensor]) -> torch.Tensor:
-        """This rank's slice of full per-parameter ``values`` laid out like ``params`` (e.g. a world_size-1
-        checkpoint's AdamW moments)."""
-        flat = torch.zeros(
-            self.size * self.group.world_size, dtype=self.shard.dtype, device=self.shard.device
-        )
-        torch.cat([v.reshape(-1).to(flat) for v in values], out=flat[: self.total])
-        start = self.group.rank * self.size
-        return flat[start : start + self.size].clone()
+    # ------------------------------------------------------------------ full weights, unit by unit
+    def layout(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """(name, dtype, shape) of every tensor `full_units` hands out, in its order (rank 0, gathered
+        experts); computed from the shapes, nothing gathered."""
+        out: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
+        self.full_units(lambda unit: out.extend((n, t.dtype, tuple(t.shape)) for n, t in unit.items()),
+                        meta=True)  # fmt: skip
+        return out
+
+    def full_units(self, sink: Callable[[dict[str, torch.Tensor]], None], experts_stay: bool = False,
+                   meta: bool = False) -> None:  # fmt: skip
+        """Hand ``sink`` the policy's full weights one unit at a time, under the checkpoint names of
+        ``state_dict`` (per-expert names; fp32, the master copy). A collective: every rank calls it, and
+        every rank's ``sink`` is called once per unit with what that rank hands out (rank 0: the
+        backbone; the others: nothing), then the unit's gathered tensors are dropped: the sink keeps a
+        copy (``ray.put``, a file) if it needs one.
+
+        ``experts_stay``: each expert-parallel rank hands out its own experts (rank ``dp = 0`` of each
+        ``ep`` coordinate, under their global numbers) instead of gathering every expert onto rank 0.
+        ``meta``: rank 0's tensors as shapes only (``meta`` device), no collective (`layout`)."""
+        rank = 0 if meta else dist.get_rank()
+        tied = self.model.config.tie_word_embeddings
+        for names in self._unit_params():
+            out: dict[str, torch.Tensor] = {}
+            for name in names:
+                param = self.model.get_parameter(name)
+                if experts_stay and self.dispatchers and _expert_weight(name):
+                    self._own_experts(out, name, param)
+                    continue
+                if meta:
+                    full = torch.empty(param.shape, dtype=param.dtype, device="meta")
+                else:
+                    full = param.full_tensor() if isinstance(param, DTensor) else param.detach()
+                if rank == 0:
+                    out[name] = full
+            if rank == 0 and tied and "model.embed_tokens.weight" in out:
+                out["lm_head.weight"] = out["model.embed_tokens.weight"]
+            per_expert_names(out)
+            sink(out)
+            del out
+
+    def _own_experts(self, out: dict[str, torch.Tensor], name: str, param: DTensor) -> None:
+        """This ep rank's experts of ``param`` (gathered over dp only) into ``out`` if its dp index is 0."""
+        mesh = self.mesh
+        mine = param.redistribute(mesh.mesh, [Replicate(), Shard(0)]).to_local()
+        if mesh.dp.get_local_rank() == 0:
+            head, weight = name.rsplit(".", 1)
+            stacked = {weight: mine}
+            write_per_expert(out, head + ".", stacked, first=mesh.ep.get_local_rank() * mine.shape[0])
+
+    def _unit_params(self) -> Iterator[list[str]]:
+        """The parameter names each FSDP unit of the policy owns, unit by unit, the root last."""
+        prefixes = [n for n, m in self.model.named_modules() if isinstance(m, FSDPModule)]
+        owned: dict[str, list[str]] = {p: [] for p in prefixes}
+        for name, _param in self.model.named_parameters():
+            owner = max((p for p in prefixes if p == "" or name.startswith(p + ".")), key=len)
+            owned[owner].append(name)
+        for prefix in [*prefixes[1:], prefixes[0]]:
+            if owned[prefix]:
+                yield owned[prefix]
 
 
-def sharded_optimizer_step(
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    loss: torch.Tensor,
-    grad_clip: float,
-    flat: FlatShard,
-    group: RankGroup,
-) -> torch.Tensor:
-    """`rl.optim.optimizer_step` across ranks: ``loss`` is this rank's share of the global loss (the
-    shares sum to it), so the summed gradients are the global gradient. Clipped to the global norm
-    (squares summed over the ranks' slices and local experts), then AdamW on this rank's part; the model's
-    full parameters are refilled from the new slices. Returns the global norm before clipping."""
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    flat.reduce_grads()
-    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    squares = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
-    norm = group.all_reduce_sum(squares).sqrt()
-    coef = torch.clamp(grad_clip / (norm + 1e-6), max=1.0)
-    for g in grads:
-        g.mul_(coef.to(g.dtype))
-    optimizer.step()
-    scheduler.step()
-    flat.gather()
-    return norm
+def _expert_weight(name: str) -> bool:
+    head, _, weight = name.rpartition(".")
+    return head.endswith(".experts") and weight in EXPERT_WEIGHTS
+
+
+def stacked_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A full state dict with per-expert checkpoint names turned into the stacked parameters' names
+    (each layer's experts stacked in order); other entries as they are."""
+    out: dict[str, torch.Tensor] = {}
+    rows: dict[str, dict[int, torch.Tensor]] = {}
+    for name, tensor in state.items():
+        target, index = stacked_slot(name)
+        if index is None:
+            out[name] = tensor
+        else:
+            rows.setdefault(target, {})[index] = tensor
+    for target, experts in rows.items():
+        if sorted(experts) != list(range(len(experts))):
+            raise ValueError(f"{target}: the state dict holds experts {sorted(experts)}, not 0..n-1")
+        out[target] = torch.stack([experts[e] for e in range(len(experts))])
+    return out
+
+
+def per_expert_names(state: dict[str, torch.Tensor]) -> None:
+    """Stacked full expert weights (``..experts.wN``) in ``state`` replaced by their per-expert entries."""
+    for name in [n for n in state if _expert_weight(n)]:
+        head, weight = name.rsplit(".", 1)
+        write_per_expert(state, head + ".", {weight: state.pop(name)})

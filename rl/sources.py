@@ -22,6 +22,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from rl.episode import Outcome
 from rl.rollout import RolloutStats
 from rl.seeds import group_seeds, sampling_seed
+from rl.weights import PublishedWeights
 from rl.workers import RolloutWorkers
 
 
@@ -89,7 +90,7 @@ class RolloutSource(Protocol):
         """Block until the learner's next batch, for weights ``version``, is there."""
         ...
 
-    def publish(self, version: int, weights: ray.ObjectRef) -> None:
+    def publish(self, version: int, weights: PublishedWeights) -> None:
         """Hand the learner's new weights to the rollout workers."""
         ...
 
@@ -165,7 +166,7 @@ class SyncRollouts:
             .remote(chunk, self.group_size, offset, sampling_seed(self.seed, self.iteration, w), version)
         )
 
-    def publish(self, version: int, weights: ray.ObjectRef) -> None:
+    def publish(self, version: int, weights: PublishedWeights) -> None:
         self.workers.load(version, weights)
 
     def checkpoint(self, path: Path, version: int) -> None:

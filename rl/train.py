@@ -1,10 +1,15 @@
 """`python -m rl.train [overrides]` (console script `k3rl-train`): the Hydra entry point of k3rl.
 
-Composes ``conf/config.yaml`` (groups ``model/ algo/ env/ sandbox/ rollout/ trainer/``), checks it
-against the typed schemas of ``rl.config``, starts Ray and trains. Hydra's run folder
+Composes ``conf/config.yaml`` (groups ``model/ algo/ env/ sandbox/ rollout/ trainer/``; the user's own
+configs from ``./conf`` and ``--config-dir DIR``, `rl.config.command_line`), checks it against the typed
+schemas of ``rl.config`` and the task's options against its signature, makes, resets and steps one env
+of the task here (`rl.preflight`), then starts Ray and trains. Hydra's run folder
 (``outputs/<date>/<time>/``) receives the resolved config, the log, ``metrics.jsonl``, TensorBoard
-events, checkpoints and the learning-curve plot; their paths are printed at the end. A bad config value
-stops the run before anything starts, with one line naming the key and the file to fix.
+events, checkpoints, the learning-curve plot and, with ``trainer.log_samples``, ``samples.txt``; their
+paths are printed at the end. A config mistake, on the command line or in a file, stops the run before
+anything starts with one line naming the key, where it came from and the nearest valid names (exit 2);
+a task that cannot start stops it with the frames of the task's own files (exit 1). Task modules are
+imported from the working directory, as ``python -m`` does, also through the ``k3rl-train`` script.
 
 Examples::
 
@@ -18,7 +23,9 @@ Examples::
 
 from __future__ import annotations
 
+import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +35,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentenv.paths import conf_dir
 from rl.config import ConfigError, RunConfig
-from rl.config.load import load
+from rl.config.command_line import prepare
+from rl.config.load import load, with_origin
+from rl.preflight import TaskFailed, check_task_options, try_task
 
 
 def resolve_config(cfg: DictConfig) -> RunConfig:
@@ -43,6 +52,10 @@ def resolve_config(cfg: DictConfig) -> RunConfig:
             "data: stage=sft needs an existing demonstration JSONL (python -m rl.demonstrations), "
             f"got {run.data!r}"
         )
+    try:
+        check_task_options(run)
+    except ConfigError as exc:
+        raise with_origin(cfg, exc) from None
     return run
 
 
@@ -63,14 +76,34 @@ def train(cfg: DictConfig, run_dir: str | Path):
 
 class CheckConfigFirst(Callback):
     """Hydra callback (``hydra.callbacks`` in conf/config.yaml): checks the composed config when the run
-    starts, before Hydra creates its run folder, so that a rejected config leaves no ``outputs/`` behind."""
+    starts, before Hydra creates its run folder, so that a rejected config leaves no ``outputs/`` behind;
+    then, with ``trainer.preflight``, one env of the task is made, reset and stepped here (`rl.preflight`)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
-            resolve_config(config)
+            run = resolve_config(config)
         except ConfigError as exc:
             print(f"k3rl-train: config error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
+        if run.stage != "rl" or not run.trainer.preflight:
+            return
+        started = time.perf_counter()
+        try:
+            done = try_task(run)
+        except TaskFailed as exc:
+            print(f"k3rl-train: task error (pre-flight check of {run.env.id}): {exc}", file=sys.stderr)
+            raise SystemExit(1) from None
+        took = time.perf_counter() - started
+        print(f"k3rl-train: pre-flight check of {run.env.id} passed in {took:.1f} s: {'; '.join(done)}",
+              file=sys.stderr)
+
+
+def _to_log_file(text: str) -> None:
+    """Append ``text`` to the run's log file (Hydra's file handler: ``train.log``), not to the console."""
+    record = logging.LogRecord("k3rl.train", logging.ERROR, __file__, 0, text, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 # An absolute config path: conf/ of the checkout, or the copy an installed wheel ships (agentenv.paths).
@@ -89,6 +122,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     except (TooManyFailures, RolloutWorkerLost, LearnerRankLost) as exc:
         print(f"k3rl-train: training stopped: {exc}", file=sys.stderr)
         print(f"k3rl-train: metrics and plot so far are in {run_dir}", file=sys.stderr)
+        _to_log_file(f"training stopped: {exc}")
         raise SystemExit(1) from None
     except KeyboardInterrupt:
         print(f"\nk3rl-train: interrupted; metrics and the plot so far are in {run_dir}", file=sys.stderr)
@@ -110,12 +144,28 @@ def _hydra_main(cfg: DictConfig) -> None:
     )
     if target is not None:
         print(f"target success {target}: {'reached' if result.reached_target else 'NOT reached'}")
+    evaluated = [r for r in result.history if "eval_success" in r]
+    if evaluated:
+        last = evaluated[-1]
+        print(f"held-out success: {last['eval_success']:.2f} over {last['eval_episodes']:.0f} games "
+              f"(after iteration {last['iteration']})")
+    if cfg.trainer.log_samples:
+        print(f"samples:        {run_dir / 'samples.txt'} ({cfg.trainer.log_samples} episodes per iteration)")
     print(f"learning curve: {result.plot}")
     print(f"checkpoint:     {result.checkpoint}")
     print(f"metrics:        {run_dir / 'metrics.jsonl'} (TensorBoard: {run_dir / 'tb'})")
 
 
 def main() -> None:
+    """``python -m rl.train`` and ``k3rl-train``: the user's config folders added and the command line
+    checked (`rl.config.command_line`), then Hydra's run."""
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # task modules in the working directory, as `python -m` has
+    try:
+        sys.argv = [sys.argv[0], *prepare(sys.argv[1:], "config")]
+    except ConfigError as exc:
+        print(f"k3rl-train: config error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     _hydra_main()
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import textwrap
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -30,12 +31,17 @@ from rl.config.checks import check_device
 from rl.device import resolve_device
 from rl.errors import TooManyFailures
 from rl.failures import failure_metrics
+from rl.heldout import HeldOutEval
 from rl.inflight import load_record
 from rl.learner_group import LearnerGroup
 from rl.metrics import MetricsLogger
 from rl.rollout import RolloutStats
+from rl.samples import SampleLog
 from rl.sandbox_hosts import split_hosts
 from rl.sources import Batch, RolloutSource, SyncRollouts
+from rl.task_metrics import cut_metrics, cut_warning, info_metrics, task_name
+from rl.tokenizer import build_tokenizer
+from rl.weights import PublishedWeights
 from rl.workers import RolloutWorkers
 
 log = logging.getLogger("k3rl.train")
@@ -55,10 +61,20 @@ class TrainResult:
 
 
 def failure_summary(errors: list[str]) -> str:
-    """The five most common errors, with their counts."""
-    kinds = Counter(e.split(": ", 1)[1] if ": " in e else e for e in errors)
+    """The five most common errors (their first line, ``seed N: `` aside), with their counts, each followed
+    by the task-file frames of one of its tracebacks (the lines after the first, `rl.rollout`)."""
+    kinds: Counter[str] = Counter()
+    frames: dict[str, str] = {}
+    for error in errors:
+        first, _, rest = error.partition("\n")
+        kind = first.split(": ", 1)[1] if ": " in first else first
+        kinds[kind] += 1
+        frames.setdefault(kind, rest)
     lines = ["most common errors:"]
-    lines += [f"  {count} x {kind[:200]}" for kind, count in kinds.most_common(5)]
+    for kind, count in kinds.most_common(5):
+        lines.append(f"  {count} x {kind[:200]}")
+        if frames[kind]:
+            lines.append(textwrap.indent(frames[kind], "    "))
     return "\n".join(lines)
 
 
@@ -113,16 +129,28 @@ class Trainer:
         self.workers: RolloutWorkers | None = None
         self.source: RolloutSource | None = None
         self.version = 0  # the learner's latest published version, and its weights' reference
-        self.weights: ray.ObjectRef | None = None
+        self.weights: PublishedWeights | None = None
+        self.task_name = task_name(cfg.env.id)  # the prefix of the task's own metrics (rl.task_metrics)
+        self.samples: SampleLog | None = None  # trainer.log_samples (rl.samples)
+        self.heldout: HeldOutEval | None = None  # trainer.eval_every (rl.heldout)
+        self.warned_cut = False  # episodes cut by env.max_episode_tokens were reported (once a run)
 
     # ------------------------------------------------------------------ the loop
     def _iteration(self, iteration: int, started: float) -> dict[str, Any]:
         """One iteration, the same in both modes: the source's batch for the current weights, one
         learner step on it, the new weights back to the source; returns the iteration's metrics."""
         batch = self.source.next_batch(self.version)
-        check_failures(batch.stats, self.rollout_cfg.max_failed_fraction, iteration)
+        try:
+            check_failures(batch.stats, self.rollout_cfg.max_failed_fraction, iteration)
+        except TooManyFailures:  # a stopped run's metrics and plot still hold what this iteration played
+            self.metrics.log(iteration, self._record(batch, dict(batch.metrics), {}, started))
+            raise
         for error in batch.stats.errors[:3]:
             log.warning("iteration %d: episode failed: %s", iteration, error)
+        warning = cut_warning(batch.outcomes, self.cfg.env.max_episode_tokens)
+        if warning and not self.warned_cut:
+            log.warning("iteration %d: %s", iteration, warning)
+            self.warned_cut = True
         step_started = time.perf_counter()
         learner_metrics, self.version, self.weights = self.learner.train_step(*batch.refs)
         step_ended = time.perf_counter()
@@ -140,7 +168,22 @@ class Trainer:
             "learner_idle_fraction": 1.0 - learner_s / max(iteration_s, 1e-9),
             **batch.metrics,
         }
-        return self._record(batch, timings, learner_metrics, started)
+        record = self._record(batch, timings, learner_metrics, started)
+        return {**record, **self._watch(iteration, batch)}
+
+    def _watch(self, iteration: int, batch: Batch) -> dict[str, Any]:
+        """What the user asked to see of an iteration: ``trainer.log_samples`` episodes written to the run
+        folder, and every ``trainer.eval_every`` iterations the held-out games' metrics."""
+        if self.samples is not None:
+            self.samples.write(iteration, batch.refs, batch.version)
+        every = self.tcfg.eval_every
+        if self.heldout is None or not every or (iteration + 1) % every:
+            return {}
+        started = time.perf_counter()
+        metrics = self.heldout.run(self.version, (iteration + 1) // every)
+        log.info("iteration %d: held-out success %.2f over %d games (weights v%d)", iteration,
+                 metrics["eval_success"], metrics["eval_episodes"], self.version)
+        return {**metrics, "eval_s": time.perf_counter() - started}
 
     def run(self) -> TrainResult:
         started = time.perf_counter()
@@ -215,6 +258,10 @@ class Trainer:
         self.workers.load(self.version, self.weights)  # workers hold no weights until now
         self.workers.record_placement(self.run_dir, self.learner.node())
         self.source = self._source(first, resumed)
+        if self.tcfg.log_samples:
+            self.samples = SampleLog(self.run_dir, self.tcfg.log_samples, build_tokenizer(self.cfg.tokenizer))
+        if self.tcfg.eval_every:
+            self.heldout = HeldOutEval(self.workers, self.cfg.seed, self.tcfg.eval_episodes)
         return first
 
     def _start_ray(self) -> None:
@@ -336,6 +383,8 @@ class Trainer:
             "sandbox_fork_latency_s": stats.fork_s / stats.forks if stats.forks else 0.0,
             **stats.pool_summary(),
             "sandboxes_created": stats.sandboxes_created,
+            **cut_metrics(outcomes),
+            **info_metrics(outcomes, self.task_name),
             "env_close_errors": stats.close_errors,
             "worker_restarts": self.workers.restarts,
             "elapsed_s": time.perf_counter() - started,

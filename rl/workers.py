@@ -19,6 +19,7 @@ from rl.device import worker_options
 from rl.errors import RolloutWorkerLost, StaleWeights
 from rl.rollout import RolloutStats
 from rl.sandbox_hosts import worker_environment
+from rl.weights import PublishedWeights
 
 log = logging.getLogger("k3rl.train")
 
@@ -49,7 +50,7 @@ class RolloutWorkers:
         self.actors = actors
         self.max_restarts = max_restarts  # worker losses one batch survives (rollout.max_worker_restarts)
         self.version = NO_WEIGHTS
-        self.weights: ray.ObjectRef | None = None
+        self.weights: PublishedWeights | None = None
         self.restarts = 0
         self.pools: dict[int, list[dict]] = {}
         self.nodes: list[dict[str, str]] = []  # each worker's Ray node (id, IP), once `record_placement` ran
@@ -70,7 +71,7 @@ class RolloutWorkers:
         return len(self.actors)
 
     # ------------------------------------------------------------------ weights
-    def load(self, version: int, weights: ray.ObjectRef) -> None:
+    def load(self, version: int, weights: PublishedWeights) -> None:
         """Every worker loads ``version`` by reference (object store → worker); returns when all hold it.
         A worker lost meanwhile (on a cluster: its node gone) is brought back by `recover`."""
         self.version, self.weights = version, weights
@@ -83,7 +84,7 @@ class RolloutWorkers:
                 failures += 1
                 self.recover(w, exc, failures)
 
-    def offer(self, version: int, weights: ray.ObjectRef) -> None:
+    def offer(self, version: int, weights: PublishedWeights) -> None:
         """Offer ``version`` to every worker without waiting: each copies it beside its running rollout and
         swaps it in between turns (`rl.actors.RolloutWorker.offer_weights`)."""
         self.version, self.weights = version, weights

@@ -40,7 +40,7 @@ def module_files(root: Path, packages: Iterable[str]) -> dict[str, Path]:
     return out
 
 
-def _absolute(module: str, is_package: bool, level: int, name: str | None) -> str:
+def absolute_module(module: str, is_package: bool, level: int, name: str | None) -> str:
     """The absolute module named by a (possibly relative) ``from`` import in ``module``."""
     if level == 0:
         return name or ""
@@ -59,7 +59,7 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            target = _absolute(module, is_package, node.level, node.module)
+            target = absolute_module(module, is_package, node.level, node.module)
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
                 found.add(sub if sub in known else target)

@@ -18,8 +18,11 @@ Commands of one code block run in order in one working directory. A command whos
 by SHRINK to seconds, so that the later command is checked against what the earlier one really wrote.
 
 Files a tutorial asks the reader to write (a code block whose first line is `# <path>`, e.g.
-`# my_tasks.py` or `# conf/env/count_files.yaml`) are written to a scratch folder first, which stands for
+`# word_hunt.py` or `# conf/env/word_hunt.yaml`) are written to a scratch folder first, which stands for
 the reader's working directory (`PYTHONPATH=.`) and extends Hydra's config search path.
+
+The sections of `REAL_SECTIONS` are not dry-run here: their test runs every command of them for real,
+in order, in a fresh folder (the task tutorial of docs/tasks.md: tests/rl/test_task_tutorial.py).
 
 Also here: Markdown pointers to repository files must name files that exist, and a config that the
 trainer rejects leaves no Hydra run folder behind.
@@ -52,6 +55,9 @@ SHRINK = {
     ("rl.train", "stage=sft"): ["sft.max_steps=1", "sft.checkpoint_every=0", "trainer.progress_bar=false"],
 }
 _WRITES = re.compile(r"^(?:out|hydra\.run\.dir)=(\S+)$")
+# (doc, first heading, the heading it ends before) -> the test that runs its commands for real
+REAL_SECTIONS = {("docs/tasks.md", "## Writing a task", "## Options every task accepts"):
+                "tests/rl/test_task_tutorial.py"}
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _TUTORIAL_FILE = re.compile(r"\A# ([\w./-]+\.(?:py|yaml))\s*\n")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
@@ -94,10 +100,22 @@ def _complete(text: str) -> bool:
     return True
 
 
+def run_for_real_lines(doc: str) -> list[tuple[int, int]]:
+    """The line ranges of ``doc`` whose commands a test of `REAL_SECTIONS` runs for real."""
+    lines = (ROOT / doc).read_text().splitlines()
+    ranges = []
+    for (name, start, end) in REAL_SECTIONS:
+        if name == doc:
+            first = lines.index(start) + 1
+            last = next(i for i, line in enumerate(lines) if i >= first and line.startswith(end)) + 1
+            ranges.append((first, last))
+    return ranges
+
+
 def doc_commands() -> list[DocCommand]:
     commands = []
     for doc, first, lang, body in _blocks():
-        if lang not in SHELL_FENCES:
+        if lang not in SHELL_FENCES or any(a <= first < b for a, b in run_for_real_lines(doc)):
             continue
         lines = body.splitlines()
         i = 0

@@ -110,7 +110,7 @@ def _build_wheel(tmp_path: Path) -> Path:
 
 def _base_image_tag() -> str:
     """The content-hash tag of the checkout's base recipe, which the bootstrap built."""
-    from agentenv import images
+    from agentenv.backend import images
 
     tag = images.tag_of("base")
     assert images.info("base").built, f"the base image {tag} is not built; run `make bootstrap`"
@@ -171,3 +171,14 @@ def test_installed_wheel_outside_the_checkout(tmp_path: Path) -> None:
     bad = _run([venv / "bin" / "k3rl-train", "algo.optim.lr=-1"], work, env, timeout=120, expect=2)
     assert "config error: algo.optim.lr" in bad.stderr
     assert not (work / "outputs").exists(), "a rejected config created Hydra's outputs/ folder"
+
+    # The user's own configs beside the wheel's: ./conf of the working directory, and --config-dir.
+    guess = yaml.safe_load((ROOT / "conf" / "env" / "guess_number.yaml").read_text())
+    (work / "conf" / "env").mkdir(parents=True)
+    (work / "conf" / "env" / "mine.yaml").write_text(yaml.safe_dump({**guess, "max_episode_tokens": 77}))
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "env").mkdir(parents=True)
+    (elsewhere / "env" / "theirs.yaml").write_text(yaml.safe_dump({**guess, "max_episode_tokens": 78}))
+    for args, tokens in ((["env=mine"], 77), (["--config-dir", str(elsewhere), "env=theirs"], 78)):
+        cfg = _run([venv / "bin" / "k3rl-train", "--cfg", "job", *args], work, env, timeout=120)
+        assert yaml.safe_load(cfg.stdout)["env"]["max_episode_tokens"] == tokens, cfg.stdout

@@ -5,8 +5,11 @@ but the dump: `fastpath` (containerd's checkpoint RPC) and `docker-criu` (Docker
 the configured one cannot run on this host, `selection.select_backend` raises BackendUnavailable with the
 reason, unless `fallback: docker-criu` is configured; the backend says which it is and why (`agentenv info`).
 
+Only this package talks to Docker, containerd and CRIU (scripts/backend_seam.py checks it): the rest of
+AgentENV uses the seam's types (`base`), the backend object `agentenv.runtime.runtime()` selects, and the
+engine-neutral helpers `backend_seam.PUBLIC` names.
+
 This file imports no module of its own: Python runs it before any module of the package (`docker_client`,
-`base`, `cgroups`), and the runtime imports the Docker SDK and `agentenv.images`, which imports
-`docker_client` from here: an import circle, and the Docker SDK in every process that reads a cgroup.
+`base`, `cgroups`), so importing it would load the Docker SDK in every process that reads a cgroup.
 """
 

@@ -3,6 +3,8 @@
 `agentenv.sandbox.Sandbox` owns states, locks and the registry; a backend owns containers. The one
 implementation is `agentenv.backend.runtime.CriuRuntime` (Docker containers, CRIU images in one
 checkpoint store); the `fastpath` and `docker-criu` backends differ only in how the dump is made.
+Callers outside `agentenv.backend` reach a sandbox's container only through this class (the server's
+process files, watchers and metrics included: `container_root`, `workdir_on_host`, `sample`, `find`).
 """
 
 from __future__ import annotations
@@ -83,7 +85,8 @@ class LiveFiles(abc.ABC):
 
     @abc.abstractmethod
     def read_many(self, offsets: Mapping[str, int], limit: int) -> dict[str, tuple[int, bytes] | None]:
-        """For each path: (its size, its bytes from the offset, at most `limit`), None when it is missing."""
+        """For each path, read in the order given: (its size, its bytes from the offset, at most `limit`),
+        None when it is missing."""
 
     @abc.abstractmethod
     def write(self, path: str, data: bytes) -> None:
@@ -101,6 +104,13 @@ class LiveFiles(abc.ABC):
     @abc.abstractmethod
     def tree_usage(self, path: str) -> tuple[int, int]:
         """(bytes of the files below `path`, size of the file system holding it)."""
+
+    def start_detached(self, base: str, tag: str, argv: Sequence[str], env: Mapping[str, str], cwd: str,
+                       stdin: bool) -> int | None:
+        """Start `argv` detached as `agentenv serve`'s launcher script does (agentenv/server/procs.py: the
+        folder `<base>/t.<tag>`, its files and the link `<base>/p.<pid>`); its PID. None: this sandbox has
+        no faster way than that script."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -151,6 +161,15 @@ class ContainerState:
     exit_code: int | None
     oom_killed: bool
     error: str
+
+
+@dataclass(frozen=True)
+class ResourceSample:
+    """What a running sandbox holds beyond its processes' memory (`SandboxBackend.sample`)."""
+
+    page_cache_bytes: int   # file pages charged to its memory cgroup (0 where it has none on the host)
+    disk_used_bytes: int    # bytes of the files in its work dir
+    disk_total_bytes: int   # size of the file system holding its work dir
 
 
 @dataclass(frozen=True)
@@ -225,8 +244,31 @@ class SandboxBackend(abc.ABC):
 
     def live_files(self, ref: ContainerRef) -> LiveFiles | None:
         """The running sandbox's files for the host to read and write, or None where the host reaches them
-        itself (a container's root through its init, `/proc/<pid>/root`)."""
+        itself (a container's root through its init, `container_root`)."""
         return None
+
+    def container_root(self, ref: ContainerRef) -> Path:
+        """The running container's file system as the host sees it (`/proc/<its init>/root`), where
+        `live_files` is None; ContainerNotRunning when it is gone or stopped."""
+        raise NotImplementedError(f"the {self.name} backend's sandboxes have no root on this host")
+
+    def workdir_on_host(self, ref: ContainerRef, workdir: str) -> Path | None:
+        """The host folder that is the running sandbox's work dir `workdir` (its volume: the host can watch
+        it), or None when there is none (not running, gone, or a file system only the sandbox sees)."""
+        return None
+
+    def sample(self, ref: ContainerRef, workdir: str) -> ResourceSample:
+        """The running sandbox's page cache and the disk use of its work dir `workdir` (zeros when it is not
+        running). This default counts the work dir through `live_files`, with no page cache."""
+        files = self.live_files(ref)
+        if files is None:
+            raise NotImplementedError(f"the {self.name} backend samples no sandbox")
+        return ResourceSample(0, *files.tree_usage(workdir))
+
+    def daemon_pids(self) -> list[int]:
+        """Host PIDs of the daemons that run this backend's containers, dumps and restores (their cgroups
+        hold the CPU those cost, `agentenv.pool.cpu`); [] when the work runs in the callers' processes."""
+        return []
 
     def fork_into(self, source: ContainerRef, ref: ContainerRef) -> None:
         """Copy the stopped source's work dir into another sandbox's container made ahead (a spare shell of
@@ -290,6 +332,24 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     def list_owned(self, home: str) -> dict[str, list[str]]:
         """{'containers': [...], 'volumes': [...]} labelled as belonging to the registry at `home`."""
+
+    def find(self, labels: Mapping[str, str], *, running_only: bool = False) -> dict[str, list[str]]:
+        """The containers and volumes carrying every one of `labels`, as `list_owned` gives them; with
+        `running_only`, only running containers and no volumes. `labels` must hold `LABEL_HOME` and may
+        hold `LABEL_SANDBOX`: this default reads `list_owned`, `sandbox_of_container` and `state` (a
+        volume is found by its home only, never by its sandbox)."""
+        home, sandbox = labels.get(LABEL_HOME), labels.get(LABEL_SANDBOX)
+        other = sorted(set(labels) - {LABEL_HOME, LABEL_SANDBOX})
+        if home is None or other:
+            raise NotImplementedError(f"the {self.name} backend finds containers by {LABEL_HOME} (and "
+                                      f"{LABEL_SANDBOX}) only, not by {other or 'these labels'}")
+        owned = self.list_owned(home)
+        containers = [c for c in owned["containers"]
+                      if sandbox is None or self.sandbox_of_container(c) == sandbox]
+        if running_only:
+            containers = [c for c in containers if (st := self.state(ContainerRef(c, ""))) and st.running]
+        volumes = [] if running_only or sandbox is not None else list(owned["volumes"])
+        return {"containers": containers, "volumes": volumes}
 
 
 class ContainerNotRunning(Exception):

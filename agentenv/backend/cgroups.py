@@ -91,6 +91,16 @@ def read_usage(pid: int) -> CgroupUsage:
     )
 
 
+def page_cache_bytes(pid: int) -> int:
+    """File pages charged to the memory cgroup of process `pid` (v1 `cache`, v2 `file`); 0 without one."""
+    dirs = cgroup_dirs(pid) if pid > 0 else {}
+    mem = dirs.get("memory") or dirs.get("unified")
+    if mem is None:
+        return 0
+    stat = _kv(mem / "memory.stat")
+    return stat.get("cache", stat.get("file", 0))
+
+
 def cgroup_pids(pid: int) -> list[int]:
     """Host PIDs of every process in the cgroup of `pid` (a container's init); [] when it has none."""
     if pid <= 0:

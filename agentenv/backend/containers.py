@@ -17,20 +17,19 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import functools
 import json
 import os
 import secrets
+import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import docker
-import requests
 
-from agentenv.backend import docker_client, runtime_files
+from agentenv.backend import docker_client, images, runtime_files
 from agentenv.backend.base import (
     LABEL_HOME,
     LABEL_SANDBOX,
@@ -43,11 +42,15 @@ from agentenv.backend.base import (
     ContainerState,
     HostProbe,
     RawExec,
+    ResourceSample,
     SandboxBackend,
     ShellStream,
 )
-from agentenv.backend.cgroups import read_usage
+from agentenv.backend.cgroups import page_cache_bytes, read_usage
+from agentenv.backend.docker_client import docker_errors, first_line
 from agentenv.backend.docker_exec import DockerShell, kill_attached, run_exec, start_exec
+from agentenv.backend.files import tree_bytes
+from agentenv.backend.procs import pids_named
 from agentenv.errors import AgentEnvError, BackendUnavailable, CheckpointError
 from agentenv.locks import sandbox_lock
 
@@ -57,24 +60,8 @@ LABEL_PROBE = "org.k3rl.agentenv.probe"
 INIT_ARGV = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep infinity & wait $!; done"]
 RUNTIME_TMPFS = "size=64k,mode=755"
 CAP_SYS_RESOURCE = 24
-
-T = TypeVar("T")
-
-
-def _docker_errors(fn: Callable[..., T]) -> Callable[..., T]:
-    """Turn "cannot reach the daemon" into BackendUnavailable; leave other errors alone."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> T:
-        try:
-            return fn(*args, **kwargs)
-        except (requests.exceptions.ConnectionError, ConnectionRefusedError, FileNotFoundError) as e:
-            if isinstance(e, FileNotFoundError) and "docker.sock" not in str(e):
-                raise
-            docker_client.reset()
-            raise docker_client.unavailable(e) from None
-
-    return wrapper
+RUNTIME_DAEMONS = ("dockerd", "containerd")  # the host processes that run containers, dumps and restores
+MAX_COUNTED_FILES = 100_000  # `sample`: a work dir with more files is counted this far (bounds one call)
 
 
 def cap_sys_resource_in_bounding_set(pid: int | str = "self") -> bool:
@@ -96,15 +83,11 @@ def _exec_errors() -> Iterator[None]:
     try:
         yield
     except docker.errors.NotFound as e:
-        raise ContainerNotRunning(f"its container is gone ({_first_line(e)})") from None
+        raise ContainerNotRunning(f"its container is gone ({first_line(e)})") from None
     except docker.errors.APIError as e:
         if e.status_code == 409:
-            raise ContainerNotRunning(_first_line(e)) from None
-        raise AgentEnvError(f"docker exec failed: {_first_line(e)}") from None
-
-
-def _first_line(e: docker.errors.APIError) -> str:
-    return str(e.explanation or e).strip().splitlines()[0]
+            raise ContainerNotRunning(first_line(e)) from None
+        raise AgentEnvError(f"docker exec failed: {first_line(e)}") from None
 
 
 class DockerContainers(SandboxBackend):
@@ -122,7 +105,7 @@ class DockerContainers(SandboxBackend):
         return docker_client.api()
 
     # ---- host facts -------------------------------------------------------------------------------
-    @_docker_errors
+    @docker_errors
     def docker_root(self) -> Path:
         """Docker's data dir (checkpoints and volumes live there); we must be able to write it."""
         if self._root is None:
@@ -144,13 +127,13 @@ class DockerContainers(SandboxBackend):
                 "as `dockerd --experimental` (scripts/ensure_dockerd.sh does)"
             )
 
-    @_docker_errors
+    @docker_errors
     def describe(self) -> dict[str, object]:
         version = self.api.version()
         return {"docker": version.get("Version"), "experimental": bool(version.get("Experimental")),
                 "docker_root": str(self.docker_root())}
 
-    @_docker_errors
+    @docker_errors
     def probe(self, image: str, refresh: bool = False) -> HostProbe:
         """Try to checkpoint a uid-1000 process once; cache the answer per boot and Docker version."""
         with self._lock:
@@ -203,10 +186,8 @@ class DockerContainers(SandboxBackend):
         """Checkpoint the running probe container the way pauses do (then drop the images); raise
         CheckpointError with CRIU's reason when it cannot."""
 
-    @_docker_errors
+    @docker_errors
     def resolve_image(self, image: str) -> str:
-        from agentenv import images
-
         return images.resolve(image)
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -262,7 +243,7 @@ class DockerContainers(SandboxBackend):
             raise
         return ContainerRef(container=cid, volume=volume)
 
-    @_docker_errors
+    @docker_errors
     def create(self, spec: ContainerSpec) -> ContainerRef:
         ref = self._new_container(spec)
         try:
@@ -291,7 +272,7 @@ class DockerContainers(SandboxBackend):
         return self._runtime_files(ref, {"sandbox-id": sandbox_id, "seed": str(secrets.randbits(63))},
                                    read="marker", pid=pid)
 
-    @_docker_errors
+    @docker_errors
     def exec(self, ref: ContainerRef, argv: Sequence[str], *, user: str, timeout_s: float,
              output_limit: int, stdin: bytes | None = None, env: Mapping[str, str] | None = None,
              workdir: str | None = None) -> RawExec:
@@ -299,13 +280,13 @@ class DockerContainers(SandboxBackend):
             return run_exec(self.api, ref.container, argv, user=UIDS[user], timeout_s=timeout_s,
                             output_limit=output_limit, stdin=stdin, env=env, workdir=workdir)
 
-    @_docker_errors
+    @docker_errors
     def open_shell(self, ref: ContainerRef, *, user: str) -> ShellStream:
         with _exec_errors():
             exec_id, stream = start_exec(self.api, ref.container, SHELL_ARGV, user=UIDS[user], stdin=True)
         return DockerShell(exec_id, stream)
 
-    @_docker_errors
+    @docker_errors
     def end_shells(self, ref: ContainerRef) -> int:
         try:
             exec_ids = self.api.inspect_container(ref.container).get("ExecIDs") or []
@@ -325,15 +306,15 @@ class DockerContainers(SandboxBackend):
             kill_attached(pids)
         return len(pids)
 
-    @_docker_errors
+    @docker_errors
     def freeze(self, ref: ContainerRef) -> None:
         self.api.pause(ref.container)
 
-    @_docker_errors
+    @docker_errors
     def thaw(self, ref: ContainerRef) -> None:
         self.api.unpause(ref.container)
 
-    @_docker_errors
+    @docker_errors
     def remove(self, ref: ContainerRef) -> None:
         if ref.container:
             with contextlib.suppress(docker.errors.NotFound):
@@ -351,7 +332,7 @@ class DockerContainers(SandboxBackend):
                     time.sleep(0.2)
 
     # ---- inspection ----------------------------------------------------------------------------
-    @_docker_errors
+    @docker_errors
     def state(self, ref: ContainerRef) -> ContainerState | None:
         try:
             s = self.api.inspect_container(ref.container)["State"]
@@ -360,7 +341,7 @@ class DockerContainers(SandboxBackend):
         return ContainerState(running=bool(s.get("Running")), exit_code=s.get("ExitCode"),
                               oom_killed=bool(s.get("OOMKilled")), error=s.get("Error") or "")
 
-    @_docker_errors
+    @docker_errors
     def usage(self, ref: ContainerRef) -> tuple[int, float, int, int]:
         try:
             pid = int(self.api.inspect_container(ref.container)["State"].get("Pid") or 0)
@@ -369,14 +350,68 @@ class DockerContainers(SandboxBackend):
         u = read_usage(pid)
         return (u.rss_bytes, u.cpu_seconds, u.pids, u.oom_kills)
 
-    @_docker_errors
-    def list_owned(self, home: str) -> dict[str, list[str]]:
-        flt = {"label": f"{LABEL_HOME}={home}"}
-        containers = [c["Id"] for c in self.api.containers(all=True, filters=flt)]
-        volumes = [v["Name"] for v in (self.api.volumes(filters=flt).get("Volumes") or [])]
+    def _running_init(self, ref: ContainerRef) -> tuple[dict[str, Any], int]:
+        """(the running container's inspect data, its init's host PID); ContainerNotRunning else."""
+        try:
+            info = self.api.inspect_container(ref.container)
+        except docker.errors.NotFound:
+            raise ContainerNotRunning("its container is gone") from None
+        pid = int(info["State"].get("Pid") or 0)
+        if not info["State"].get("Running") or pid <= 0:
+            raise ContainerNotRunning("its container is not running")
+        return info, pid
+
+    @docker_errors
+    def container_root(self, ref: ContainerRef) -> Path:
+        return Path(f"/proc/{self._running_init(ref)[1]}/root")
+
+    @staticmethod
+    def _workdir_mount(info: dict[str, Any], workdir: str) -> str | None:
+        """The host folder mounted at `workdir` (the work-dir volume's), from the container's inspect data."""
+        ws = workdir.rstrip("/")
+        return next((m["Source"] for m in info.get("Mounts") or []
+                     if m.get("Destination", "").rstrip("/") == ws and m.get("Source")), None)
+
+    @docker_errors
+    def workdir_on_host(self, ref: ContainerRef, workdir: str) -> Path | None:
+        try:
+            source = self._workdir_mount(self._running_init(ref)[0], workdir)
+        except ContainerNotRunning:
+            return None
+        return Path(os.path.realpath(source)) if source else None
+
+    @docker_errors
+    def sample(self, ref: ContainerRef, workdir: str) -> ResourceSample:
+        try:
+            info = self.api.inspect_container(ref.container)
+        except docker.errors.NotFound:
+            return ResourceSample(0, 0, 0)
+        cache = page_cache_bytes(int(info["State"].get("Pid") or 0))  # 0 without a process
+        mount = self._workdir_mount(info, workdir)
+        if not mount:
+            return ResourceSample(cache, 0, 0)
+        used = tree_bytes(Path(mount), MAX_COUNTED_FILES)
+        return ResourceSample(cache, used, shutil.disk_usage(mount).total)
+
+    def daemon_pids(self) -> list[int]:
+        return pids_named(*RUNTIME_DAEMONS)
+
+    @docker_errors
+    def find(self, labels: Mapping[str, str], *, running_only: bool = False) -> dict[str, list[str]]:
+        if not labels:  # Docker's filter would match every container on the daemon, other homes' too
+            raise ValueError("find needs at least one label to match")
+        flt: dict[str, Any] = {"label": [f"{k}={v}" for k, v in labels.items()]}
+        if running_only:
+            flt["status"] = "running"
+        containers = [c["Id"] for c in self.api.containers(all=not running_only, filters=flt)]
+        volumes = [] if running_only else [
+            v["Name"] for v in (self.api.volumes(filters={"label": flt["label"]}).get("Volumes") or [])]
         return {"containers": containers, "volumes": volumes}
 
-    @_docker_errors
+    def list_owned(self, home: str) -> dict[str, list[str]]:
+        return self.find({LABEL_HOME: home})
+
+    @docker_errors
     def sandbox_of_container(self, container: str) -> str | None:
         try:
             return self.api.inspect_container(container)["Config"]["Labels"].get(LABEL_SANDBOX)

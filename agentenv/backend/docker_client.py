@@ -7,8 +7,11 @@ does not exist in the child); its first `api()` call connects anew."""
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import docker
 import requests
@@ -21,6 +24,8 @@ _client: docker.APIClient | None = None
 # Long enough for a checkpoint/restore of a few GiB; exec sockets get their own timeout.
 API_TIMEOUT_S = 900
 POOL_SIZE = 64
+
+T = TypeVar("T")
 
 
 def daemon_url() -> str:
@@ -35,6 +40,28 @@ def unavailable(error: Exception | str) -> BackendUnavailable:
         f"no Docker daemon answers at {daemon_url()} ({why}); run `make bootstrap` "
         "(or scripts/ensure_dockerd.sh) to start one"
     )
+
+
+def docker_errors(fn: Callable[..., T]) -> Callable[..., T]:
+    """Turn "cannot reach the daemon" into BackendUnavailable (and forget the dead client); leave other
+    errors alone."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except (requests.exceptions.ConnectionError, ConnectionRefusedError, FileNotFoundError) as e:
+            if isinstance(e, FileNotFoundError) and "docker.sock" not in str(e):
+                raise
+            reset()
+            raise unavailable(e) from None
+
+    return wrapper
+
+
+def first_line(e: docker.errors.APIError) -> str:
+    """The first line of the daemon's explanation of an API error."""
+    return str(e.explanation or e).strip().splitlines()[0]
 
 
 def api() -> docker.APIClient:

@@ -43,7 +43,8 @@ from agentenv.backend.base import (
     ContainerSpec,
     Settled,
 )
-from agentenv.backend.containers import DockerContainers, _docker_errors, _first_line
+from agentenv.backend.containers import DockerContainers
+from agentenv.backend.docker_client import docker_errors, first_line
 from agentenv.backend.dumpers import TRANSIENT_DUMP_ERRORS, ContainerdDump, DockerApiDump
 from agentenv.backend.files import copy_tree
 from agentenv.backend.host import HostSupport
@@ -77,7 +78,7 @@ class CriuRuntime(DockerContainers):
         self.store = CheckpointStore(settings.store_dir, settings.disk_cap)
 
     # ---- pause -------------------------------------------------------------------------------
-    @_docker_errors
+    @docker_errors
     def checkpoint(self, ref: ContainerRef, checkpoint_id: str, *, user: str) -> Checkpoint:
         self._require_experimental()
         info = self.api.inspect_container(ref.container)
@@ -155,11 +156,11 @@ class CriuRuntime(DockerContainers):
         return ""
 
     # ---- resume and fork ---------------------------------------------------------------------
-    @_docker_errors
+    @docker_errors
     def restore(self, ref: ContainerRef, checkpoint: Checkpoint, *, sandbox_id: str) -> None:
         self._restore(ref, checkpoint, sandbox_id)
 
-    @_docker_errors
+    @docker_errors
     def fork_files(self, source: ContainerRef, spec: ContainerSpec) -> ContainerRef:
         ref = self._new_container(spec)
         try:
@@ -169,11 +170,11 @@ class CriuRuntime(DockerContainers):
             raise
         return ref
 
-    @_docker_errors
+    @docker_errors
     def fork_into(self, source: ContainerRef, ref: ContainerRef) -> None:
         self._copy_files(source, ref, copy_rootfs=False)
 
-    @_docker_errors
+    @docker_errors
     def new_container(self, spec: ContainerSpec) -> ContainerRef:
         name = spec.name or f"agentenv-{spec.sandbox_id}"
         if self._name_taken(name):  # a moved sandbox keeps its id; another home on this Docker may hold it
@@ -190,7 +191,7 @@ class CriuRuntime(DockerContainers):
                 continue
         return False
 
-    @_docker_errors
+    @docker_errors
     def sandbox_files(self, ref: ContainerRef, *, rootfs: bool) -> dict[str, Path]:
         out = {"workdir": Path(self.api.inspect_volume(ref.volume)["Mountpoint"])}
         if rootfs:
@@ -218,7 +219,7 @@ class CriuRuntime(DockerContainers):
             self.api._raise_for_status(res)
         except docker.errors.APIError as e:
             message = str(e.explanation or e)
-            why = criu_log.explain(criu_log.log_named_in(message)) or f": {_first_line(e)}"
+            why = criu_log.explain(criu_log.log_named_in(message)) or f": {first_line(e)}"
             raise CheckpointError(f"CRIU could not restore checkpoint {checkpoint.id}{why}") from None
         finally:
             shutil.rmtree(folder, ignore_errors=True)
@@ -276,7 +277,7 @@ class CriuRuntime(DockerContainers):
             "restore.log"
 
     # ---- after a death halfway ---------------------------------------------------------------
-    @_docker_errors
+    @docker_errors
     def settle(self, ref: ContainerRef, sandbox_id: str, recorded: str, checkpoint: Checkpoint | None,
                wait_s: float) -> Settled:
         if recorded == "running":
@@ -336,20 +337,20 @@ class CriuRuntime(DockerContainers):
                                           interrupted.ctr_dump_of(ref.container))
 
     # ---- disk hygiene ------------------------------------------------------------------------
-    @_docker_errors
+    @docker_errors
     def discard_checkpoint(self, ref: ContainerRef, checkpoint: Checkpoint) -> None:
         path = Path(checkpoint.path)
         record = self.store.record_at(path)
         if record is not None:
             self.store.delete(record)
 
-    @_docker_errors
+    @docker_errors
     def remove(self, ref: ContainerRef) -> None:
         super().remove(ref)
         if ref.container:
             self.store.delete_container(ref.container)
 
-    @_docker_errors
+    @docker_errors
     def collect_leftovers(self, dry_run: bool = False, older_than_s: float = 600.0) -> list[str]:
         """`agentenv gc`: images of containers Docker no longer has, and containerd's unpacked copies."""
         live = {c["Id"] for c in self.api.containers(all=True, quiet=True)}
@@ -361,7 +362,7 @@ class CriuRuntime(DockerContainers):
                     self.store.delete_container(cid)
         return removed + containerd.remove_restore_copies(older_than_s=older_than_s, dry_run=dry_run)
 
-    @_docker_errors
+    @docker_errors
     def describe(self) -> dict[str, object]:
         ctrd = self.host.containerd
         return {

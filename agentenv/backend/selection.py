@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from agentenv.backend.base import SandboxBackend
 from agentenv.backend.host import probe
 from agentenv.backend.runtime import CriuRuntime
 from agentenv.backend.settings import BackendSettings, default_settings_path
@@ -15,11 +16,13 @@ from agentenv.backend.warm import WarmRuntime
 from agentenv.errors import BackendUnavailable
 
 
-def select_backend(home: Path, settings: BackendSettings | None = None) -> CriuRuntime:
+def select_backend(home: Path, settings: BackendSettings | None = None) -> SandboxBackend:
     """The backend this process uses for the registry at `home` (see the module docstring)."""
     settings = settings or BackendSettings.load()
     where = ("$AGENTENV_BACKEND" if os.environ.get("AGENTENV_BACKEND") == settings.backend
              else f"`backend` in {default_settings_path()}")
+    if settings.backend == "microvm":
+        return _microvm(home, settings, where)
     try:
         host = probe(settings)
     except BackendUnavailable as e:
@@ -37,3 +40,21 @@ def select_backend(home: Path, settings: BackendSettings | None = None) -> CriuR
 
 def _runtime(name: str) -> type[CriuRuntime]:
     return WarmRuntime if name == "warm" else CriuRuntime
+
+
+def _microvm(home: Path, settings: BackendSettings, where: str) -> SandboxBackend:
+    """The microvm backend (imported only when configured), or the fallback when it cannot run here."""
+    from agentenv.backend.microvm.runtime import MicroVMRuntime
+
+    try:
+        return MicroVMRuntime(home, settings, "microvm", reason=f"configured ({where})")
+    except BackendUnavailable as e:
+        if settings.fallback == "none":
+            raise BackendUnavailable(
+                f"the configured AgentENV backend 'microvm' ({where}) cannot run on this host: {e}. Fix "
+                f"that, or set `fallback: docker-criu` in {default_settings_path()} to use containers "
+                "instead") from None
+        host = probe(settings, settings.fallback)
+        return CriuRuntime(home, settings, host, settings.fallback,
+                           reason=f"fallback: the configured backend 'microvm' ({where}) cannot run here "
+                                  f"({e}); `fallback: {settings.fallback}` is configured")

@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 
 from agentenv.settings import Size, build, load_settings, setting, settings_path
 
-Backend = Literal["warm", "fastpath", "docker-criu"]
+Backend = Literal["warm", "fastpath", "docker-criu", "microvm"]
 Fallback = Literal["none", "docker-criu"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 FALLBACKS: tuple[str, ...] = get_args(Fallback)
@@ -53,6 +53,18 @@ class BackendSettings:
     ksm_sleep_ms: int = setting(min=0)
     spare_shells: bool
     spare_ttl_s: float = setting(above=0)
+    # microvm backend (defaults: a file that predates it still loads)
+    microvm_dir: Path = setting(check=(Path.is_absolute, "an absolute path"),
+                                default=Path("/var/lib/agentenv/microvm"))
+    microvm_kernel_dir: Path = setting(check=(Path.is_absolute, "an absolute path"),
+                                       default=Path("/opt/k3rl/microvm/kernel"))
+    microvm_accel: Literal["auto", "kvm", "tcg"] = "auto"
+    microvm_kvm_probe_s: float = setting(above=0, default=15.0)
+    microvm_memory_overhead: Size = setting(default=160 * 2**20)
+    microvm_channels: int = setting(min=2, max=30, default=8)
+    microvm_waiting_vms: int = setting(min=0, default=8)
+    microvm_boot_timeout_s: float = setting(above=0, default=180.0)
+    microvm_nice: int = setting(min=0, max=19, default=0)
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> BackendSettings:

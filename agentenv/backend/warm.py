@@ -42,8 +42,8 @@ from agentenv.backend.base import (
     Settled,
 )
 from agentenv.backend.cgroups import cgroup_pids, read_usage
-from agentenv.backend.containers import _docker_errors
 from agentenv.backend.criu_images import ids_in_use, read_pstree, renumber_root
+from agentenv.backend.docker_client import docker_errors
 from agentenv.backend.nsexec import bump_last_pid, host_program, run_in_mounts, start_criu
 from agentenv.backend.page_daemon import PageDaemon
 from agentenv.backend.procs import ns_pid, process_tree
@@ -89,7 +89,7 @@ class WarmRuntime(CriuRuntime):
         return mounts
 
     # ---- pause -------------------------------------------------------------------------------
-    @_docker_errors
+    @docker_errors
     def checkpoint(self, ref: ContainerRef, checkpoint_id: str, *, user: str) -> Checkpoint:
         info = self.api.inspect_container(ref.container)
         if not info["State"].get("Running"):
@@ -240,7 +240,7 @@ class WarmRuntime(CriuRuntime):
         for c in cool:
             self.cool(ContainerRef(c, ""))
 
-    @_docker_errors
+    @docker_errors
     def cool(self, ref: ContainerRef) -> bool:
         """Stop a paused sandbox's warm shell (no process left); False, touching nothing, unless the
         container runs its init alone and holds a checkpoint (a running sandbox may hold no process of
@@ -280,7 +280,7 @@ class WarmRuntime(CriuRuntime):
         self.store.delete_container(container)
 
     # ---- resume and fork ---------------------------------------------------------------------
-    @_docker_errors
+    @docker_errors
     def restore(self, ref: ContainerRef, checkpoint: Checkpoint, *, sandbox_id: str) -> None:
         record = self.store.record_at(checkpoint.path)
         if record is None or record.format != TREE:
@@ -317,7 +317,7 @@ class WarmRuntime(CriuRuntime):
         outlives pauses, and `usage` counts from the last restore (as a fresh container's would)."""
         return self.files.logs / f"{container_id}.cpu0"
 
-    @_docker_errors
+    @docker_errors
     def usage(self, ref: ContainerRef) -> tuple[int, float, int, int]:
         rss, cpu, pids, ooms = super().usage(ref)
         try:
@@ -392,7 +392,7 @@ class WarmRuntime(CriuRuntime):
         want = str(pid).encode()
         return lambda argv: b"nsenter" in argv and want in argv and b"dump" in argv
 
-    @_docker_errors
+    @docker_errors
     def settle(self, ref: ContainerRef, sandbox_id: str, recorded: str, checkpoint: Checkpoint | None,
                wait_s: float) -> Settled:
         try:
@@ -440,18 +440,18 @@ class WarmRuntime(CriuRuntime):
         except docker.errors.NotFound:
             return 0
 
-    @_docker_errors
+    @docker_errors
     def dump_in_progress(self, ref: ContainerRef) -> bool:
         pid = self._init_pid(ref)
         return bool(pid) and interrupted.dump_running(self._dump_of(pid))
 
-    @_docker_errors
+    @docker_errors
     def drop_leftovers(self, ref: ContainerRef, keep: Checkpoint | None) -> list[str]:
         return interrupted.drop_leftovers(self.store, ref.container, Path(keep.path) if keep else None,
                                           self._dump_of(self._init_pid(ref)))
 
     # ---- disk hygiene ------------------------------------------------------------------------
-    @_docker_errors
+    @docker_errors
     def discard_checkpoint(self, ref: ContainerRef, checkpoint: Checkpoint) -> None:
         record = self.store.record_at(checkpoint.path)
         if record is None:
@@ -466,7 +466,7 @@ class WarmRuntime(CriuRuntime):
                                 checkpoint.path)
         self.store.delete(record, after=after if daemons else None)
 
-    @_docker_errors
+    @docker_errors
     def remove(self, ref: ContainerRef) -> None:
         with self._state_lock:
             self._warm.pop(ref.container, None)
@@ -476,7 +476,7 @@ class WarmRuntime(CriuRuntime):
             self.restore_log(ref.container).unlink(missing_ok=True)
             self._cpu_baseline(ref.container).unlink(missing_ok=True)
 
-    @_docker_errors
+    @docker_errors
     def describe(self) -> dict[str, object]:
         return {
             **super().describe(),

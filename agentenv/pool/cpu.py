@@ -1,13 +1,13 @@
 """The host's CPU, measured: what a pause or a resume cost in CPU seconds, and how many cores are spare.
 
-A CRIU dump or restore runs in dockerd, containerd, its shims, runc and CRIU, not in the caller's process.
-Where those daemons sit in a cgroup of their own (a systemd service, or the `k3rl-runtime` cgroup
-scripts/ensure_dockerd.sh moves a daemon it finds in the root cgroup to), their CPU is read there
-exactly: the cgroup's CPU counter (cpuacct on cgroup v1, cpu.stat on v2) covers the daemons and every
-process they start (shims, runc, CRIU and its helpers), and not the sandboxes' workloads (their
-containers have cgroups elsewhere), the learner or the policy. Where they share the root cgroup with
-everything else, the only counter left is the host's busy time in /proc/stat (every core, every process,
-the kernel included). Readers:
+A CRIU dump or restore runs in dockerd, containerd, its shims, runc and CRIU, not in the caller's process
+(the backend names its daemons: `SandboxBackend.daemon_pids`). Where those daemons sit in a cgroup of
+their own (a systemd service, or the `k3rl-runtime` cgroup scripts/ensure_dockerd.sh moves a daemon it
+finds in the root cgroup to), their CPU is read there exactly: the cgroup's CPU counter (cpuacct on
+cgroup v1, cpu.stat on v2) covers the daemons and every process they start (shims, runc, CRIU and its
+helpers), and not the sandboxes' workloads (their containers have cgroups elsewhere), the learner or the
+policy. Where they share the root cgroup with everything else, the only counter left is the host's busy
+time in /proc/stat (every core, every process, the kernel included). Readers:
 
 * `RuntimeCpu` is that counter: the runtime's cgroups when it has them, else the host's busy time; each
   reading says which it is (`source`).
@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentenv.backend.cgroups import CGROUP_ROOT, cgroup_dirs
-from agentenv.backend.procs import pids_named
 
 PROC_STAT = Path("/proc/stat")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
@@ -205,7 +204,6 @@ class SpareCores:
         return min(max(0.0, idle_share) * len(self.cpus), self.cores)
 
 
-RUNTIME_DAEMONS = ("dockerd", "containerd")  # their cgroups hold the runtime's CPU (see the docstring)
 HOST = "host"  # `CpuReading.source` when the runtime has no cgroup of its own
 
 
@@ -218,12 +216,20 @@ class CpuReading:
     source: str
 
 
+def daemon_pids() -> list[int]:
+    """Host PIDs of the daemons of this process's backend (`SandboxBackend.daemon_pids`: dockerd and
+    containerd for the container backends)."""
+    from agentenv.runtime import runtime
+
+    return runtime().backend.daemon_pids()
+
+
 def runtime_cgroups(pids: list[int] | None = None, root: Path = CGROUP_ROOT) -> list[Path]:
     """The CPU-accounting cgroup folders (cpuacct on v1, unified on v2) of the runtime's daemons
-    (`RUNTIME_DAEMONS`, or ``pids``), outermost only; [] when none runs or any of them is in the root
+    (`daemon_pids`, or ``pids``), outermost only; [] when none runs or any of them is in the root
     cgroup (its CPU cannot be told from the host's there)."""
     found: set[Path] = set()
-    for pid in pids_named(*RUNTIME_DAEMONS) if pids is None else pids:
+    for pid in daemon_pids() if pids is None else pids:
         dirs = cgroup_dirs(pid)
         folder = dirs.get("cpuacct") or dirs.get("unified")
         if folder is None:

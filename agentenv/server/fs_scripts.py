@@ -8,8 +8,7 @@ it (E2B's `files.write(metadata=...)`, envd >= 0.6.2).
 
 from __future__ import annotations
 
-EXIT_MISSING = 5
-EXIT_NOT_DIR = 7
+from agentenv.files import EXIT_MISSING, EXIT_NOT_DIR
 
 # Shared by both programs: the entry of one path, as envd's EntryInfo.
 _ENTRY = r"""

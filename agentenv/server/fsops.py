@@ -11,25 +11,21 @@ from __future__ import annotations
 
 import json
 import posixpath
-import shlex
 from dataclasses import dataclass, field
 
+from agentenv import files
 from agentenv.checks import workspace_path
 from agentenv.errors import (
     AgentEnvError,
-    FileExistsInSandbox,
     FileNotFoundInSandbox,
     InvalidArgument,
-    NotADirectoryInSandbox,
     PathOutsideWorkspace,
 )
-from agentenv.sandbox import _EXIT_REFUSED, Sandbox, _confine
+from agentenv.files import EXIT_EXISTS, EXIT_MISSING
+from agentenv.sandbox import Sandbox
 from agentenv.server import fs_scripts
 
 HOME = "/home/user"
-_EXIT_MISSING = fs_scripts.EXIT_MISSING
-_EXIT_EXISTS = 6
-_EXIT_NOT_DIR = fs_scripts.EXIT_NOT_DIR
 _MAX_DEPTH = 16
 _TIMEOUT_S = 60.0
 
@@ -99,28 +95,19 @@ def _shown(sb: Sandbox, path: str | None, as_home: bool) -> str | None:
 def _run(sb: Sandbox, script: str, *args: str, what: str, env: dict[str, str] | None = None,
          stdin: bytes | None = None):
     r = sb.exec(["sh", "-c", script, "sh", *args], timeout=_TIMEOUT_S, env=env, stdin=stdin)
-    msg = (r.stderr or "").strip()
-    if r.exit_code == 0:
-        return r
-    if r.exit_code == _EXIT_REFUSED:
-        raise PathOutsideWorkspace(f"{what} refused: {msg}")
-    if r.exit_code == _EXIT_MISSING:
-        raise FileNotFoundInSandbox(f"{what}: no such file or directory: {args[0]}")
-    if r.exit_code == _EXIT_EXISTS:
-        raise FileExistsInSandbox(f"{what}: {args[-1]} exists already")
-    if r.exit_code == _EXIT_NOT_DIR:
-        raise NotADirectoryInSandbox(f"{what}: {args[0]} is not a directory")
-    raise AgentEnvError(f"{what} failed in sandbox {sb.id}: {msg or f'exit {r.exit_code}'}")
+    error = files.file_error(r.exit_code, r.stderr or "", what=what, path=args[0], sandbox_id=sb.id)
+    if error is not None:
+        raise error
+    return r
 
 
 def _confined(sb: Sandbox) -> str:
-    """Like `_confine`, but the work dir itself is allowed too (listing it is the common case)."""
-    ws = _ws(sb)
-    return f'if [ "$1" = {shlex.quote(ws)} ]; then p=$1; else ' + _confine(ws).rstrip("; ") + "; fi; "
+    """`files.confine`, the work dir itself allowed too (listing it is the common case)."""
+    return files.confine(_ws(sb), workdir_too=True)
 
 
 def _exists(var: str = "p") -> str:
-    return f'{{ [ -e "${var}" ] || [ -L "${var}" ]; }} || exit {_EXIT_MISSING}; '
+    return f'{{ [ -e "${var}" ] || [ -L "${var}" ]; }} || exit {EXIT_MISSING}; '
 
 
 def _describe(sb: Sandbox, full: str, depth: int, what: str) -> list[Entry]:
@@ -174,7 +161,7 @@ def write(sb: Sandbox, path: str, data: bytes, metadata: dict[str, str]) -> Entr
 
 def make_dir(sb: Sandbox, path: str) -> Entry:
     full = sandbox_path(sb, path)
-    _run(sb, _confined(sb) + f'{{ [ -e "$p" ] || [ -L "$p" ]; }} && exit {_EXIT_EXISTS}; mkdir -p -- "$p"',
+    _run(sb, _confined(sb) + f'{{ [ -e "$p" ] || [ -L "$p" ]; }} && exit {EXIT_EXISTS}; mkdir -p -- "$p"',
          physical(sb, full), what=f"make dir {path!r}")
     return stat(sb, full)
 

@@ -1,5 +1,5 @@
 """`GET /sandboxes/{id}/metrics` (the SDK's `get_metrics`): one sample of a sandbox's resource use, read
-when asked from its cgroup (v1 or v2, `agentenv.backend.cgroups`) and its work-dir volume.
+when asked from its cgroup and its work dir (`SandboxBackend.usage` and `sample`).
 
 E2B keeps a time series sampled every few seconds; this server keeps none: each call returns the sample
 taken now when now lies in the asked range (`start`/`end`, default: the sandbox's start until now), else
@@ -11,18 +11,14 @@ holding it (sandboxes have no disk quota of their own); a paused one shows zeros
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from agentenv.backend import docker_client
-from agentenv.backend.cgroups import _kv, cgroup_dirs
+from agentenv.backend.base import ContainerRef
+from agentenv.runtime import runtime
 from agentenv.sandbox import Sandbox
-
-_MAX_FILES = 100_000  # a work dir with more files is counted this far (keeps one call bounded)
 
 
 @dataclass(frozen=True)
@@ -44,20 +40,6 @@ class Sample:
                 "diskTotal": self.disk_total}
 
 
-def _tree_bytes(root: str) -> int:
-    total = files = 0
-    for dirpath, _dirs, names in os.walk(root):
-        for n in names:
-            try:
-                total += os.lstat(os.path.join(dirpath, n)).st_size
-            except OSError:
-                continue
-            files += 1
-            if files >= _MAX_FILES:
-                return total
-    return total
-
-
 class Metrics:
     """Samples sandboxes; remembers each one's last CPU reading to give the use between two calls."""
 
@@ -69,22 +51,10 @@ class Metrics:
         now = time.time()
         st = sb.stats()
         cfg = sb.config
-        api = docker_client.api()
         cache = disk_used = disk_total = 0
         if st.state == "running" and sb.container_id:
-            info = api.inspect_container(sb.container_id)
-            pid = int(info["State"].get("Pid") or 0)
-            dirs = cgroup_dirs(pid) if pid > 0 else {}
-            mem = dirs.get("memory") or dirs.get("unified")
-            if mem is not None:
-                stat = _kv(mem / "memory.stat")
-                cache = stat.get("cache", stat.get("file", 0))
-            ws = cfg.workspace.rstrip("/")
-            mount = next((m.get("Source") for m in info.get("Mounts") or []
-                          if m.get("Destination", "").rstrip("/") == ws), None)
-            if mount:
-                disk_used = _tree_bytes(mount)
-                disk_total = shutil.disk_usage(mount).total
+            held = runtime().backend.sample(ContainerRef(sb.container_id, ""), cfg.workspace)
+            cache, disk_used, disk_total = held.page_cache_bytes, held.disk_used_bytes, held.disk_total_bytes
         with self._lock:
             then, cpu_then = self._last.get(sb.id, (started_at, 0.0))
             self._last[sb.id] = (now, st.cpu_seconds)

@@ -10,8 +10,10 @@ see docs/agentenv.md "Limits"). Each process therefore lives entirely inside the
   and writes its exit code to a file;
 * stdin, when asked for, is a named FIFO whose write end a `sleep infinity` keeper holds open, so the
   command sees EOF only when CloseStdin kills the keeper;
-* the host follows output by reading those files through `/proc/<container init>/root` (no exec per
-  read), writes stdin into the FIFO the same way, and signals with one `Sandbox.exec` of `kill`.
+* the host follows output by reading those files (no exec per read), writes stdin into the FIFO the same
+  way, and signals with one `Sandbox.exec` of `kill`. It reaches a container's files through
+  `/proc/<container init>/root` (`RootFiles`); a backend whose sandboxes the host cannot see into (the
+  microVMs) gives them through `SandboxBackend.live_files`.
 
 So a paused sandbox holds no host-side handle of its processes; after a resume (or in a fork) the same
 files continue. Needs root on the host, as the checkpoint backends do.
@@ -25,12 +27,13 @@ import errno
 import json
 import os
 import secrets
+import shutil
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentenv.backend import docker_client
+from agentenv.backend.base import ContainerNotRunning, ContainerRef, LiveFiles
 from agentenv.errors import (
     AgentEnvError,
     InvalidArgument,
@@ -40,7 +43,8 @@ from agentenv.errors import (
     SandboxStateError,
 )
 from agentenv.locks import sandbox_lock
-from agentenv.sandbox import Sandbox, runtime
+from agentenv.runtime import runtime
+from agentenv.sandbox import Sandbox
 from agentenv.server import fsops
 from agentenv.server.pty_bridge import BRIDGE
 from agentenv.server.users import SANDBOX_USER
@@ -52,7 +56,8 @@ LAUNCH_TIMEOUT_S = 30.0
 STDIN_WRITE_TIMEOUT_S = 10.0
 _EXIT_BAD_CWD = 96
 
-# $1 dir, $2 stdin flag (1/0), $3... argv. Runs as a session leader with stdio on /dev/null.
+# $1 dir, $2 stdin flag (1/0), $3... argv. Runs as a session leader with stdin and stderr on /dev/null; prints
+# the command's PID on stdout (the launcher's pipe), then lets go of it.
 _WRAPPER = r"""
 d=$1; s=$2; shift 2; k=
 if [ "$s" = 1 ]; then
@@ -63,24 +68,27 @@ else
   setsid "$@" < /dev/null > "$d/out" 2> "$d/err" &
 fi
 p=$!
-echo "$p" > "$d/pid.tmp" && mv "$d/pid.tmp" "$d/pid"
+echo "$p" > "$d/pid"
+echo "$p"; exec > /dev/null
 wait "$p"; c=$?
 [ -n "$k" ] && kill "$k" 2>/dev/null
 echo "$c" > "$d/exit.tmp" && mv "$d/exit.tmp" "$d/exit"
 """
 
-# $1 base dir, $2 tag, $3 stdin flag, $4... argv. Prints the command's PID.
+# $1 base dir, $2 tag, $3 stdin flag, $4... argv. Prints the command's PID. Few processes of its own (each
+# costs a fork and an exec, which is dear in an emulated guest): the wrapper hands the PID back through
+# the command substitution's pipe, and the clean-up of old folders runs on in the background.
 _LAUNCHER = r"""
 b=$1; t=$2; s=$3; shift 3; d="$b/t.$t"
 mkdir -p "$b" && mkdir "$d" || exit 97
-find "$b" -mindepth 2 -maxdepth 2 -name exit -mmin +30 2>/dev/null | while read -r f; do
-  rm -rf "${f%/exit}"; done
-find "$b" -maxdepth 1 -type l ! -exec test -e {} \; -delete 2>/dev/null
+( find "$b" -mindepth 2 -maxdepth 2 -name exit -mmin +30 2>/dev/null | while read -r f; do
+    rm -rf "${f%/exit}"; done
+  for l in "$b"/p.*; do [ -e "$l" ] || [ ! -L "$l" ] || rm -f "$l"; done ) </dev/null >/dev/null 2>&1 &
 [ "$s" = 1 ] && { mkfifo "$d/in" || exit 97; }
 w=$W; unset W
-setsid sh -c "$w" wrapper "$d" "$s" "$@" < /dev/null > /dev/null 2>&1 &
-i=0; while [ ! -f "$d/pid" ]; do i=$((i+1)); [ "$i" -gt 2000 ] && exit 98; sleep 0.005; done
-p=$(cat "$d/pid"); ln -sfn "t.$t" "$b/p.$p" && echo "$p"
+p=$(setsid sh -c "$w" wrapper "$d" "$s" "$@" < /dev/null 2> /dev/null &)
+[ -n "$p" ] || exit 98
+ln -sfn "t.$t" "$b/p.$p" && echo "$p"
 """
 
 
@@ -105,13 +113,10 @@ class OutputEvent:
 
 def _container_root(sb: Sandbox) -> Path:
     """`/proc/<init>/root` of the sandbox's running container: its filesystem as the host sees it."""
-    if sb.status != "running" or not sb.container_id:
-        raise SandboxStateError(f"sandbox {sb.id} is {sb.status}; connect to it (resume) first")
-    info = docker_client.api().inspect_container(sb.container_id)
-    pid = int(info["State"].get("Pid") or 0)
-    if not info["State"].get("Running") or pid <= 0:
-        raise SandboxStateError(f"sandbox {sb.id}'s container is not running")
-    root = Path(f"/proc/{pid}/root")
+    try:
+        root = runtime().backend.container_root(ContainerRef(sb.container_id or "", ""))
+    except ContainerNotRunning:
+        raise SandboxStateError(f"sandbox {sb.id}'s container is not running") from None
     try:
         os.stat(root / PROC_ROOT.lstrip("/"))
     except FileNotFoundError:
@@ -120,6 +125,74 @@ def _container_root(sb: Sandbox) -> Path:
         raise AgentEnvError("the server cannot read sandbox files through /proc/<pid>/root: run "
                             "`agentenv serve` as root (as the checkpoint backends need)") from None
     return root
+
+
+class RootFiles(LiveFiles):
+    """A container's files through `/proc/<its init>/root` (see the module docstring)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _p(self, path: str) -> Path:
+        return self.root / path.lstrip("/")
+
+    def read_many(self, offsets: Mapping[str, int], limit: int) -> dict[str, tuple[int, bytes] | None]:
+        out: dict[str, tuple[int, bytes] | None] = {}
+        for path, offset in offsets.items():
+            try:
+                with open(self._p(path), "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    f.seek(offset)
+                    out[path] = (size, f.read(max(0, min(limit, size - offset))))
+            except (FileNotFoundError, NotADirectoryError):
+                out[path] = None
+        return out
+
+    def write(self, path: str, data: bytes) -> None:
+        self._p(path).write_bytes(data)
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(self._p(path)))
+
+    def write_fifo(self, path: str, data: bytes, timeout_s: float) -> None:
+        try:
+            fd = os.open(self._p(path), os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                raise ConnectionRefusedError(str(e)) from None
+            raise
+        deadline = time.monotonic() + timeout_s
+        view = memoryview(data)
+        try:
+            while view:
+                try:
+                    view = view[os.write(fd, view):]
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{path} was not read for {timeout_s:g} s") from None
+                    time.sleep(0.01)
+        finally:
+            os.close(fd)
+
+    def tree_usage(self, path: str) -> tuple[int, int]:
+        total = 0
+        for dirpath, _dirs, names in os.walk(self._p(path)):
+            for name in names:
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(dirpath, name)).st_size
+        return total, shutil.disk_usage(self._p(path)).total
+
+
+def _files(sb: Sandbox) -> LiveFiles:
+    """The running sandbox's files as the server reaches them (see the module docstring)."""
+    if sb.status != "running" or not sb.container_id:
+        raise SandboxStateError(f"sandbox {sb.id} is {sb.status}; connect to it (resume) first")
+    rt = runtime()
+    try:
+        files = rt.backend.live_files(ContainerRef(sb.container_id, ""))
+    except ContainerNotRunning as e:  # it died behind our back: marked broken, as a failed exec does
+        raise sb._container_lost(str(e)) from None
+    return files if files is not None else RootFiles(_container_root(sb))
 
 
 class SandboxKilled(SandboxStateError):
@@ -149,8 +222,18 @@ def _stopped(sb: Sandbox, pid: int) -> SandboxStateError:
                              "now, e.g. after the pause of a fork or snapshot); follow the process again")
 
 
-def _proc_dir(root: Path, pid: int) -> Path:
-    return root / PROC_ROOT.lstrip("/") / f"p.{pid}"
+def _proc_dir(pid: int) -> str:
+    return f"{PROC_ROOT}/p.{pid}"
+
+
+def _exists(files: LiveFiles, *paths: str) -> list[bool]:
+    found = files.read_many(dict.fromkeys(paths, 0), 0)
+    return [found[p] is not None for p in paths]
+
+
+def _text(files: LiveFiles, path: str) -> str | None:
+    got = files.read_many({path: 0}, MAX_READ)[path]
+    return None if got is None else got[1].decode(errors="replace")
 
 
 class ProcessManager:
@@ -185,38 +268,50 @@ class ProcessManager:
         workdir = fsops.resolve(sb, cwd) if cwd else fsops.home_dir(sb)
         # HOME and USER as in E2B's sandboxes; PWD keeps the directory's name as given (the home is a
         # symlink to the work dir), so `pwd` prints /home/user, not /workspace
-        env = {"HOME": fsops.home_dir(sb), "USER": SANDBOX_USER, **envs, "PWD": workdir, "W": _WRAPPER}
-        r = sb.exec(argv, timeout=LAUNCH_TIMEOUT_S, env=env, workdir=workdir)
-        if r.exit_code != 0 or not r.stdout.strip().isdigit():
-            detail = (r.stderr or r.stdout).strip()[:300] or f"exit {r.exit_code}"
-            if "workdir" in detail or "chdir" in detail or "no such file" in detail.lower():
-                raise AgentEnvError(f"cannot start {cmd!r} in {workdir!r}: {detail}")
-            raise AgentEnvError(f"could not start {cmd!r} in sandbox {sb.id}: {detail}")
-        pid = int(r.stdout.strip())
+        env = {"HOME": fsops.home_dir(sb), "USER": SANDBOX_USER, **envs, "PWD": workdir}
+        files = _files(sb)
+        try:
+            started = files.start_detached(PROC_ROOT, tag_dir, [cmd, *args], env, workdir, stdin)
+        except (FileNotFoundError, NotADirectoryError, PermissionError) as e:
+            raise AgentEnvError(f"cannot start {cmd!r} in {workdir!r}: {e}") from None
+        if started is not None:
+            pid = started
+        else:
+            r = sb.exec(argv, timeout=LAUNCH_TIMEOUT_S, env={**env, "W": _WRAPPER}, workdir=workdir)
+            if r.exit_code != 0 or not r.stdout.strip().isdigit():
+                detail = (r.stderr or r.stdout).strip()[:300] or f"exit {r.exit_code}"
+                if "workdir" in detail or "chdir" in detail or "no such file" in detail.lower():
+                    raise AgentEnvError(f"cannot start {cmd!r} in {workdir!r}: {detail}")
+                raise AgentEnvError(f"could not start {cmd!r} in sandbox {sb.id}: {detail}")
+            pid = int(r.stdout.strip())
         shown = (args[5], args[6:]) if pty is not None else (cmd, list(args))  # the command, not the bridge
         meta = {"pid": pid, "tag": tag, "cmd": shown[0], "args": list(shown[1]), "envs": dict(envs),
                 "cwd": cwd, "pty": pty is not None}
-        root = _container_root(sb)
-        (_proc_dir(root, pid) / "meta.json").write_text(json.dumps(meta))
+        files.write(f"{_proc_dir(pid)}/meta.json", json.dumps(meta).encode())
         return pid
 
     def list(self, sb: Sandbox) -> list[ProcInfo]:
         """Processes started through the API that have not exited yet."""
-        base = _container_root(sb) / PROC_ROOT.lstrip("/")
+        files = _files(sb)
+        try:
+            links = [n for n in files.listdir(PROC_ROOT) if n.startswith("p.")]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        found = files.read_many({f"{PROC_ROOT}/{n}/{f}": 0 for n in links for f in ("exit", "meta.json")},
+                                MAX_READ)
         out = []
-        with contextlib.suppress(FileNotFoundError):
-            for link in sorted(base.glob("p.*")):
-                if (link / "exit").exists():
-                    continue
-                meta = _read_meta(link)
-                if meta is not None:
-                    out.append(meta)
+        for n in links:
+            meta = found[f"{PROC_ROOT}/{n}/meta.json"]
+            if found[f"{PROC_ROOT}/{n}/exit"] is None and meta is not None:
+                info = _parse_meta(meta[1])
+                if info is not None:
+                    out.append(info)
         return out
 
     def resolve(self, sb: Sandbox, pid: int | None = None, tag: str | None = None) -> int:
         """The PID of a live or finished API process chosen by PID or by tag."""
         if pid is not None:
-            if not (_proc_dir(_container_root(sb), pid) / "pid").exists():
+            if not _exists(_files(sb), f"{_proc_dir(pid)}/pid")[0]:
                 raise ProcessNotFound(f"process with pid {pid} not found in sandbox {sb.id}")
             return pid
         for info in self.list(sb):
@@ -227,72 +322,57 @@ class ProcessManager:
     # ---- input and signals --------------------------------------------------------------------
     def send_input(self, sb: Sandbox, pid: int, data: bytes) -> None:
         """Write `data` to the process's stdin FIFO (it must have been started with stdin)."""
-        d = _proc_dir(_container_root(sb), pid)
-        fifo = d / "in"
-        if not fifo.exists() or (d / "exit").exists():
+        files, d = _files(sb), _proc_dir(pid)
+        fifo, exited = _exists(files, f"{d}/in", f"{d}/exit")
+        if not fifo or exited:
             raise ProcessNotFound(f"process {pid} has no open stdin (started without stdin, closed, or "
                                   "exited)")
         try:
-            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError as e:
-            if e.errno == errno.ENXIO:
-                raise ProcessNotFound(f"process {pid} has no reader on its stdin any more") from None
-            raise
-        deadline = time.monotonic() + STDIN_WRITE_TIMEOUT_S
-        view = memoryview(data)
-        try:
-            while view:
-                try:
-                    n = os.write(fd, view)
-                    view = view[n:]
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise AgentEnvError(f"process {pid} did not read its stdin for "
-                                            f"{STDIN_WRITE_TIMEOUT_S:g} s") from None
-                    time.sleep(0.01)
-                except BrokenPipeError:
-                    raise ProcessNotFound(f"process {pid} closed its stdin") from None
-        finally:
-            os.close(fd)
+            files.write_fifo(f"{d}/in", data, STDIN_WRITE_TIMEOUT_S)
+        except ConnectionRefusedError:
+            raise ProcessNotFound(f"process {pid} has no reader on its stdin any more") from None
+        except BrokenPipeError:
+            raise ProcessNotFound(f"process {pid} closed its stdin") from None
+        except TimeoutError:
+            raise AgentEnvError(f"process {pid} did not read its stdin for "
+                                f"{STDIN_WRITE_TIMEOUT_S:g} s") from None
 
     def resize(self, sb: Sandbox, pid: int, rows: int, cols: int) -> None:
         """A PTY process's new terminal size (its bridge applies it; the program gets SIGWINCH)."""
         if not (0 < rows < 65536 and 0 < cols < 65536):
             raise InvalidArgument(f"a PTY's size must be 1..65535 rows and columns, got {rows}x{cols}")
-        d = _proc_dir(_container_root(sb), pid)
-        if not (d / "pid").exists():
+        files, d = _files(sb), _proc_dir(pid)
+        found = files.read_many({f"{d}/pid": 0, f"{d}/meta.json": 0, f"{d}/exit": 0}, MAX_READ)
+        if found[f"{d}/pid"] is None:
             raise ProcessNotFound(f"process with pid {pid} not found in sandbox {sb.id}")
-        if not _is_pty(d):
+        meta = found[f"{d}/meta.json"]
+        if meta is None or not _is_pty(meta[1]):
             raise InvalidArgument(f"process {pid} has no PTY to resize (it was started without one)")
-        if (d / "exit").exists():
+        if found[f"{d}/exit"] is not None:
             raise ProcessNotFound(f"process {pid} has exited")
-        ctl = d / "ctl"
         deadline = time.monotonic() + 2.0
-        while not ctl.exists():  # the bridge makes it as it starts
-            if time.monotonic() > deadline:
-                raise AgentEnvError(f"process {pid}'s terminal did not start")
-            time.sleep(0.01)
-        fd = os.open(ctl, os.O_WRONLY | os.O_NONBLOCK)
-        try:
-            os.write(fd, f"{rows} {cols}\n".encode())
-        finally:
-            os.close(fd)
+        while True:  # the bridge makes its control FIFO as it starts
+            try:
+                files.write_fifo(f"{d}/ctl", f"{rows} {cols}\n".encode(), 2.0)
+                return
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() > deadline:
+                    raise AgentEnvError(f"process {pid}'s terminal did not start") from None
+                time.sleep(0.01)
 
     def close_stdin(self, sb: Sandbox, pid: int) -> None:
         """EOF on the process's stdin: stop the keeper that holds the FIFO's write end open."""
-        d = _proc_dir(_container_root(sb), pid)
-        try:
-            keeper = int((d / "keeper").read_text())
-        except (FileNotFoundError, ValueError):
-            raise ProcessNotFound(f"process {pid} was not started with stdin") from None
-        self._kill(sb, "TERM", str(keeper))
+        keeper = _text(_files(sb), f"{_proc_dir(pid)}/keeper")
+        if keeper is None or not keeper.strip().isdigit():
+            raise ProcessNotFound(f"process {pid} was not started with stdin")
+        self._kill(sb, "TERM", keeper.strip())
 
     def signal(self, sb: Sandbox, pid: int, signame: str) -> None:
         """SIGTERM/SIGKILL to the process's whole group (it leads one: the wrapper ran it under setsid)."""
-        d = _proc_dir(_container_root(sb), pid)
-        if not (d / "pid").exists():
+        started, exited = _exists(_files(sb), f"{_proc_dir(pid)}/pid", f"{_proc_dir(pid)}/exit")
+        if not started:
             raise ProcessNotFound(f"process with pid {pid} not found in sandbox {sb.id}")
-        if (d / "exit").exists():
+        if exited:
             return
         self._kill(sb, signame, f"-{pid}")
 
@@ -309,66 +389,72 @@ class ProcessManager:
         was written before the call (envd's Connect). Raises SandboxStateError when the sandbox is paused
         while following (the process itself lives on in the checkpoint), SandboxKilled when it is killed."""
         try:
-            root = await asyncio.to_thread(_container_root, sb)
+            files = await asyncio.to_thread(_files, sb)
         except SandboxStateError as e:  # not running: killed meanwhile is told apart, the rest as it was
             stopped = await asyncio.to_thread(_stopped, sb, pid)
             raise (stopped if isinstance(stopped, SandboxKilled) else e) from None
-        d = _proc_dir(root, pid)
-        offsets = {"stdout": 0, "stderr": 0, "pty": 0}
-        is_pty = await asyncio.to_thread(_is_pty, d)
-        files = {"pty" if is_pty else "stdout": d / "out", "stderr": d / "err"}
+        d = _proc_dir(pid)
+        meta = await asyncio.to_thread(_text, files, f"{d}/meta.json")
+        is_pty = meta is not None and _is_pty(meta.encode())
+        streams = {"pty" if is_pty else "stdout": f"{d}/out", "stderr": f"{d}/err"}
+        offsets = dict.fromkeys(streams, 0)
         if not from_start:
-            for k, f in files.items():
-                with contextlib.suppress(FileNotFoundError):
-                    offsets[k] = f.stat().st_size
+            sizes = await asyncio.to_thread(files.read_many, dict.fromkeys(streams.values(), 0), 0)
+            offsets = {k: (sizes[p] or (0, b""))[0] for k, p in streams.items()}
         while True:
             try:
-                exited = (d / "exit").exists()
+                exited = None
                 while True:  # once exited, drain everything; before, one MAX_READ per stream per poll
-                    chunks = [(kind, c) for kind, path in files.items()
-                              for c in _read_from(path, offsets, kind)]
+                    # the exit file first: output read after it is found is all there is (read in this order)
+                    ask = {f"{d}/exit": 0, f"{d}/pid": 0, **{p: offsets[k] for k, p in streams.items()}}
+                    found = await asyncio.to_thread(files.read_many, ask, MAX_READ)
+                    if found[f"{d}/pid"] is None:
+                        raise FileNotFoundError(d)
+                    exit_file = found[f"{d}/exit"]
+                    exited = exited or exit_file
+                    chunks = []
+                    for kind, path in streams.items():
+                        got = found[path]
+                        if got is not None and got[1]:
+                            offsets[kind] += len(got[1])
+                            chunks += [(kind, got[1][i:i + CHUNK]) for i in range(0, len(got[1]), CHUNK)]
                     for kind, chunk in chunks:
                         yield OutputEvent(kind, chunk)
-                    if not (exited and chunks):
+                    if not (exit_file is not None and chunks):
                         break
-                if exited:
-                    code = int((d / "exit").read_text().strip() or -1)
+                if exited is not None:
+                    code = int(exited[1].decode().strip() or -1)
                     yield OutputEvent("end", exit_code=code)
                     return
-                if not (d / "pid").exists():
-                    raise FileNotFoundError(d)
-            except (FileNotFoundError, ProcessLookupError, NotADirectoryError, ValueError):
-                if not root.exists() or not os.path.exists(root / "proc"):
+            except (FileNotFoundError, ProcessLookupError, NotADirectoryError, ValueError, AgentEnvError,
+                    ContainerNotRunning):
+                if await asyncio.to_thread(_gone, sb, files):
                     raise await asyncio.to_thread(_stopped, sb, pid) from None
                 raise ProcessNotFound(f"process {pid}'s files vanished from sandbox {sb.id}") from None
             await asyncio.sleep(self.poll_s)
 
 
-def _read_from(path: Path, offsets: dict[str, int], kind: str) -> list[bytes]:
-    """New bytes of `path` past offsets[kind], in chunks of at most CHUNK (advances the offset)."""
+def _gone(sb: Sandbox, files: LiveFiles) -> bool:
+    """Is the sandbox whose files these are no longer running (paused, killed, stopped)?"""
+    if isinstance(files, RootFiles):
+        return not files.root.exists() or not os.path.exists(files.root / "proc")
     try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return []
-    if size <= offsets[kind]:
-        return []
-    with open(path, "rb") as f:
-        f.seek(offsets[kind])
-        data = f.read(min(size - offsets[kind], MAX_READ))  # the rest on the next poll
-    offsets[kind] += len(data)
-    return [data[i:i + CHUNK] for i in range(0, len(data), CHUNK)]
+        ref = ContainerRef(sb.container_id or "", "")
+        return sb.status != "running" or runtime().backend.live_files(ref) is None
+    except (ContainerNotRunning, SandboxNotFound):
+        return True
 
 
-def _is_pty(d: Path) -> bool:
+def _is_pty(meta: bytes) -> bool:
     try:
-        return bool(json.loads((d / "meta.json").read_text()).get("pty"))
-    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return bool(json.loads(meta).get("pty"))
+    except ValueError:
         return False
 
 
-def _read_meta(d: Path) -> ProcInfo | None:
+def _parse_meta(meta: bytes) -> ProcInfo | None:
     try:
-        m = json.loads((d / "meta.json").read_text())
-    except (FileNotFoundError, NotADirectoryError, ValueError):
+        m = json.loads(meta)
+    except ValueError:
         return None
     return ProcInfo(int(m["pid"]), m.get("tag"), m["cmd"], list(m["args"]), dict(m["envs"]), m.get("cwd"))

@@ -36,12 +36,12 @@ import logging
 from dataclasses import dataclass, field
 
 from agentenv import imports, moves
-from agentenv.backend import docker_client
 from agentenv.backend.base import LABEL_HOME, LABEL_SANDBOX, ContainerRef, ContainerState, Settled
 from agentenv.errors import SandboxBusy
 from agentenv.locks import sandbox_lock
 from agentenv.registry import SandboxRecord
-from agentenv.sandbox import CONTAINER_REMOVED, remove_sandbox, runtime
+from agentenv.runtime import remove_sandbox, runtime
+from agentenv.sandbox import CONTAINER_REMOVED
 from agentenv.server.store import E2BStore
 
 log = logging.getLogger(__name__)
@@ -193,10 +193,10 @@ def _recover_one(store: E2BStore, rec: SandboxRecord, has_row: bool, ttl_s: floa
         # a create or fork that never finished: its container may exist without the registry knowing it
         # yet (Docker finished the create the server asked for). A finished one without a row (a lost
         # store, or an answer that never left) is kept: its row is rebuilt below.
-        flt = {"label": [f"{LABEL_SANDBOX}={rec.id}", f"{LABEL_HOME}={rt.home}"]}  # a moved sandbox keeps
-        # its id: on a Docker engine that two homes share, the other home's container of it is not this one
-        for c in docker_client.api().containers(all=True, filters=flt):
-            rt.backend.remove(ContainerRef(c["Id"], ""))
+        labels = {LABEL_SANDBOX: rec.id, LABEL_HOME: str(rt.home)}  # a moved sandbox keeps its id: on a
+        # Docker engine that two homes share, the other home's container of it is not this one
+        for container in rt.backend.find(labels)["containers"]:
+            rt.backend.remove(ContainerRef(container, ""))
         rt.backend.remove(ContainerRef("", rec.volume or f"agentenv-{rec.id}-ws"))
         remove_sandbox(rt, rec, reason="made by a server that died before answering")
         store.delete(rec.id)
@@ -250,16 +250,15 @@ def _settle_moves(store: E2BStore) -> list[str]:
 
 
 def sweep(store: E2BStore) -> list[str]:
-    """Forget every served running sandbox whose container is not running (one Docker call, then one
-    inspect, under the sandbox's lock, per suspect); returns their ids."""
+    """Forget every served running sandbox whose container is not running (one lookup of the running
+    containers, then one inspect, under the sandbox's lock, per suspect); returns their ids."""
     rt = runtime()
     _settle_moves(store)
     running = [r for r in rt.registry.list_sandboxes(include_closed=False)
                if r.state == "running" and r.container and store.owns(r)]
     if not running:
         return []
-    flt = {"label": f"{LABEL_HOME}={rt.home}", "status": "running"}
-    alive = {c["Id"] for c in docker_client.api().containers(filters=flt)}
+    alive = set(rt.backend.find({LABEL_HOME: str(rt.home)}, running_only=True)["containers"])
     gone = []
     for rec in running:
         if rec.container in alive:

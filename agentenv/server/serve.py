@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from agentenv.errors import ConfigError
-from agentenv.sandbox import runtime
+from agentenv.runtime import runtime
 from agentenv.server.auth import load_api_key
 from agentenv.server.reconcile import Recovery, recover
 from agentenv.server.settings import ServerSettings

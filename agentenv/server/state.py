@@ -18,7 +18,8 @@ from agentenv import moves
 from agentenv.errors import CheckpointError, SandboxNotFound, SandboxStateError
 from agentenv.locks import sandbox_lock
 from agentenv.moves import MOVING
-from agentenv.sandbox import Sandbox, runtime
+from agentenv.runtime import runtime
+from agentenv.sandbox import Sandbox
 from agentenv.server.auth import same_secret
 from agentenv.server.errors import to_connect
 from agentenv.server.procs import ProcessManager

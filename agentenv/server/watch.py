@@ -18,8 +18,9 @@ import secrets
 import threading
 from dataclasses import dataclass
 
-from agentenv.backend import docker_client
+from agentenv.backend.base import ContainerRef
 from agentenv.errors import AgentEnvError, InvalidArgument, NotADirectoryInSandbox, SandboxStateError
+from agentenv.runtime import runtime
 from agentenv.sandbox import Sandbox
 from agentenv.server import fsops
 from agentenv.server.inotify import DirBudget, Event, Watcher
@@ -41,12 +42,10 @@ def _volume_dir(sb: Sandbox) -> str:
     """The host directory of the sandbox's work dir (its volume's mount source)."""
     if sb.status != "running" or not sb.container_id:
         raise SandboxStateError(f"sandbox {sb.id} is {sb.status}; connect to it (resume) first")
-    info = docker_client.api().inspect_container(sb.container_id)
-    ws = sb.config.workspace.rstrip("/")
-    for m in info.get("Mounts") or []:
-        if m.get("Destination", "").rstrip("/") == ws and m.get("Source"):
-            return os.path.realpath(m["Source"])
-    raise SandboxStateError(f"sandbox {sb.id} has no work-dir volume to watch")
+    host = runtime().backend.workdir_on_host(ContainerRef(sb.container_id, ""), sb.config.workspace)
+    if host is None:
+        raise SandboxStateError(f"sandbox {sb.id} has no work-dir volume to watch")
+    return str(host)
 
 
 class Watches:

@@ -4,7 +4,9 @@
 - ``agentenv/FindValue-v0``: find a value hidden in a file tree with shell commands and submit it.
 - ``agentenv/FixCode-v0``: edit a Python module until its unit tests pass (reward = fraction passed).
 
-Write your own by subclassing :class:`SandboxTask` (see docs/tasks.md) and registering it the same way.
+Write your own by subclassing :class:`SandboxTask` (see docs/tasks.md) and registering it the same way;
+``agentenv tasks new NAME`` writes a working one to start from (`agentenv.scaffold`), ``agentenv tasks check``
+runs gymnasium's env checker on it (`agentenv.tasks.check`).
 """
 
 import gymnasium

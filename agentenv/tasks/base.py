@@ -114,6 +114,7 @@ class SandboxTask(gym.Env[str, str]):
         self.played = False  # whether an episode was reset in the current sandbox (see `reset`)
         self.command_count = 0
         self.command_seconds = 0.0
+        self.sandboxes_created = 0  # sandboxes this env took from its factory (`ensure_sandbox`)
 
     # ----------------------------------------------------------------- hooks for subclasses
     def setup(self, seed: int) -> str:
@@ -194,6 +195,7 @@ class SandboxTask(gym.Env[str, str]):
             options = {k: v for k, v in self.sandbox_kwargs.items() if k != "hosts"}
             task = f"{type(self).__module__}.{type(self).__qualname__}"
             self.sandbox = self.factory().create(**options, template=task, setup=self._install_into)
+            self.sandboxes_created += 1
 
     def discard_sandbox(self) -> None:
         """Close this env's sandbox (the next `ensure_sandbox` makes a new one in the template state); a
@@ -329,7 +331,7 @@ class SandboxTask(gym.Env[str, str]):
             clone = copy.copy(self)
             clone.adopt_sandbox(sandbox)
             clone._np_random = copy.deepcopy(self._np_random)
-            clone.command_count, clone.command_seconds = 0, 0.0
+            clone.command_count, clone.command_seconds, clone.sandboxes_created = 0, 0.0, 0
             forks.append(clone)
         return forks
 

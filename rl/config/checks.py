@@ -234,6 +234,9 @@ def check_trainer(cfg) -> None:
             "algo.tis_cap",
             "trainer.mode=async needs the behaviour-policy importance weight; set algo.tis_cap (e.g. 2.0)",
         )
+    if cfg.trainer.mode == "async" and cfg.trainer.eval_every:
+        _fail("trainer.eval_every", "held-out evaluations run between the iterations of sync training; async "
+              "workers never pause between rollouts; set trainer.eval_every=0 or trainer.mode=sync")
     if cfg.trainer.mode == "async" and cfg.trainer.checkpoint_in_flight:
         from agentenv.pool import PoolSettings
 
@@ -275,7 +278,8 @@ def check_waves(cfg) -> None:
 
 def check_learner_ranks(cfg) -> None:
     """``trainer.learner``: every optimizer step's groups split evenly over the ranks (each rank trains
-    whole groups), and the routed experts over ``expert_parallel`` ranks (1 or all of them)."""
+    whole groups), and the routed experts over ``expert_parallel`` ranks (a divisor of the world size:
+    the mesh's second dimension)."""
     ranks, algo = cfg.trainer.learner, cfg.algo
     world, ep = ranks.world_size, ranks.expert_parallel
     groups = algo.episodes_per_step // algo.group_size
@@ -289,11 +293,11 @@ def check_learner_ranks(cfg) -> None:
             f"algo.minibatches={algo.minibatches} minibatches needs a multiple of {world} groups "
             f"(algo.episodes_per_step / algo.group_size a multiple of {algo.minibatches * world})",
         )
-    if ep not in (1, world):
+    if world % ep:
         _fail(
             "trainer.learner.expert_parallel",
-            f"{ep}: the routed experts are split across all the learner's ranks or none "
-            f"(1 or trainer.learner.world_size={world})",
+            f"{ep} does not divide trainer.learner.world_size={world}: the ranks form a (data, expert) "
+            f"mesh of world_size / expert_parallel x expert_parallel",
         )
     if ep > 1 and cfg.model.num_experts % ep:
         _fail(

@@ -23,6 +23,7 @@ from agentenv.paths import conf_dir
 from model.config import ConfigError as ModelConfigError
 from model.config import K3Config
 from rl.config.checks import check_run
+from rl.config.names import did_you_mean, schema_keys
 from rl.config.schema import GROUP_SCHEMAS, RunConfig
 
 SCHEMA_NAME = "k3rl_schema"
@@ -49,12 +50,15 @@ def _schema() -> DictConfig:
 
 
 class Origin:
-    """Where a key's value came from: a command-line override or the YAML file of its group."""
+    """Where a key's value came from: a command-line override or the YAML file of its group, found in
+    k3rl's conf/ or in one of the user's config folders (``roots``, Hydra's search path, in its order)."""
 
-    def __init__(self, choices: dict[str, Any], overrides: list[str], root: Path | None = None) -> None:
+    def __init__(self, choices: dict[str, Any], overrides: list[str], root: Path | None = None,
+                 roots: list[Path] | None = None) -> None:
         self.choices = {k: v for k, v in choices.items() if not k.startswith("hydra")}
         self.overrides = list(overrides)
         self.conf_dir = root or conf_dir()
+        self.roots = list(roots) if roots else [self.conf_dir]
 
     def of(self, key: str) -> str:
         """``command-line override algo.optim.lr=-1`` or ``conf/algo/grpo.yaml`` for ``algo.optim.lr``."""
@@ -65,6 +69,13 @@ class Origin:
                 continue
             if name == key or key.startswith(name + "."):
                 return f"command-line override {item}"
+        for name, option in self.choices.items():  # a global group (preset=short) sets keys of others
+            if name not in GROUP_SCHEMAS and option and (path := self.find(name, str(option))) is not None:
+                try:
+                    if _sets(yaml.safe_load(path.read_text()) or {}, key):
+                        return self.label(path)
+                except (OSError, yaml.YAMLError):
+                    pass
         group, _, rest = key.partition(".")
         if group in self.choices and self.choices[group]:
             return self._file(group, str(self.choices[group]), rest)
@@ -73,20 +84,50 @@ class Origin:
     def _file(self, group: str, option: str, rest: str) -> str:
         """The file of ``group/option`` that sets ``rest``, following the group's own defaults."""
         seen: list[str] = []
+        first: Path | None = None
         while option not in seen:
             seen.append(option)
-            path = self.conf_dir / group / f"{option}.yaml"
+            path = self.find(group, option)
+            if path is None:
+                break
+            first = first or path
             try:
                 data = yaml.safe_load(path.read_text()) or {}
             except (OSError, yaml.YAMLError):
                 break
             if not rest or _sets(data, rest):
-                return f"conf/{group}/{option}.yaml"
+                return self.label(path)
             parents = [d for d in data.get("defaults", []) if isinstance(d, str) and d != "_self_"]
             if not parents:
                 break
             option = parents[0]
-        return f"conf/{group}/{seen[0]}.yaml"
+        return self.label(first) if first else f"the {group} option {seen[0]}"
+
+    def find(self, group: str, option: str) -> Path | None:
+        """The YAML file of ``group/option`` that Hydra reads: the first of the search path's folders."""
+        for root in self.roots:
+            path = root / group / f"{option}.yaml"
+            if path.is_file():
+                return path
+        return None
+
+    def label(self, path: Path) -> str:
+        """``conf/env/x.yaml`` for k3rl's own files; a user's file relative to the working directory
+        when it lies below it, else its absolute path."""
+        return file_label(path, self.conf_dir)
+
+
+def file_label(path: Path, own: Path | None = None) -> str:
+    """How an error names a config file: ``conf/<group>/<name>.yaml`` inside k3rl's conf/ (``own``), a
+    user's file as ``./<path>`` when it lies below the working directory, else its absolute path."""
+    path = path.resolve()
+    for base, prefix in ((own or conf_dir(), "conf"), (Path.cwd(), ".")):
+        try:
+            rel = path.relative_to(base.resolve())
+        except ValueError:
+            continue
+        return prefix if rel == Path(".") else f"{prefix}/{rel}"
+    return str(path)
 
 
 def _sets(data: dict[str, Any], dotted: str) -> bool:
@@ -110,7 +151,9 @@ def _origin(cfg: DictConfig) -> Origin:
             return Origin({}, [])
         hydra_cfg = HydraConfig.get()
     choices = OmegaConf.to_container(hydra_cfg.runtime.choices) or {}
-    return Origin(choices, list(hydra_cfg.overrides.task))
+    sources = OmegaConf.to_container(hydra_cfg.runtime.config_sources) or []
+    roots = [Path(s["path"]) for s in sources if s.get("schema") == "file" and s.get("path")]
+    return Origin(choices, list(hydra_cfg.overrides.task), roots=roots)
 
 
 _WRONG_TYPE = re.compile(r"Value '(?P<value>.*)' of type '\w+' could not be converted to (?P<type>\w+)")
@@ -131,6 +174,14 @@ def _omegaconf_message(exc: OmegaConfBaseException) -> tuple[str, str]:
     return key, first
 
 
+def _suggestion(exc: Exception, key: str) -> str:
+    """``; did you mean ...?`` for an unknown key, from the keys its schema declares there."""
+    if not (isinstance(exc, ConfigKeyError) or "not in" in str(exc).split("\n", 1)[0]):
+        return ""
+    parent, _, name = key.rpartition(".")
+    return did_you_mean(parent, name, schema_keys(parent) or [])
+
+
 def _keyed(group: str, message: str, names: set[str]) -> str:
     """A group's own error (``hidden_size must be ...``) as ``model.hidden_size: must be ...``."""
     head = re.match(r"(?P<name>[a-z_][a-z0-9_.]*)(?P<sep>:? )(?P<rest>.*)", message, re.DOTALL)
@@ -138,6 +189,14 @@ def _keyed(group: str, message: str, names: set[str]) -> str:
     if keyed and head["name"].split(".")[0] in names:
         return f"{group}.{head['name']}: {head['rest']}"
     return f"{group}: {message}"
+
+
+def with_origin(cfg: DictConfig, exc: ConfigError) -> ConfigError:
+    """``exc`` (``key: problem``, raised by a check after `load`) with where the key's value came from,
+    then its ``hint`` attribute if it has one (the nearest names)."""
+    message = str(exc)
+    origin = _origin(cfg).of(message.split(":", 1)[0])
+    return ConfigError(f"{message} ({origin}){getattr(exc, 'hint', '')}")
 
 
 def load(cfg: DictConfig) -> RunConfig:
@@ -158,7 +217,8 @@ def load(cfg: DictConfig) -> RunConfig:
         else:
             key, reason = _omegaconf_message(exc)
             message = f"{key}: {reason}"
-        raise ConfigError(f"{message} ({origin.of(message.split(':', 1)[0])})") from None
+        key = message.split(":", 1)[0]
+        raise ConfigError(f"{message} ({origin.of(key)}){_suggestion(exc, key)}") from None
     try:
         check_run(run)
     except ConfigError as exc:

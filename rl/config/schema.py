@@ -90,6 +90,9 @@ class EnvConfig:
     # gymnasium wrappers applied, innermost first, to every env the runner makes: "module:Class" or
     # {cls: "module:Class", kwargs: {...}}. None (key absent) = no wrappers.
     wrappers: list[Any] | None = optional()
+    # the task's scripted expert for demonstrations (rl.experts): "module:ExpertClass" (an rl.experts.Expert
+    # subclass) or "module:function" (observation text -> action text). None = the task has none.
+    expert: str | None = optional()
 
 
 @dataclass
@@ -144,8 +147,9 @@ class LearnerParallelConfig:
     # learner ranks (Ray actors of one placement group, one torch.distributed group): each trains its share
     # of every batch's groups and holds 1/world_size of the parameters and optimizer state
     world_size: int = required(ge=1)
-    # ranks the routed experts are split across (1: every rank holds all of them; else = world_size);
-    # tokens travel to their experts' ranks in LatentMoE's latent width (model.expert_parallel)
+    # ranks the routed experts are split across (a divisor of world_size: the device mesh is
+    # world_size / expert_parallel (data) x expert_parallel (experts), rl.sharding); tokens travel to their
+    # experts' ranks in LatentMoE's latent width (model.expert_parallel)
     expert_parallel: int = required(ge=1)
 
 
@@ -185,6 +189,12 @@ class TrainerConfig:
     device: str = required(choices=("auto", "cpu", "cuda"))
     learner_gpus: float = required(gt=0, le=1)  # GPUs Ray reserves per learner rank (device cuda only)
     worker_gpus: float = required(gt=0, le=1)  # GPUs Ray reserves for each rollout worker (device cuda only)
+    # before Ray starts (rl.preflight): make one env of the task here, reset it and step it, so a task
+    # that cannot start fails in seconds with its own traceback
+    preflight: bool = required()
+    log_samples: int = required(ge=0)  # episodes per iteration written as text to <run dir>/samples.txt
+    eval_every: int = required(ge=0)  # iterations between held-out evaluations (0 = none; rl.heldout)
+    eval_episodes: int = required(ge=1)  # held-out games per evaluation (the same games every time)
 
 
 @dataclass

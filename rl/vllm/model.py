@@ -4,8 +4,8 @@ The module tree is `model.k3.K3Model` itself (embedding, decoder layers with the
 with SiTU-GLU, Block AttnRes depth mixtures, final norm) plus `lm_head`, so the parameter names are the
 checkpoint's and `K3Model.forward` runs unchanged: each decoder layer's ``self_attn`` is swapped for its
 vLLM-aware subclass (`rl.vllm.layers`), and the step's tokens, which vLLM packs without padding, go
-through as one batch row [1, N]. The MoE experts stay plain parameters of `model.moe.LatentMoE` (vLLM's
-fused CPU MoE prepacks its experts, which then cannot be reloaded), and every linear layer is a plain
+through as one batch row [1, N]. The MoE experts stay the stacked parameters of `model.moe.RoutedExperts`
+(vLLM's fused CPU MoE prepacks its experts, which then cannot be reloaded), and every linear layer is a plain
 `torch.nn.Linear`, so vLLM never repacks (and empties) a weight after loading: `load_weights` copies in
 place, at start-up from the ``save_pretrained`` folder and later for every pushed version.
 
@@ -34,6 +34,7 @@ from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 from model.checkpoint import CheckpointMismatch, read_config
 from model.config import K3Config
 from model.k3 import K3Model
+from model.moe import stacked_slot
 from rl.generation import route_dtype
 from rl.policy import build_policy_shell
 from rl.vllm.layers import VllmKDA, VllmMLA, attention_head_size, kda_state_dtypes, kda_state_shapes
@@ -122,24 +123,31 @@ class K3VllmForCausalLM(nn.Module, HasInnerState, IsHybrid):
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy checkpoint-named tensors into the parameters in place (names and shapes checked);
-        returns the names loaded. ``lm_head.weight`` of a tied model is the embedding and is skipped."""
+        returns the parameter names loaded. ``lm_head.weight`` of a tied model is the embedding and is
+        skipped; a routed expert's ``experts.E.wN.weight`` goes to row E of its layer's stacked ``wN``
+        (`model.moe.stacked_slot`), which counts as loaded once every expert's row came."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
+        rows: dict[str, set[int]] = {}  # stacked expert weight -> the experts' rows copied so far
         for name, tensor in weights:
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue
-            param = params.get(name)
-            if param is None:
+            target, index = stacked_slot(name)
+            param = params.get(target)
+            if param is None or (index is not None and index >= param.shape[0]):
                 raise CheckpointMismatch(f"weights have tensor {name!r} that the K3 model does not have")
+            if index is not None:
+                param = param[index]
             if tuple(param.shape) != tuple(tensor.shape):
                 raise CheckpointMismatch(
                     f"tensor {name!r} has shape {tuple(tensor.shape)} but the model's is {tuple(param.shape)}"
                 )
             param.copy_(tensor)
-            loaded.add(name)
-        for layer in self.model.layers:
-            if layer.is_moe:
-                layer.block_sparse_moe.invalidate_weight_cache()
+            if index is None:
+                loaded.add(target)
+            else:
+                rows.setdefault(target, set()).add(index)
+        loaded.update(t for t, seen in rows.items() if len(seen) == params[t].shape[0])
         return loaded
 
     # ------------------------------------------------------------------ hybrid state (IsHybrid)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from model.moe import parameter_names
+
 
 class K3WorkerExtension:
     """Mixed into vLLM's worker: ``self.model_runner`` is the worker's model runner."""
@@ -22,8 +24,9 @@ class K3WorkerExtension:
         """Copy the learner's weights of ``version`` (every tensor of the checkpoint) into the model in
         place; returns the version now held. A partial or mismatching state dict is refused whole."""
         model = self._k3_model()
-        expected = {name for name, _ in model.named_parameters()}
-        given = set(state_dict) - ({"lm_head.weight"} if model.config.tie_word_embeddings else set())
+        tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+        expected = set(parameter_names(model)) - tied  # checkpoint names: one per routed expert's weight
+        given = set(state_dict) - tied
         if given != expected:
             missing, extra = sorted(expected - given), sorted(given - expected)
             raise ValueError(

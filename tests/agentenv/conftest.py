@@ -53,7 +53,7 @@ def docker_ready(agentenv_home) -> None:
 
 @pytest.fixture(scope="session")
 def base_image(docker_ready) -> str:
-    from agentenv import images
+    from agentenv.backend import images
 
     return images.build("base", quiet=True).tag
 

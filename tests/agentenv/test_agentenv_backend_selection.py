@@ -16,7 +16,7 @@ from agentenv.backend.containerd import SYSTEM_SOCKET, find_containerd, resolve_
 from agentenv.backend.selection import select_backend
 from agentenv.backend.settings import BackendSettings
 from agentenv.errors import BackendUnavailable, ConfigError
-from agentenv.sandbox import runtime
+from agentenv.runtime import runtime
 
 CONF = ROOT / "conf" / "agentenv" / "backend.yaml"
 

@@ -16,7 +16,7 @@ from agentenv.backend.host import check_store_dir, filesystem_type
 from agentenv.backend.store import disk_bytes
 from agentenv.errors import ConfigError
 from agentenv.gc import collect_garbage
-from agentenv.sandbox import runtime
+from agentenv.runtime import runtime
 
 pytestmark = pytest.mark.docker
 

@@ -13,12 +13,11 @@ import pytest
 from agentenv_testutil import ROOT, count, start_counter
 from dockerd_restart import dockerd_pid, restart_blockers, restart_dockerd
 
-from agentenv import images
-from agentenv.backend import docker_client
+from agentenv.backend import docker_client, images
 from agentenv.backend.containers import cap_sys_resource_in_bounding_set
 from agentenv.errors import ImageError, SandboxBusy
 from agentenv.locks import sandbox_lock
-from agentenv.sandbox import runtime
+from agentenv.runtime import runtime
 
 pytestmark = pytest.mark.docker
 

@@ -11,7 +11,7 @@ from agentenv_testutil import run_cli
 
 from agentenv import CheckpointError, Sandbox, SandboxStateError
 from agentenv.backend import docker_client
-from agentenv.sandbox import runtime
+from agentenv.runtime import runtime
 
 pytestmark = pytest.mark.docker
 

@@ -17,7 +17,7 @@ from agentenv.backend import criu_log, docker_client
 from agentenv.backend.cgroups import CGROUP_ROOT
 from agentenv.backend.containerd import tmp_dirs as containerd_tmp_dirs
 from agentenv.pool.cpu import HOST, OpCpu, host_cpu_seconds, runtime_cgroups
-from agentenv.sandbox import runtime
+from agentenv.runtime import runtime
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import pytest
 
 from agentenv import AgentEnvError, CheckpointError, SandboxStateError
 from agentenv.backend import docker_client
-from agentenv.sandbox import runtime
+from agentenv.runtime import runtime
 
 pytestmark = pytest.mark.docker
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from agentenv.registry import Registry
 
 HEAVY = ("docker", "requests", "pydantic", "fastapi", "torch", "numpy", "agentenv.sandbox",
-         "agentenv.backend.runtime", "agentenv.remote", "agentenv.images")
+         "agentenv.backend.runtime", "agentenv.remote", "agentenv.backend.images",
+         "agentenv.runtime")
 
 PROBE = """
 import contextlib, io, json, sys

@@ -16,7 +16,7 @@ from agentenv.backend.base import ContainerRef
 from agentenv.backend.cgroups import cgroup_pids
 from agentenv.backend.docker_client import api
 from agentenv.backend.warm import WarmRuntime
-from agentenv.sandbox import runtime
+from agentenv.runtime import runtime
 
 pytestmark = pytest.mark.docker
 

@@ -51,7 +51,8 @@ def test_count_equals_instantiated_numel(tiny_dict, overrides):
     total, active = count_parameters(cfg)
     assert total == numel
     moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
-    expert = sum(p.numel() for p in model.model.layers[-1].block_sparse_moe.experts[0].parameters())
+    experts = model.model.layers[-1].block_sparse_moe.experts
+    expert = sum(p[0].numel() for p in experts.parameters())  # one expert's row of each stacked weight
     embed = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
     unused_experts = cfg.num_experts - cfg.num_experts_per_token
     assert active == numel - embed - moe_layers * unused_experts * expert

@@ -8,6 +8,10 @@ network namespace hides.
 
 Each node runs with a private ``--temp-dir``, so `ray start` records its address there and not in
 ``/tmp/ray/ray_current_cluster``, which a plain ``ray.init()`` elsewhere on this machine would join.
+The machines share no run folder: ``RayCluster.runs`` is, on every worker node, a folder of that node's
+own (a bind mount in the node's mount namespace, made before `ray start`, so its raylet and every Ray
+worker it starts see it there); only the head, where the driver runs, sees the real one. A run whose
+``hydra.run.dir`` is under it has its files on the driver's machine only, as on a cluster of machines.
 Nodes are stopped by killing the processes of their namespaces (``ip netns pids``), never by
 ``ray stop``, which stops every Ray node on the machine. Imported by name by tests/rl/test_train_cluster.py.
 """
@@ -76,6 +80,11 @@ class RayCluster:
     lan: str
     token_path: Path  # the cluster's Ray token, handed to every node and driver (RAY_AUTH_TOKEN_PATH)
     nodes: list[RayNode] = field(default_factory=list)
+    runs: Path | None = None  # the run folders: the head's own; each worker node sees one of its own there
+
+    def view_of_runs(self, node: RayNode) -> Path:
+        """What ``node`` sees at `runs` (a folder of this machine: the head's is `runs` itself)."""
+        return self.runs if node is self.head else self.runs.parent / "node-views" / node.name
 
     @property
     def address(self) -> str:
@@ -168,6 +177,11 @@ def _start(cluster: RayCluster, node: RayNode, head: bool) -> None:
     else:
         argv += ["--address", cluster.address]
     env = {**cluster.environment(node), **FAST_NODE_DEATH}
+    if cluster.runs is not None and node is not cluster.head:  # this node's own folder at cluster.runs
+        view = cluster.view_of_runs(node)
+        view.mkdir(parents=True, exist_ok=True)
+        mount = f'mount --bind "{view}" "{cluster.runs}" && exec "$@"'
+        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh", *argv]
     done = subprocess.run(["ip", "netns", "exec", node.namespace, *argv], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=180)
     if done.returncode != 0:
@@ -209,7 +223,9 @@ def ray_cluster(base: Path, workers: int = 2, worker_rollout: float = 2,
             home = base / name
             home.mkdir(parents=True, exist_ok=True)
             nodes.append(RayNode(name, ns, ip, resources, 1 if i == 0 else worker_cpus, tmp / name, home))
-        cluster = RayCluster(nodes[0], nodes[1:], lan, make_token(base / "ray_auth_token"), nodes)
+        runs = base / "runs"
+        runs.mkdir(exist_ok=True)
+        cluster = RayCluster(nodes[0], nodes[1:], lan, make_token(base / "ray_auth_token"), nodes, runs)
         try:
             with ThreadPoolExecutor(len(nodes)) as pool:  # the machines set up at once, as real ones do
                 # each machine builds the sandbox image for its own AgentENV home

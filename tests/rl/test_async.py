@@ -121,13 +121,15 @@ def test_decoupled_objective_weights_each_token_by_its_own_behaviour_version(cfg
     with torch.no_grad():  # two versions of updates, made large so that v0 and v2 clearly differ
         for p in learner.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
+    v2 = build_policy_shell(cfg.model)  # the learner's weights in a plain policy, to sample with
+    v2.load_state_dict(learner.weights()[1])
     generator = torch.Generator().manual_seed(0)
     e = Episode("agentenv/GuessNumber-v0", seed=0, group=0)
     e.append([TOK.bos_id, TOK.observation_id, *TOK.encode("guess 0-7"), TOK.end_id, TOK.action_id], False)
     ids, logprobs = sample_turn(cfg, v0, e.tokens, generator)
     e.append(ids, trained=True, logprobs=logprobs, version=0)
     e.append([TOK.observation_id, *TOK.encode("higher"), TOK.end_id, TOK.action_id], False, version=2)
-    ids, logprobs = sample_turn(cfg, learner.model, e.tokens, generator)
+    ids, logprobs = sample_turn(cfg, v2, e.tokens, generator)
     e.append(ids, trained=True, logprobs=logprobs, version=2)
     batch = collate([e], TOK.pad_id)
     with torch.no_grad():
@@ -140,7 +142,7 @@ def test_decoupled_objective_weights_each_token_by_its_own_behaviour_version(cfg
     torch.testing.assert_close(weights[turn2], torch.ones(int(turn2.sum())), atol=2e-4, rtol=0)
     # independently of the recorded log-probs and of the formula: each token's probability under v2 and
     # under v0 (the policy that really sampled it), from their own forward passes, divided
-    expected = (token_probs(cfg, learner.model, e.tokens) / token_probs(cfg, v0, e.tokens)).clamp(max=cap)
+    expected = (token_probs(cfg, v2, e.tokens) / token_probs(cfg, v0, e.tokens)).clamp(max=cap)
     torch.testing.assert_close(weights[turn1], expected[turn1[0]], atol=2e-4, rtol=1e-4)
     assert (weights[turn1] - 1).abs().max() > 0.05  # v0 is really another policy
     # through the learner: the weights its step applies are these (its is_weight_mean is their mean over

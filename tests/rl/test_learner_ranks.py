@@ -5,8 +5,14 @@ whose latent all_to_all sends half the bytes of a backbone-width dispatch (k3_ti
 logged routing mismatch and expert traffic are the whole batch's (summed over the ranks), and every
 tensor handed to a torch.distributed collective is on the device its backend takes.
 
-One spawn of two processes runs every scenario (one process group, a new learner per scenario); rank 0
-writes what it saw to a file that the tests compare with a `Learner` built here."""
+Checkpoints are distributed (torch.distributed.checkpoint): one written at world size 1 loads at 2 (with
+the experts split), one written at 2 resumes bit-exactly at 2 and loads at 1 and at 4, where the ranks
+form a 2 x 2 (data x expert) mesh; each continues as the learner of one rank does. The full weights
+leave a rank one sharded unit at a time (publishing, export), never as a second full copy.
+
+One spawn of two processes runs every scenario (one process group, a new learner per scenario), one of
+four processes the 2 -> 4 load; rank 0 writes what it saw to a file that the tests compare with a
+`Learner` built here."""
 
 from __future__ import annotations
 
@@ -18,12 +24,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from rl_testutil import compose
+from torch.distributed.tensor import DTensor
 
-from rl.data_parallel import VALUE_HEAD
 from rl.episode import Episode, collate
 from rl.learner import Learner
 from rl.ranks import RankGroup, collective_device, free_port, join_rank_group, leave_rank_group
 from rl.routing import own_routing
+from rl.sharding import VALUE_HEAD
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -86,46 +93,28 @@ def with_routes(cfg, batch: list[Episode]) -> list[Episode]:
 
 def config(overrides: tuple[str, ...], world_size: int, expert_parallel: int):
     """The run config of a scenario at this size (local Ray's CPU count raised to fit the ranks)."""
-    return compose("trainer.num_cpus=4", *overrides, f"trainer.learner.world_size={world_size}",
+    return compose("trainer.num_cpus=5", *overrides, f"trainer.learner.world_size={world_size}",
                    f"trainer.learner.expert_parallel={expert_parallel}")  # fmt: skip
 
 
 def full_grads(learner: Learner) -> dict[str, torch.Tensor]:
     """The gradient of the last optimizer step, per parameter name (clipped), gathered from the ranks."""
-    parallel = learner.parallel
-    if parallel is None:
-        named = list(learner.model.named_parameters())
-        if learner.value_head is not None:
-            named += [(VALUE_HEAD + n, p) for n, p in learner.value_head.named_parameters()]
-        return {n: p.grad.clone() for n, p in named if p.grad is not None}
-    every = parallel.group.all_gather_equal(parallel.flat.shard.grad)
-    flat = every.reshape(-1)[: parallel.flat.total].split(parallel.flat.numels)
-    grads = {n: g.view(s) for n, g, s in zip(parallel.flat_names, flat, parallel.flat.shapes, strict=True)}
-    if parallel.experts:
-        local = torch.cat([p.grad.reshape(-1) for p in parallel.experts])
-        gathered = parallel.group.all_gather_equal(local)
-        numels = [p.numel() for p in parallel.experts]
-        from model.expert_parallel import local_expert_name
-
-        for r in range(parallel.group.world_size):
-            for name, g, p in zip(
-                parallel.expert_names, gathered[r].split(numels), parallel.experts, strict=True
-            ):
-                grads[local_expert_name(name, r * parallel.dispatchers[0].per_rank)] = g.view(p.shape)
-    return grads
+    named = list(learner.model.named_parameters())
+    if learner.value_head is not None:
+        named += [(VALUE_HEAD + n, p) for n, p in learner.value_head.named_parameters()]
+    return {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone()
+            for n, p in named if p.grad is not None}  # fmt: skip
 
 
 def outcome(learner: Learner, batch: list[Episode]) -> dict:
     """What a rank saw: metrics, memory held, the gradients and the full weights after the step."""
-    before = learner.parallel.resident_bytes(learner.optimizer) if learner.parallel else None
+    before = learner.sharded.held_bytes(learner.optimizer)
     metrics = learner.train_step(batch)
     return {
         "metrics": metrics,
         "grads": full_grads(learner),
         "weights": learner.weights()[1],
-        "resident_bytes": (before, learner.parallel.resident_bytes(learner.optimizer))
-        if learner.parallel
-        else None,
+        "resident_bytes": (before, learner.sharded.held_bytes(learner.optimizer)),
     }
 
 
@@ -164,7 +153,19 @@ def record_collectives(seen: list[tuple[str, str]]) -> None:
         setattr(dist, name, wrapper)
 
 
-def _rank_main(rank: int, port: int, out: str, configs: dict, batches: dict) -> None:
+def published_units(learner: Learner) -> dict:
+    """What each call of `full_units` handed this rank, gathered onto rank 0 and at each ep rank."""
+    units: list[dict[str, tuple[int, ...]]] = []
+    learner.sharded.full_units(lambda unit: units.append({n: tuple(t.shape) for n, t in unit.items()}))
+    own: list[dict[str, tuple[int, ...]]] = []
+    learner.sharded.full_units(lambda unit: own.append({n: tuple(t.shape) for n, t in unit.items()}),
+                               experts_stay=True)  # fmt: skip
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, own)
+    return {"gathered": units, "experts_stay": every}
+
+
+def _rank_main(rank: int, port: int, out: str, configs: dict, batches: dict, from_one: str) -> None:
     torch.set_num_threads(1)
     join_rank_group("127.0.0.1", port, rank, 2, 1, torch.device("cpu"))
     seen: list[tuple[str, str]] = []
@@ -179,6 +180,11 @@ def _rank_main(rank: int, port: int, out: str, configs: dict, batches: dict) -> 
                 results["resume"] = stopped_and_resumed(
                     learner, cfg, RankGroup(rank, 2, expert_parallel), out
                 )
+                results["units"] = published_units(learner)
+                loaded = Learner(cfg, group=RankGroup(rank, 2, expert_parallel))
+                loaded.load(from_one)  # written by a learner of one rank, without expert parallelism
+                loaded.train_step(episodes(cfg.algo.episodes_per_step, seed=1))
+                results["from_one"] = loaded.weights()[1]
         results["collectives"] = (seen, dist.get_backend())
         if rank == 0:
             torch.save(results, out)
@@ -198,11 +204,52 @@ def batches() -> dict[str, list[Episode]]:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory, batches) -> dict:
+def one_rank_checkpoint(tmp_path_factory, batches) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A world-size-1 learner's checkpoint after the RESUMED scenario's step, and its weights after the
+    next step from there."""
+    folder = Path(tmp_path_factory.mktemp("one")) / "checkpoint"
+    cfg = config(SCENARIOS[RESUMED][0], 1, 1)
+    learner = Learner(cfg)
+    learner.train_step(batches[RESUMED])
+    learner.save(folder)
+    learner.train_step(episodes(cfg.algo.episodes_per_step, seed=1))
+    return folder, learner.weights()[1]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, batches, one_rank_checkpoint) -> dict:
     out = Path(tmp_path_factory.mktemp("ranks")) / "rank0.pt"
     configs = {name: config(overrides, 2, ep) for name, (overrides, ep) in SCENARIOS.items()}
-    mp.spawn(_rank_main, args=(free_port(), str(out), configs, batches), nprocs=2, join=True)
+    from_one = str(one_rank_checkpoint[0])
+    mp.spawn(_rank_main, args=(free_port(), str(out), configs, batches, from_one), nprocs=2, join=True)
     return torch.load(out, weights_only=False) | {"folder": checkpoint_of(str(out))}
+
+
+FOUR = ("algo.group_size=2", "algo.episodes_per_step=8", "algo.epochs=1", "algo.minibatches=1",
+        "trainer.learner_threads=1")  # 4 groups: one per rank  # fmt: skip
+
+
+def _four_main(rank: int, port: int, folder: str, out: str) -> None:
+    torch.set_num_threads(1)
+    join_rank_group("127.0.0.1", port, rank, 4, 2, torch.device("cpu"))
+    try:
+        learner = Learner(config(FOUR, 4, 2), group=RankGroup(rank, 4, 2))  # a (dp 2) x (ep 2) mesh
+        learner.load(folder)
+        metrics = learner.train_step(episodes(8, seed=2))
+        weights = learner.weights()[1]
+        units = published_units(learner)
+        if rank == 0:
+            torch.save({"metrics": metrics, "weights": weights, "units": units}, out)
+    finally:
+        leave_rank_group()
+
+
+@pytest.fixture(scope="module")
+def four_ranks(two_ranks, tmp_path_factory) -> dict:
+    """The two ranks' checkpoint loaded by four, one step taken."""
+    out = Path(tmp_path_factory.mktemp("four")) / "rank0.pt"
+    mp.spawn(_four_main, args=(free_port(), str(two_ranks["folder"]), str(out)), nprocs=4, join=True)
+    return torch.load(out, weights_only=False)
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -287,3 +334,39 @@ def test_a_two_rank_checkpoint_resumes_bit_exactly_and_loads_at_one_rank(two_ran
     assert all(torch.equal(exported[k], saved[k]) for k in saved)
     single.train_step(episodes(cfg.algo.episodes_per_step, seed=1))  # continues like the two ranks did
     assert max_diff(single.weights()[1], resume["straight"]) < TOLERANCE
+
+
+def test_a_one_rank_checkpoint_loads_at_two_ranks_with_the_experts_split(two_ranks, one_rank_checkpoint):
+    _folder, continued = one_rank_checkpoint
+    assert max_diff(two_ranks["from_one"], continued) < TOLERANCE
+
+
+def test_a_two_rank_checkpoint_loads_at_four_ranks_on_a_data_by_expert_mesh(two_ranks, four_ranks):
+    single = Learner(config(FOUR, 1, 1))
+    single.load(two_ranks["folder"])
+    metrics = single.train_step(episodes(8, seed=2))
+    for key in ("loss", "grad_norm", "entropy", "maxvio"):
+        assert four_ranks["metrics"][key] == pytest.approx(metrics[key], abs=TOLERANCE), key
+    assert max_diff(four_ranks["weights"], single.weights()[1]) < TOLERANCE
+    assert four_ranks["metrics"]["ep_latent_bytes"] > 0  # tokens reached experts on the other ep rank
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_full_weights_leave_a_rank_one_unit_at_a_time(two_ranks, four_ranks, world):
+    """Gathered onto rank 0: every tensor once, in units of at most one decoder layer (or its experts);
+    with the experts left where they are, each ep rank (dp index 0) hands out its own experts only."""
+    units = (two_ranks if world == 2 else four_ranks)["units"]
+    full = two_ranks[RESUMED]["weights"]
+    gathered = units["gathered"]
+    names = [n for unit in gathered for n in unit]
+    assert sorted(names) == sorted(full) and len(names) == len(set(names))
+    size = {n: full[n].numel() for n in full}
+    largest = max(sum(size[n] for n in unit) for unit in gathered)
+    assert largest < 0.3 * sum(size.values())
+    stay = units["experts_stay"]
+    experts = {n for n in full if ".experts." in n and "shared" not in n}
+    handed = [{n for unit in rank for n in unit} for rank in stay]
+    assert handed[0] | set().union(*handed[1:]) == set(full) and not handed[0] >= experts
+    per_ep = len(experts) // 2
+    owners = [len(h & experts) for h in handed]
+    assert owners == ([per_ep, per_ep] if world == 2 else [per_ep, per_ep, 0, 0])

@@ -87,7 +87,7 @@ def test_one_config_error_for_the_project():
         (["trainer.learner.world_size=3", "trainer.num_cpus=4"],
          "trainer.learner.world_size: 3 ranks cannot share the 8 groups"),
         (["trainer.learner.world_size=2", "trainer.num_cpus=3", "trainer.learner.expert_parallel=4"],
-         "trainer.learner.expert_parallel: 4: the routed experts are split across all"),
+         "trainer.learner.expert_parallel: 4 does not divide trainer.learner.world_size=2"),
         (["model=k3_tiny", "model.num_experts=15", "trainer.learner.world_size=2", "trainer.num_cpus=3",
           "trainer.learner.expert_parallel=2"],
          "trainer.learner.expert_parallel: 2 ranks cannot hold equal shares of model.num_experts=15 "),

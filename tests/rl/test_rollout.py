@@ -195,7 +195,7 @@ def test_an_env_that_fails_to_close_is_logged_and_counted_not_raised(policy, san
 
 
 def test_a_failed_resume_fails_the_episode_not_the_run(policy, sandbox_config):
-    from agentenv.sandbox import runtime
+    from agentenv.runtime import runtime
 
     runner = make_runner(policy, sandbox_config, pause_policy="always")
     try:

@@ -78,7 +78,7 @@ def test_perturbed_routers_mismatch_and_replay_takes_the_recorded_experts(cfg, r
     results = {}
     for replay in (False, True):
         other = Learner(replace(cfg, algo=replace(cfg.algo, routing_replay=replay)))
-        other.model.load_state_dict(weights)
+        other.load_weights(weights)
         with torch.no_grad():
             stats = other._forward(batch)[3]
         own = routing_mismatch(stats, batch.attention_mask, batch.routes)

@@ -9,8 +9,10 @@ run finishes. The same holds for ``trainer.mode=async`` (rl/async_rollout.py): a
 actors the same way and logs staleness and learner idleness (it is not replayable, so no local run is
 compared with it); a worker node lost mid-iteration costs only the rollout calls queued on its worker,
 which are resubmitted to the worker restarted on the other node. A learner of two ranks
-(``trainer.learner.world_size=2``) trains with one rank on each of two nodes; killing one rank's node
-stops the run with `LearnerRankLost` naming it, and its last complete checkpoint stays loadable.
+(``trainer.learner.world_size=2``) trains with one rank on each of two nodes that do not share the run
+folder with the driver: its checkpoints are whole in the driver's folder and resume there; killing one
+rank's node stops the run with `LearnerRankLost` naming it, and its last complete checkpoint stays
+loadable.
 """
 
 from __future__ import annotations
@@ -175,28 +177,47 @@ def test_a_lost_worker_node_costs_an_async_run_only_its_calls(cluster, tmp_path)
     assert len(made_by[survivor.name]) == 2 and len(made_by[victim.name]) == 1, made_by
 
 
-def test_two_learner_ranks_train_on_two_nodes_and_a_lost_rank_stops_the_run(cluster, tmp_path):
+def test_two_learner_ranks_on_nodes_that_share_no_folder_checkpoint_whole_and_a_lost_rank_stops_the_run(
+        cluster, tmp_path):
     """The ranks of a world_size-2 learner go one per worker node (each offers one LEARNER_RANK) and
-    train together (gloo over the cluster's LAN); once the first checkpoint is complete, the node of the
-    rank beside no rollout worker is killed: the run stops at its next learner step with an error naming
-    that rank and node, is not retried, and the checkpoint is intact (a world_size-1 learner loads it)."""
+    train together (gloo over the cluster's LAN), and the run folder is the head's alone
+    (`RayCluster.runs`: every worker node sees a folder of its own there). Every checkpoint is whole in
+    the head's folder (each rank's files came through Ray, checked against their sizes and SHA-256s) and
+    nothing is written to the nodes' own folders; the run resumes there at world size 2 (the ranks read
+    the files through Ray too). Once the resumed run has a checkpoint of its own, the node of the rank
+    beside no rollout worker is killed: the run stops at its next learner step with an error naming
+    that rank and node, is not retried, and the newest complete checkpoint loads at world size 1."""
     from rl.checkpoints import read_checkpoint
     from rl.learner import Learner
+    from rl.shard_checkpoint import check_files, read_manifest
 
-    run_dir = tmp_path / "run"
-    overrides = (*TINY, "algo.minibatches=1", "trainer.iterations=40", "trainer.checkpoint_every=1",
-                 "trainer.learner.world_size=2", f"+trainer.learner_resources.{LEARNER_RANK}=1",
-                 "~trainer.learner_resources.learner")  # fmt: skip
-    train = [sys.executable, "-m", "rl.train", "trainer=cluster", f"trainer.ray_address={cluster.address}"]
-    argv = ["ip", "netns", "exec", cluster.head.namespace, *train, *overrides, f"hydra.run.dir={run_dir}"]
+    run_dir = cluster.runs / tmp_path.name
+    overrides = (*TINY, "algo.minibatches=1", "trainer.checkpoint_every=1", "trainer.learner.world_size=2",
+                 f"+trainer.learner_resources.{LEARNER_RANK}=1", "~trainer.learner_resources.learner")
+    first, _placement = train(cluster, run_dir, *overrides, "trainer.iterations=2")
+    assert [r["iteration"] for r in first] == [0, 1]
+    for iteration in (0, 1):
+        folder = run_dir / "checkpoints" / f"iter_{iteration:05d}"
+        saved = read_manifest(folder)
+        assert saved["world_size"] == 2
+        assert sorted(saved["files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+        check_files(folder, saved, checksums=True)
+    for node in cluster.workers:  # what each worker node sees at the run folder: nothing was written there
+        assert not any(cluster.view_of_runs(node).rglob("*")), node.name
+
+    train_argv = [sys.executable, "-m", "rl.train", "trainer=cluster",
+                  f"trainer.ray_address={cluster.address}"]  # fmt: skip
+    resumed = (*overrides, "trainer.iterations=40", f"trainer.resume={run_dir}")
+    run_dir = cluster.runs / f"{tmp_path.name}-resumed"
+    argv = ["ip", "netns", "exec", cluster.head.namespace, *train_argv, *resumed, f"hydra.run.dir={run_dir}"]
     run = subprocess.Popen(argv, cwd=Path(__file__).parents[2], env=cluster.environment(cluster.head),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
-        first = run_dir / "checkpoints" / "iter_00000" / "trainer_state.json"
-        while not first.exists() and run.poll() is None and time.monotonic() < deadline:
+        own = run_dir / "checkpoints" / "iter_00002" / "trainer_state.json"  # the resumed run's first
+        while not own.exists() and run.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
-        if not first.exists():
+        if not own.exists():
             ended = run.poll()
             pytest.fail(f"no checkpoint (rl.train: {ended}) {run.stderr.read()[-3000:] if ended else ''}")
         log = (run_dir / "train.log").read_text()
@@ -215,5 +236,6 @@ def test_two_learner_ranks_train_on_two_nodes_and_a_lost_rank_stops_the_run(clus
     assert f"learner rank {rank} of 2 (node {nodes[rank]}) failed" in err, err[-3000:]
     assert "k3rl-train: training stopped: " in err
     folder, state = read_checkpoint(run_dir, stage="rl")  # the newest complete checkpoint
-    assert (folder / "shards" / "rank0.pt").is_file() and (folder / "shards" / "rank1.pt").is_file()
-    Learner(compose(*overrides[:-3], "trainer.num_cpus=3")).load(folder)
+    assert state.iteration >= 2
+    check_files(folder, read_manifest(folder), checksums=True)
+    Learner(compose(*overrides[:-3], "trainer.num_cpus=3")).load(folder)  # written by 2 ranks, read by 1

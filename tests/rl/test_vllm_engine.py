@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from model import K3Config
+from model.moe import parameter_names
 from rl.config.schema import VllmEngineConfig
 from rl.errors import StaleWeights
 from rl.generation import MASKED_LOGIT, disallowed_tokens
@@ -101,7 +102,11 @@ def test_the_plugin_registers_the_k3_class_through_vllms_entry_point():
 
 
 def test_weights_load_from_a_save_pretrained_folder(engine, policy):
-    held = engine.llm.apply_model(lambda m: {n: p.detach().clone() for n, p in m.named_parameters()})[0]
+    def checkpoint_tensors(model):  # the parameters by checkpoint name (vLLM's attention buffers aside)
+        state = model.state_dict()
+        return {n: state[n].detach().clone() for n in parameter_names(model)}
+
+    held = engine.llm.apply_model(checkpoint_tensors)[0]
     expected = policy.state_dict()
     assert held.keys() == expected.keys()
     assert all(torch.equal(held[name], expected[name]) for name in expected)

@@ -1,8 +1,8 @@
 """The weight and episode path: workers start from the learner's published weights (no init of their
-own), the learner publishes each version once to Ray's object store and trains on the episodes' object
-references, `Learner.load` restores in place, and a restarted worker refuses to roll out until it has
-reloaded the current weights, which the trainer's retry branch does. The Ray tests run real actors on
-a local Ray; only the last one rolls out in sandboxes."""
+own), the learner publishes each version once to Ray's object store, unit by unit, and trains on the
+episodes' object references, `Learner.load` restores in place, and a restarted worker refuses to roll out
+until it has reloaded the current weights, which the trainer's retry branch does. The Ray tests run real
+actors on a local Ray; only the last one rolls out in sandboxes."""
 
 import time
 
@@ -17,7 +17,9 @@ from model import K3ForCausalLM
 from rl.actors import NO_WEIGHTS, LearnerActor, RolloutWorker, rollout_worker_actor
 from rl.errors import StaleWeights
 from rl.learner import Learner
+from rl.sharding import local
 from rl.trainer import Trainer
+from rl.weights import PublishedWeights
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def test_learner_load_restores_in_place_and_training_continues_identically(cfg, 
     trained.train_step(episodes(seed=1))
     trained.save(tmp_path / "ckpt")
     resumed = Learner(cfg)
-    params = {name: p.data_ptr() for name, p in resumed.model.named_parameters()}
+    params = {name: local(p).data_ptr() for name, p in resumed.model.named_parameters()}
     built = []
     original_init = K3ForCausalLM.__init__
 
@@ -55,42 +57,53 @@ def test_learner_load_restores_in_place_and_training_continues_identically(cfg, 
     resumed.load(tmp_path / "ckpt")
     monkeypatch.undo()
     assert built == [], "load built a second model to copy from"
-    assert {name: p.data_ptr() for name, p in resumed.model.named_parameters()} == params  # in place
+    assert {name: local(p).data_ptr() for name, p in resumed.model.named_parameters()} == params
     assert resumed.version == 1
     assert trained.train_step(episodes(seed=2)) == resumed.train_step(episodes(seed=2))
-    a, b = trained.model.state_dict(), resumed.model.state_dict()
+    a, b = trained.weights()[1], resumed.weights()[1]
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_learner_load_names_a_missing_policy(cfg, tmp_path):
+def test_learner_load_names_a_missing_or_cut_file(cfg, tmp_path):
     Learner(cfg).save(tmp_path / "ckpt")
-    (tmp_path / "ckpt" / "policy" / "model.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match="model.safetensors is missing"):
+    shard = tmp_path / "ckpt" / "learner" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:-1])
+    with pytest.raises(ValueError, match=r"__0_0\.distcp: \d+ bytes, learner\.json says \d+"):
+        Learner(cfg).load(tmp_path / "ckpt")
+    shard.unlink()
+    with pytest.raises(FileNotFoundError, match=r"__0_0\.distcp: missing from the checkpoint"):
         Learner(cfg).load(tmp_path / "ckpt")
 
 
 def test_the_learner_trains_on_episode_references_and_publishes_each_version_once(cfg, local_ray):
     learner = ray.remote(LearnerActor).remote(cfg)
-    version, weights = ray.get(learner.publish.remote())
-    assert version == 0 and isinstance(weights, ray.ObjectRef)  # the driver holds a reference only
+    version, blocks = ray.get(learner.publish.remote())
+    # the driver holds references only, one per sharded unit: each decoder layer, each MoE layer's experts,
+    # the embedding, the head, the rest (final norm and depth mix)
+    assert version == 0 and all(isinstance(b.ref, ray.ObjectRef) for b in blocks)
+    layers = cfg.model.num_hidden_layers
+    moe_layers = layers - cfg.model.first_k_dense_replace
+    assert len(blocks) == layers + moe_layers + 3
     plain = Learner(cfg)  # the same seed: what the actor must reproduce bit for bit
-    first = ray.get(weights)
-    assert all(torch.equal(first[k], v) for k, v in plain.model.state_dict().items())
+    first = PublishedWeights(version, blocks).state_dict()
+    assert first.keys() == plain.weights()[1].keys()
+    assert all(torch.equal(first[k], v) for k, v in plain.weights()[1].items())
 
     batch = episodes()
     shares = [ray.put(batch[:4]), ray.put(batch[4:])]  # as two workers' rollouts hand them over
-    metrics, version, weights = ray.get(learner.train_step.remote(*shares))
-    assert version == 1 and isinstance(weights, ray.ObjectRef)
+    metrics, version, blocks = ray.get(learner.train_step.remote(*shares))
+    assert version == 1 and all(isinstance(b.ref, ray.ObjectRef) for b in blocks)
     assert metrics == plain.train_step(batch)
-    published = ray.get(weights)
-    assert all(torch.equal(published[k], v) for k, v in plain.model.state_dict().items())
+    published = PublishedWeights(version, blocks).state_dict()
+    assert all(torch.equal(published[k], v) for k, v in plain.weights()[1].items())
     ray.kill(learner)
 
 
 def test_a_restarted_worker_refuses_the_batch_until_it_reloads_the_current_weights(cfg, local_ray):
     learner = ray.remote(LearnerActor).remote(cfg)
     worker = rollout_worker_actor().options(max_restarts=1).remote(cfg, 0)
-    _metrics, version, weights = ray.get(learner.train_step.remote(episodes()))
+    _metrics, version, blocks = ray.get(learner.train_step.remote(episodes()))
+    weights = PublishedWeights(version, blocks)
     assert ray.get(worker.load_weights.remote(version, weights)) == 1
     ray.kill(worker, no_restart=False)  # as an OOM kill: Ray restarts it, with no weights
     deadline = time.monotonic() + 120

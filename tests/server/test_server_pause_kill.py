@@ -101,7 +101,7 @@ def test_a_server_killed_while_criu_dumps_loses_nothing(served):  # noqa: F811
     after the server is gone, so the restarted server finds a finished dump without the backend's record
     (the warm backend: its processes still stopped; the Docker backends: the container stopped)."""
     from agentenv.backend.base import ContainerRef
-    from agentenv.sandbox import runtime
+    from agentenv.runtime import runtime
 
     sbx, mark, token = _sandbox_with_state(served, mib=96)  # a dump long enough to be seen running
     container = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", served.container_of(sbx.sandbox_id)],

@@ -43,7 +43,7 @@ def task_home(tmp_path_factory) -> Iterator[Path]:
     os.environ["RAY_AUTH_MODE"] = "disabled"
     if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
         subprocess.run(["bash", str(ROOT / "scripts" / "ensure_dockerd.sh")], check=True)
-    from agentenv import images
+    from agentenv.backend import images
 
     images.build("base", quiet=True)
     yield home

@@ -8,6 +8,9 @@ Two kinds of recipe:
 
 The tag is `k3rl/<name>:<first 12 hex of sha256(recipe files + parent's hash)>`, so an unchanged recipe is
 never rebuilt and a changed one gets a new tag (old sandboxes keep running on the old one).
+
+The image builder belongs to the runtime (it talks to Docker): the backends resolve names through it
+(`SandboxBackend.resolve_image`), and the `agentenv images` verbs call it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,77 @@
+"""The handle conformance cases (`test_handle_conformance.py`: exec results and timeouts, bad arguments,
+files, a missing file, state errors, a fork with labels, close twice, sessions) on the microvm backend, for
+each kind of handle: a local `Sandbox`, a pool member and a `RemoteSandbox` of an `agentenv serve` whose
+sandboxes are microVMs. The cases are the conformance module's own functions; only the fixtures differ."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import yaml
+from agentenv_testutil import SMALL
+from microvm_env import microvm_home
+from netns_hosts import loopback_server
+from test_handle_conformance import (  # noqa: F401 - collected here with this module's fixtures
+    KINDS,
+    LABELS,
+    test_a_timeout_kills_the_command,
+    test_bad_arguments_are_refused_alike,
+    test_exec_results,
+    test_files,
+    test_fork_with_labels_and_close_twice,
+    test_paths_outside_the_work_dir_are_refused_alike,
+    test_session_runs_like_exec,
+    test_state_errors,
+    test_the_handle_and_its_session_satisfy_the_protocols,
+)
+
+from agentenv import Sandbox, SandboxConfig
+from agentenv.api import SandboxHandle
+from agentenv.pool import SandboxPool
+from agentenv.remote import SandboxHost
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def microvm(base_image, tmp_path_factory) -> Iterator[None]:
+    with microvm_home(tmp_path_factory.mktemp("microvm-conformance")):
+        yield
+
+
+@pytest.fixture(scope="module")
+def small_profile(microvm) -> SandboxConfig:
+    return SandboxConfig.load(**SMALL)
+
+
+@pytest.fixture(scope="module")
+def remote_host(small_profile, tmp_path_factory) -> Iterator[SandboxHost]:
+    folder = tmp_path_factory.mktemp("microvm-conformance-serve")
+    profile = folder / "sandbox.yaml"
+    profile.write_text(yaml.safe_dump(small_profile.to_dict()))
+    with loopback_server(folder / "home", {"AGENTENV_CONFIG": str(profile)}) as server:
+        host = SandboxHost(server.url, server.api_key)
+        assert host.info().get("backend", "microvm") == "microvm"
+        yield host
+        host.close()
+
+
+@pytest.fixture(scope="module")
+def pool(small_profile) -> Iterator[SandboxPool]:
+    p = SandboxPool(f"microvm-conformance-{uuid.uuid4().hex[:6]}", config=small_profile, warm_starts=False)
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def handle(request, small_profile) -> Iterator[SandboxHandle]:
+    if request.param == "local":
+        sb: SandboxHandle = Sandbox.create(config=small_profile, labels=LABELS)
+    elif request.param == "pooled":
+        sb = request.getfixturevalue("pool").create(labels=LABELS)
+    else:
+        sb = request.getfixturevalue("remote_host").create(image="base", labels=LABELS)
+    yield sb
+    sb.close()
