@@ -71,9 +71,11 @@ class Served:
                 self.kill9()
 
     def live_rows(self) -> int:
-        """Registry rows of this home that are not closed (creating, running, paused, broken)."""
+        """Registry rows of this home that are not closed (creating, running, paused, broken); spare shells,
+        made ahead for forks in the background (agentenv.spares), are not sandboxes anyone holds."""
         with sqlite3.connect(self.home / "registry.sqlite3") as conn:
-            return conn.execute("SELECT count(*) FROM sandboxes WHERE state != 'closed'").fetchone()[0]
+            return conn.execute("SELECT count(*) FROM sandboxes WHERE state NOT IN ('closed', 'spare')"
+                                ).fetchone()[0]
 
     def containers(self) -> list[str]:
         """Docker containers (any state) labelled with this home."""
