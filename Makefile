@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: bootstrap lock test test-fast train bench bench-cli bench-sandbox bench-server-load bench-restore-paths bench-move bench-state-move-cpu bench-model bench-kernels bench-train bench-learning bench-teacher bench-engines image lint
+.PHONY: bootstrap lock test test-fast train bench bench-cli bench-sandbox bench-server-load bench-restore-paths bench-move bench-state-move-cpu bench-model bench-kernels bench-train bench-learning bench-teacher bench-engines bench-microvm image lint
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -26,7 +26,7 @@ train: bootstrap
 image: bootstrap
 	$(VENV)/bin/agentenv images build
 
-bench: bench-cli bench-model bench-kernels bench-sandbox bench-server-load bench-restore-paths bench-move bench-state-move-cpu bench-train bench-learning bench-teacher bench-engines
+bench: bench-cli bench-model bench-kernels bench-sandbox bench-server-load bench-restore-paths bench-microvm bench-move bench-state-move-cpu bench-train bench-learning bench-teacher bench-engines
 
 bench-cli: bootstrap
 	$(PY) bench/cli_startup.py $(ARGS)
@@ -45,6 +45,10 @@ bench-server-load: bootstrap
 
 bench-restore-paths: bootstrap
 	$(PY) bench/restore_paths.py $(ARGS)
+
+## The microvm backend beside the container backend (resume, pause, fork, forks' memory) -> docs/benchmarks.md
+bench-microvm: bootstrap
+	$(PY) bench/microvm.py $(ARGS)
 
 bench-move: bootstrap
 	$(PY) bench/move.py $(ARGS)

@@ -66,8 +66,10 @@ def _held_here() -> set[tuple[str, str]]:
 
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive `flock` on `path` (created if missing) for the `with` body, waiting as long as it
-    takes: for short host-wide critical sections (the checkpoint store's cap check, Docker's dumps)."""
+    """Hold an exclusive `flock` on `path` (created, with its folder, if missing) for the `with` body,
+    waiting as long as it takes: for short host-wide critical sections (the checkpoint store's cap check,
+    Docker's dumps, claiming spare shells)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

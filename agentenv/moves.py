@@ -37,6 +37,7 @@ from agentenv.backend.store import RECORD_FILE
 from agentenv.backend.transfer import FORMAT, IMAGES, ROOTFS, WORKDIR, Packer, Part, archive_tree, host_facts
 from agentenv.errors import (
     AgentEnvError,
+    BackendUnavailable,
     CheckpointError,
     HostUnavailable,
     InvalidArgument,
@@ -142,6 +143,9 @@ def move(sb: Movable, to: str, *, api_key: str | None = None, timeout_s: int | N
 def _move_locked(sb: Movable, rec: SandboxRecord, host: SandboxHost, api_key: str | None,
                  timeout_s: int | None) -> Moved:
     rt, timings = sb._rt, {}
+    if rt.backend.name == "microvm":  # its snapshot is a RAM file and a device state, not CRIU images
+        raise BackendUnavailable(f"sandbox {sb.id} runs on the microvm backend; a move carries CRIU "
+                                 "checkpoints only (docs/agentenv.md, 'The microvm backend')")
     row = rt.registry.latest_checkpoint(sb.id)
     if row is None:
         raise CheckpointError(f"sandbox {sb.id} is paused but has no checkpoint in the registry")

@@ -64,4 +64,7 @@ fi
 
 # 5. The sandbox base image (content-hashed: rebuilt only when its recipe changes).
 "$VENV/bin/agentenv" images build base --quiet
+
+# 6. The microvm backend's QEMU, guest kernel, initramfs and the base image's root file system.
+bash scripts/install_microvm.sh "$VENV/bin/python"
 step "ready"

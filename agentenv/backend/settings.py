@@ -62,7 +62,6 @@ class BackendSettings:
     microvm_kvm_probe_s: float = setting(above=0, default=15.0)
     microvm_memory_overhead: Size = setting(default=160 * 2**20)
     microvm_channels: int = setting(min=2, max=30, default=8)
-    microvm_waiting_vms: int = setting(min=0, default=8)
     microvm_boot_timeout_s: float = setting(above=0, default=180.0)
     microvm_nice: int = setting(min=0, max=19, default=0)
 

@@ -28,6 +28,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -115,8 +116,8 @@ def _container_root(sb: Sandbox) -> Path:
     """`/proc/<init>/root` of the sandbox's running container: its filesystem as the host sees it."""
     try:
         root = runtime().backend.container_root(ContainerRef(sb.container_id or "", ""))
-    except ContainerNotRunning:
-        raise SandboxStateError(f"sandbox {sb.id}'s container is not running") from None
+    except ContainerNotRunning as e:  # it died behind our back: marked broken, as a failed exec does
+        raise sb._container_lost(str(e)) from None
     try:
         os.stat(root / PROC_ROOT.lstrip("/"))
     except FileNotFoundError:
@@ -140,6 +141,10 @@ class RootFiles(LiveFiles):
         out: dict[str, tuple[int, bytes] | None] = {}
         for path, offset in offsets.items():
             try:
+                st = os.stat(self._p(path))
+                if not stat.S_ISREG(st.st_mode):  # a FIFO (a process's stdin): it exists, nothing to read
+                    out[path] = (st.st_size, b"")
+                    continue
                 with open(self._p(path), "rb") as f:
                     size = os.fstat(f.fileno()).st_size
                     f.seek(offset)

@@ -4,7 +4,9 @@ Pause leaves no process and no host memory (the RAM file is synced and dropped f
 resume brings every process back with its memory; forks map one snapshot copy-on-write, each with its own
 identity, seed and kernel RNG; a source that forked pauses its memory into the snapshot stream; a paused
 sandbox is resumed by another process; a process killed halfway through a pause or a resume is settled.
-The fork and pause cases of the container tests run here too (imported, with this module's fixtures)."""
+Fork and pause cases of the container tests run here too (imported, with this module's fixtures); the
+four-fork case of test_agentenv_fork.py is left to this module's own fork test (four counting guests under
+TCG cost more than the rest of the module)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ from agentenv_testutil import SMALL, TOKEN_PROCESS, run_cli
 from microvm_env import backend_config, microvm_home
 from test_agentenv_fork import (  # noqa: F401 - collected here with this module's fixtures
     test_a_failed_fork_leaves_no_fork_and_the_running_source_running,
-    test_fork_4_gives_independent_continuations_with_the_source_files,
     test_fork_carries_the_writable_layer_when_the_root_is_writable,
     test_forking_a_running_sandbox_pauses_and_resumes_it,
 )
@@ -236,3 +237,30 @@ def test_a_pause_and_a_resume_killed_halfway_are_settled(sandbox):
     sandbox.pause()
     sandbox.resume()
     assert _token(sandbox) == token
+
+
+def test_gc_drops_golden_snapshots_and_initramfs_files_no_longer_current(microvm):
+    """A new guest agent makes a new initramfs and new golden snapshots; the old ones are leftovers (a VM
+    made from an old initramfs keeps the file it maps)."""
+    import dataclasses
+
+    backend = runtime().backend
+    goldens = [Snapshot.load(p) for p in (backend.root / "golden").glob("*")]
+    current = next(g for g in goldens if g is not None and g.machine.initrd == str(backend.initrd))
+    old_initrd = backend.root / "initrd" / "0000000000000000.cpio"
+    old_initrd.write_bytes(b"an initramfs of an older agent")
+    old = backend.root / "golden" / "gc-test-old-machine"
+    old.mkdir()
+    dataclasses.replace(current, path=old, machine=dataclasses.replace(current.machine,
+                                                                         initrd=str(old_initrd))).save()
+    assert {str(old), str(old_initrd)} <= set(backend.collect_leftovers(dry_run=True))
+    removed = backend.collect_leftovers()
+    assert str(old) in removed and not old.exists() and not old_initrd.exists()
+    assert current.path.exists() and backend.initrd.exists()
+
+
+def test_a_move_is_refused_with_the_reason(sandbox):
+    sandbox.pause()
+    with pytest.raises(BackendUnavailable, match="microvm backend; a move carries CRIU checkpoints only"):
+        sandbox.move("http://127.0.0.1:9", api_key="e2b_" + "0" * 40)
+    assert sandbox.status == "paused"

@@ -32,7 +32,7 @@ CONSOLE_LOG = "console.log"
 QEMU_LOG = "qemu.log"
 # TCG's buffer of translated guest code (QEMU's default is 1 GiB, which a guest fills with tens of MiB of
 # private memory per VM); when full it is flushed and code is translated again.
-TCG_CODE_MIB = int(os.environ.get("AGENTENV_TCG_CODE_MIB", "32"))
+TCG_CODE_MIB = 32
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,14 @@
   to 512 MiB, vCPUs from `cpus`, the accelerator) has a golden snapshot (`golden.py`); the new VM's RAM
   file is a sparse copy of it, QEMU loads its state and the guest agent applies the sandbox's config
   (user, tmpfs mounts, read-only root, limits in the guest's cgroup, capabilities, identity, RNG seed).
-* pause: the agent ends session shells (as every backend does) and notes a restore marker; QEMU stops,
+* pause: the agent ends session shells (as every backend does); QEMU stops,
   saves its device state (`snapshots.save`) and quits; the RAM file is synced and dropped from the page
   cache. A VM whose RAM is a snapshot mapped copy-on-write (a fork) saves its RAM into the stream.
 * resume: a new QEMU maps the RAM file in place and loads the state (or a stream into a fresh file);
   forks: n QEMUs map one snapshot's RAM file copy-on-write (`share=off`; a hard link keeps it while any
   fork maps it, and a source whose file is linked so resumes copy-on-write too). After each, the agent
-  reports the marker (the restore is verified) and takes the new identity, clock and entropy.
+  reports the marker it held (the restore is verified: the host gave it at the last resume) and takes the
+  new identity, clock, entropy and the marker of its next snapshot.
 """
 
 from __future__ import annotations
@@ -177,10 +178,14 @@ class MicroVMRuntime(SandboxBackend):
             raise
 
     def _resumed(self, vm: VmDir, sandbox_id: str) -> str:
-        """Tell the guest it was restored (identity, seed, clock, entropy); the marker it holds."""
+        """Tell the guest it was restored (identity, seed, clock, entropy); the marker it held. The guest
+        keeps a fresh one, which its next snapshot will hold (recorded in the VM's meta): a pause needs
+        no request for it."""
+        marker = secrets.token_hex(16)
         answer = self._request(vm, {"op": "resumed", "sandbox_id": sandbox_id, "seed": secrets.randbits(63),
-                                    "time": time.time(), "entropy": secrets.token_hex(64)},
-                               timeout_s=OP_TIMEOUT_S)
+                                    "time": time.time(), "entropy": secrets.token_hex(64),
+                                    "marker": marker}, timeout_s=OP_TIMEOUT_S)
+        vm.update_meta(marker=marker)
         return str(answer.get("marker", ""))
 
     def exec(self, ref: ContainerRef, argv: Sequence[str], *, user: str, timeout_s: float, output_limit: int,
@@ -223,9 +228,8 @@ class MicroVMRuntime(SandboxBackend):
     def checkpoint(self, ref: ContainerRef, checkpoint_id: str, *, user: str) -> Checkpoint:
         vm = self._running_vm(ref)
         t0 = time.perf_counter()
-        marker = secrets.token_hex(16)
-        self._request(vm, {"op": "mark", "marker": marker})
-        private = bool(vm.meta.get("private"))
+        meta = vm.meta
+        marker, private = str(meta.get("marker", "")), bool(meta.get("private"))
         folder = vm.snapshot_dir(checkpoint_id)
         folder.mkdir(mode=0o700)
         (vm.path / PAUSING).write_text(str(os.getpid()))
@@ -416,14 +420,32 @@ class MicroVMRuntime(SandboxBackend):
         return dropped
 
     def collect_leftovers(self, dry_run: bool = False, older_than_s: float = 600.0) -> list[str]:
-        """Boot folders of golden snapshots whose builder died."""
-        out = []
-        for folder in (self.root / "golden").glob(".boot-*"):
-            if time.time() - folder.stat().st_mtime > older_than_s and qemu.running_pid(folder) is None:
-                out.append(str(folder))
-                if not dry_run:
-                    shutil.rmtree(folder, ignore_errors=True)
-        return out
+        """`agentenv gc`: golden snapshots of an initramfs or kernel no longer current (a new agent makes
+        new ones), initramfs files neither current nor mapped by a VM, and boot folders of golden snapshots
+        whose builder died."""
+        used = {self.initrd}
+        for folder in self.vms.iterdir():
+            with contextlib.suppress(KeyError, TypeError):
+                used.add(Path(VmDir(self.vms, folder.name).meta["machine"]["initrd"]))
+        stale: list[Path] = []
+        for folder in (self.root / "golden").glob("*"):
+            if folder.name.startswith(".boot-"):
+                if time.time() - folder.stat().st_mtime > older_than_s and qemu.running_pid(folder) is None:
+                    stale.append(folder)
+            elif folder.is_dir():
+                snap = Snapshot.load(folder)
+                if snap is not None and (Path(snap.machine.initrd) != self.initrd
+                                         or snap.machine.kernel != str(self.files.vmlinux)):
+                    stale.append(folder)
+        stale += [p for p in (self.root / "initrd").glob("*.cpio") if p not in used]
+        if not dry_run:
+            for path in stale:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                    Path(f"{path}.lock").unlink(missing_ok=True)
+                else:
+                    path.unlink(missing_ok=True)
+        return [str(p) for p in stale]
 
     def sandbox_of_container(self, container: str) -> str | None:
         with contextlib.suppress(ValueError):

@@ -845,7 +845,8 @@ def op_mark(port, req):
 
 
 def op_resumed(port, req):
-    """After a restore or in a fork: the sandbox's identity, a fresh seed, the host's clock and entropy."""
+    """After a restore or in a fork: the sandbox's identity, a fresh seed, the host's clock and entropy;
+    answers the restore marker the snapshot held and keeps the next one (the marker of its next pause)."""
     try:
         time.clock_settime(time.CLOCK_REALTIME, float(req["time"]))
     except OSError as e:
@@ -853,7 +854,8 @@ def op_resumed(port, req):
     reseed(req.get("entropy", ""))
     if state["configured"]:
         write_runtime({"sandbox-id": req["sandbox_id"], "seed": str(req["seed"])})
-    port.answer({"marker": state["marker"]})
+    found, state["marker"] = state["marker"], req.get("marker", state["marker"])
+    port.answer({"marker": found})
 
 
 def op_usage(port, req):
