@@ -372,10 +372,11 @@ class SandboxPool:
         if self.settings.warm_starts or template is not None:
             key = template or _config_key(cfg)
             tmpl = self._template(key, cfg, setup, user_labels)
-            self.ensure_budget(tmpl.stats().checkpoint_bytes)
+            size = tmpl.stats().checkpoint_bytes  # what the fork holds once its pages are in
+            self.ensure_budget(size)
             sb = self._timed("warm_start", lambda: tmpl.fork(1)[0])
         else:
-            key = None
+            key, size = None, 0
             self.ensure_budget(0)
 
             def cold() -> Sandbox:
@@ -385,7 +386,7 @@ class SandboxPool:
                 return s
 
             sb = self._timed("cold_start", cold)
-        self.state.add(sb.id, template=key)
+        self.state.add(sb.id, rss_bytes=size, template=key)
         return PooledSandbox(self, sb)
 
     def _template(
@@ -467,7 +468,7 @@ class SandboxPool:
         seconds, stats = time.perf_counter() - t, sandbox.stats()
         self.state.record("resume", seconds, OP_CPU.stop(token, restored_cpu_s=stats.cpu_seconds_since_start))
         self.state.mark(sandbox.id, paused=False)
-        self.state.set_rss(sandbox.id, stats.rss_bytes)
+        self.state.set_rss(sandbox.id, footprint(stats))
 
     def exec(self, sb: PooledSandbox | Sandbox | str, cmd: str | list[str], **kwargs: Any) -> ExecResult:
         """`Sandbox.exec` on a member, resuming it first when it is paused."""
@@ -505,12 +506,12 @@ class SandboxPool:
         with self._leased(sid):
             source = Sandbox.get(sid)
             fork_labels = None if given is None else {**self.labels, **given, LABEL_POOL: self.name}
-            st = source.stats()
-            self.ensure_budget(n * max(st.rss_bytes, st.checkpoint_bytes), exclude={sid})
+            source_member = self.state.get(sid)
+            size = max(footprint(source.stats()), source_member.rss_bytes if source_member else 0)
+            self.ensure_budget(n * size, exclude={sid})
             forks = self._timed("fork", lambda: source.fork(n, labels=fork_labels))
-        tmpl = self.state.get(sid)
-        for f in forks:
-            self.state.add(f.id, template=tmpl.template if tmpl else None)
+        for f in forks:  # a fork holds what its source held once its pages are in
+            self.state.add(f.id, rss_bytes=size, template=source_member.template if source_member else None)
         return [PooledSandbox(self, f) for f in forks]
 
     def keep(self, sb: PooledSandbox | Sandbox | str, labels: Mapping[str, str]) -> Sandbox:
@@ -533,11 +534,12 @@ class SandboxPool:
             raise SandboxStateError(
                 f"sandbox {sandbox.id} is {sandbox.status}; only a paused one can be restored"
             )
-        self.ensure_budget(sandbox.stats().checkpoint_bytes)
+        size = sandbox.stats().checkpoint_bytes
+        self.ensure_budget(size)
         labels = {k: v for k, v in sandbox.labels.items() if k != KEEPER_LABEL}
         labels.update({**self.labels, LABEL_POOL: self.name})
         fork = self._timed("fork", lambda: sandbox.fork(1, labels=labels)[0])
-        self.state.add(fork.id)
+        self.state.add(fork.id, rss_bytes=size)
         return PooledSandbox(self, fork)
 
     def remove(self, sb: PooledSandbox | Sandbox | str) -> None:
@@ -568,7 +570,7 @@ class SandboxPool:
             elif status == "running":
                 rss = m.rss_bytes
                 if now - m.rss_at > self.settings.rss_refresh_s:
-                    rss = sb.stats().rss_bytes
+                    rss = max(m.rss_bytes, footprint(sb.stats()))  # the largest since its start: lazy pages
                     self.state.set_rss(m.sandbox_id, rss)
                 running.append((m, sb, rss))
                 used += rss
@@ -697,6 +699,13 @@ class SandboxPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def footprint(stats: SandboxStats) -> int:
+    """The memory a running member is counted at: its RSS, or the checkpoint it was restored from when
+    that is larger (a lazy restore maps pages as they are touched, so its RSS starts near zero and grows
+    to the checkpoint's size; counting the RSS alone would let a budget admit many times too many)."""
+    return max(stats.rss_bytes, stats.checkpoint_bytes)
 
 
 def _config_key(cfg: SandboxConfig) -> str:

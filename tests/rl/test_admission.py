@@ -11,7 +11,7 @@ import torch
 from rl_testutil import compose
 
 from agentenv import Sandbox
-from agentenv.errors import SandboxNotFound
+from agentenv.runtime import runtime
 from rl.episode import Episode
 from rl.generation import TorchEngine
 from rl.policy import build_policy
@@ -36,13 +36,11 @@ class RunningSampler:
 
     def _loop(self) -> None:
         while not self._stop.wait(0.05):
-            count = 0
-            for member in self.pool.state.members():
-                try:
-                    count += Sandbox.get(member.sandbox_id).status == "running"
-                except SandboxNotFound:  # closed meanwhile
-                    continue
-            self.counts.append(count)
+            members = {member.sandbox_id for member in self.pool.state.members()}
+            # one registry query: a snapshot of every state at one instant (reading the members one by
+            # one would count a sandbox that ran before its pause and the one resumed after it)
+            records = runtime().registry.list_sandboxes()
+            self.counts.append(sum(r.id in members and r.state == "running" for r in records))
 
     def __enter__(self):
         self._thread.start()
