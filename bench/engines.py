@@ -54,6 +54,7 @@ from bench_report import (  # noqa: E402
     training_machine,
     write_section,
 )
+from bench_stats import spread as bench_spread  # noqa: E402
 
 SECTION = "engines"
 PROMPTS = (
@@ -84,8 +85,11 @@ class OtherLoad:
 
 
 def spread(values: list[float]) -> str:
-    """``median (min-max)`` of ``values``."""
-    return f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})"
+    """``median (min-max)`` of ``values``, whole numbers (a single run too: ``5 (5-5)``)."""
+    s = bench_spread(values)
+    if s is None:
+        raise ValueError("no values to summarize")
+    return f"{s.median:.0f} ({s.low:.0f}-{s.high:.0f})"
 
 
 def engines_for(model: str):

@@ -9,10 +9,11 @@ Kept free of Ray, Docker and torch so that it is checked by fast unit tests (tes
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench_stats import Spread, spread
 
 STEADY_ITERATIONS = 5  # iterations after the first a rate is taken over (the first: start-up, templates)
 MIN_REPEATS = 3  # runs per row and latency a verdict rests on (their median): one run can straddle a line
@@ -66,31 +67,6 @@ def no_verdict(reason: str) -> str:
 
 Cell = tuple[str, float]  # (row key, emulated policy latency in s)
 RUN_KEYS = ("row", "latency", "session", "repeat")  # what every run of a row log names
-
-
-@dataclass(frozen=True)
-class Spread:
-    """One figure over the runs of a cell that have it: median, min, max and how many runs."""
-
-    median: float
-    low: float
-    high: float
-    count: int
-
-    def text(self, fmt: str = ".3g") -> str:
-        """``median (min-max)`` (three significant digits unless ``fmt`` says otherwise); a single run: its
-        value alone."""
-        if self.count == 1:
-            return format(self.median, fmt)
-        return f"{self.median:{fmt}} ({self.low:{fmt}}-{self.high:{fmt}})"
-
-
-def spread(values: Iterable[float | None]) -> Spread | None:
-    """The spread of ``values`` (None, a run without the figure, left out); None when no run has it."""
-    got = sorted(v for v in values if v is not None)
-    if not got:
-        return None
-    return Spread(statistics.median(got), got[0], got[-1], len(got))
 
 
 def cells(records: Iterable[Mapping]) -> dict[Cell, list[dict]]:

@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from backend_variants import FASTPATH, Variant, cool, page_fill  # noqa: E402
 from bench_report import busy_cores_before, host_cpu_seconds, other_load_text, write_section  # noqa: E402
+from bench_stats import spread  # noqa: E402
 from sandbox import Bench, versions  # noqa: E402
 from state_targets import RESUME_128, judge  # noqa: E402
 
@@ -334,9 +335,10 @@ def _s(v: float | None, unit: str = "s") -> str:
 
 def _spread(values: list[float], unit: str = "s") -> str:
     """`p50 (min–max)` of one path's repetitions."""
-    if not values:
+    s = spread(values)
+    if s is None:
         return "-"
-    return f"{statistics.median(values):.3f} {unit} ({min(values):.3f}–{max(values):.3f})"
+    return f"{s.median:.3f} {unit} ({s.low:.3f}–{s.high:.3f})"
 
 
 def lever_cells(paths: dict[str, PathSamples], row: Row) -> tuple[str, str]:

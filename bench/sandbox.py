@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from backend_variants import FASTPATH, WARM, WARM_NO_SPARES, Backends, Variant, cool, page_fill  # noqa: E402
 from bench_report import busy_cores_before, host_cpu_seconds, other_load_text, write_section  # noqa: E402
+from bench_stats import quantile  # noqa: E402
 from state_targets import (  # noqa: E402
     FORK8,
     FORK_MEMORY,
@@ -58,7 +59,6 @@ from state_targets import (  # noqa: E402
     RESUME_TAIL,
     judge,
     ksm_settled,
-    quantile,
     ratios,
 )
 

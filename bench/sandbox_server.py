@@ -32,6 +32,7 @@ from pathlib import Path
 
 import httpx
 import yaml
+from bench_stats import quantile
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -39,14 +40,9 @@ PROFILE = {"memory": "64m", "cpus": 1.0, "pids_limit": 32, "tmpfs": {"/tmp": "si
 TARGETS = {"run": 2.0, "create": 1.5, "rss_mib": 200, "paused": 200}
 
 
-def _p(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
-
-
 def fmt(values: list[float]) -> str:
     """Median / p90 in ms."""
-    return f"{statistics.median(values) * 1e3:.1f} / {_p(values, 0.9) * 1e3:.1f} ms"
+    return f"{statistics.median(values) * 1e3:.1f} / {quantile(values, 0.9) * 1e3:.1f} ms"
 
 
 def rss_mib(pid: int) -> float:

@@ -38,8 +38,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_report import busy_cores_before, other_load_text, write_section  # noqa: E402
+from bench_stats import quantile  # noqa: E402
 from sandbox_server import Server, close_all, private_home, rss_mib  # noqa: E402
-from state_targets import SERVER_RUN_P99, judge, quantile  # noqa: E402
+from state_targets import SERVER_RUN_P99, judge  # noqa: E402
 
 OP_TIMEOUT_S = 60.0    # one SDK call; past it the call counts as an error of kind `timeout`
 SANDBOX_TTL_S = 900    # TTL given at create: longer than any run, so the reaper never acts mid-loop

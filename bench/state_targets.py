@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from memory_sweep import Spread, spread
+from bench_stats import Spread, spread
 
 NEAR = 0.15       # a median within this share of its line is near it: one run cannot settle it
 SETTLED_RUNS = 3  # runs a verdict near its line rests on (their median)
@@ -96,15 +96,6 @@ def judge(target: Target, values: Iterable[float | None]) -> Verdict:
     if bad:
         raise ValueError(f"{target.what}: a run's figure is {bad[0]}, not a number a verdict can rest on")
     return Verdict(target, spread(got))
-
-
-def quantile(values: Sequence[float], q: float) -> float:
-    """The `q` quantile of one run's samples, the nearest of them (p99 of fewer than 100: the largest);
-    NaN for no samples."""
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"quantile {q} is outside [0, 1]")
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))] if s else float("nan")
 
 
 def ratios(num: Sequence[float | None], den: Sequence[float | None]) -> list[float | None]:

@@ -53,7 +53,6 @@ import os
 import platform
 import re
 import shutil
-import statistics
 import subprocess
 import tempfile
 import threading
@@ -62,6 +61,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench_report import ROOT, busy_cores_before, compose, host_cpu_seconds, other_load_text, write_section
+from bench_stats import spread
 from memory_sweep import (
     MIN_REPEATS,
     STEADY_ITERATIONS,
@@ -76,7 +76,6 @@ from memory_sweep import (
     ratio_verdict,
     run_peak,
     run_rate,
-    spread,
     steady_rate,
     verdict,
 )
@@ -269,7 +268,10 @@ def group_start_throughput(overrides: list[str], groups: int, repeats: int) -> d
             failed += stats.failed
         finally:
             runner.close()
-    return {"episodes_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
+    s = spread(rates)
+    if s is None:
+        raise ValueError("no run measured a rate")
+    return {"episodes_per_s": s.median, "min": s.low, "max": s.high,
             "failed": failed, "runs": len(rates)}
 
 

@@ -5,8 +5,8 @@ The fields are the keys of Moonshot's `config.json` (read by vLLM, sglang, llama
 `conf/model/*.yaml` file lists the same keys. A few k3rl-only switches for ablations are marked as such;
 loaders outside k3rl ignore them.
 
-Validation happens on construction: a bad value raises `ConfigError` naming the key and what to change,
-before any tensor is built.
+Validation happens on construction (`model.config_checks`): a bad value raises `ConfigError` naming the key
+and what to change, before any tensor is built.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from model.config_checks import ConfigError, check_known_keys, validate_config
 
-class ConfigError(ValueError):
-    """A model config value is missing, unknown or inconsistent."""
+__all__ = ["ConfigError", "K3Config", "LinearAttnConfig"]
 
 
 @dataclass
@@ -124,11 +124,7 @@ class K3Config:
         if "text_config" in d and isinstance(d["text_config"], dict):  # a multimodal K3 config.json
             d = d["text_config"]
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(k for k in d if k not in names and k not in _ECOSYSTEM_FIXED_KEYS)
-        if unknown:
-            raise ConfigError(
-                f"unknown model config key(s) {unknown}; valid keys are the K3Config fields: {sorted(names)}"
-            )
+        check_known_keys(d, names, "model config", also=_ECOSYSTEM_FIXED_KEYS)
         kwargs = {k: v for k, v in d.items() if k in names}
         if "max_position_embeddings" not in kwargs and d.get("model_max_length"):
             kwargs["max_position_embeddings"] = d["model_max_length"]
@@ -204,92 +200,13 @@ class K3Config:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
-        """Raise `ConfigError` on the first inconsistent value."""
-        positive = [
-            "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
-            "qk_nope_head_dim", "v_head_dim", "num_experts", "num_experts_per_token",
-            "moe_intermediate_size", "intermediate_size", "max_position_embeddings",
-        ]  # fmt: skip
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("qk_rope_head_dim", "num_shared_experts", "first_k_dense_replace"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
-        if self.q_lora_rank is not None and self.q_lora_rank < 1:
-            raise ConfigError(f"q_lora_rank must be a positive integer or null, got {self.q_lora_rank!r}")
-        if not self.mla_use_nope:
-            raise ConfigError("mla_use_nope must be true: K3/Kimi-Linear MLA uses no rotary embedding")
-        if self.num_experts_per_token >= self.num_experts:
-            raise ConfigError(
-                f"num_experts_per_token ({self.num_experts_per_token}) must be smaller than num_experts "
-                f"({self.num_experts}): routing picks top-k of n and quantile balancing routes top-(k+1)"
-            )
-        if self.first_k_dense_replace > self.num_hidden_layers:
-            raise ConfigError(
-                f"first_k_dense_replace ({self.first_k_dense_replace}) exceeds num_hidden_layers "
-                f"({self.num_hidden_layers})"
-            )
-        if self.routed_expert_hidden_size is not None:
-            ell = self.routed_expert_hidden_size
-            if not isinstance(ell, int) or ell < 1 or ell > self.hidden_size or self.hidden_size % ell:
-                raise ConfigError(
-                    f"routed_expert_hidden_size (latent width, {ell!r}) must divide hidden_size "
-                    f"({self.hidden_size}), e.g. {self.hidden_size // 2}; use null for a standard MoE"
-                )
-        if self.hidden_act not in ("situ", "silu"):
-            raise ConfigError(
-                f"hidden_act must be 'situ' (SiTU-GLU) or 'silu' (SwiGLU), got {self.hidden_act!r}"
-            )
-        if self.activation_situ_beta <= 0 or self.activation_situ_linear_beta <= 0:
-            raise ConfigError("activation_situ_beta and activation_situ_linear_beta must be positive")
-        if self.attn_res_block_size is not None and (
-            not isinstance(self.attn_res_block_size, int) or self.attn_res_block_size < 1
-        ):
-            raise ConfigError(
-                f"attn_res_block_size must be an integer >= 1 (decoder layers per block) or null for a "
-                f"plain residual, got {self.attn_res_block_size!r}"
-            )
-        if self.attn_res_full and self.attn_res_block_size is None:
-            raise ConfigError("attn_res_full needs attn_res_block_size set (AttnRes on); set both or neither")
-        if self.rms_norm_eps <= 0:
-            raise ConfigError(f"rms_norm_eps must be positive, got {self.rms_norm_eps!r}")
-        self._validate_linear_attn()
-
-    def _validate_linear_attn(self) -> None:
-        lac = self.linear_attn_config
-        for name in ("head_dim", "num_heads", "short_conv_kernel_size"):
-            value = getattr(lac, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"linear_attn_config.{name} must be a positive integer, got {value!r}")
-        if lac.gate_lower_bound is not None and not (-5.0 <= lac.gate_lower_bound < 0.0):
-            raise ConfigError(
-                f"linear_attn_config.gate_lower_bound must lie in [-5, 0) (K3 uses -5.0) or be null for "
-                f"Kimi-Linear's unbounded gate, got {lac.gate_lower_bound!r}"
-            )
-        layers = list(range(1, self.num_hidden_layers + 1))
-        kda, full = list(lac.kda_layers), list(lac.full_attn_layers)
-        both = sorted(set(kda) & set(full))
-        if both:
-            raise ConfigError(f"layers {both} are listed in both kda_layers and full_attn_layers")
-        listed = sorted(kda + full)
-        if listed != layers:
-            missing = sorted(set(layers) - set(listed))
-            extra = sorted(set(listed) - set(layers))
-            raise ConfigError(
-                "linear_attn_config.kda_layers and full_attn_layers (1-based) must together list every layer "
-                f"1..{self.num_hidden_layers} exactly once; missing {missing}, "
-                f"out of range or repeated {extra}"
-            )
+        """Raise `ConfigError` on the first inconsistent value (see `model.config_checks`)."""
+        validate_config(self)
 
 
 def _linear_attn_from_dict(d: dict[str, Any]) -> LinearAttnConfig:
     names = {f.name for f in dataclasses.fields(LinearAttnConfig)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-        raise ConfigError(f"unknown linear_attn_config key(s) {unknown}; valid keys: {sorted(names)}")
+    check_known_keys(d, names, "linear_attn_config")
     return LinearAttnConfig(**d)
 
 

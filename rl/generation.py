@@ -10,16 +10,27 @@ Each turn re-prefills the whole episode so far (the model's short convolutions c
 middle of a cached sequence, and episodes' observations differ in length). For the short contexts of
 the built-in tasks this costs less than a tenth of a learner step.
 
+Branching rollouts (Tree-GRPO, `rl.algos.tree_grpo`) instead keep one episode's state (`EpisodeState`:
+its cache, one sequence, so no padding) across turns: `TorchEngine.read` feeds new tokens into it,
+`EpisodeState.branch` copies it into the children of a branch node and `TorchEngine.continue_from`
+samples each child's next action from its copy, without reading the shared prefix again.
+
+A caller serving requests of their own (`rl.gateway`) passes a `Sampling` per context: its temperature,
+nucleus (top-p) and token limit replace the engine's for that row; the recorded log-probs are then those
+of the distribution each token was drawn from (temperature and top-p applied).
+
 ``rollout.engine=vllm`` selects `rl.vllm.engine.VllmEngine` instead (the same interface, the policy run by
 an in-process vLLM engine); `rl.engines.build_engine` builds the engine the config names.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, field
 
 import torch
 
+from model.cache import K3Cache
 from rl.tokenizer import Tokenizer
 
 
@@ -45,6 +56,44 @@ class Generation:
     logprobs: list[float]
     ended: bool  # emitted the end-of-turn token (else it hit max_new_tokens)
     routes: torch.Tensor | None = None  # [len(token_ids), n_moe_layers, top_k]; see the class docstring
+
+
+@dataclass
+class EpisodeState:
+    """The policy's state after one episode's tokens so far (`TorchEngine.read`): the model's cache of
+    that one sequence (each KDA layer's recurrent and conv state, each MLA layer's latent KV), the logits
+    after its last read token, and ``pending`` tokens of the context not read yet (the last sampled
+    token, until the next `read`). `branch` copies it into the children of a branch node, so that they
+    continue from the shared prefix without reading it again."""
+
+    cache: K3Cache
+    logits: torch.Tensor | None = None  # [vocab], after the last read token (None while tokens are pending)
+    pending: list[int] = field(default_factory=list)
+
+    def branch(self, width: int) -> list[EpisodeState]:
+        """``width`` independent copies (each child's later tokens change only its own)."""
+        if width < 1:
+            raise ValueError(f"a branch needs at least one child, got width={width}")
+        return [copy.deepcopy(self) for _ in range(width)]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """One context's sampling parameters (`TorchEngine.generate`'s ``sampling``)."""
+
+    temperature: float  # > 0
+    top_p: float  # in (0, 1]: sample from the smallest set of tokens whose probabilities reach it
+    max_new_tokens: int  # >= 1, at most the call's ``max_new_tokens``
+
+
+def nucleus(logp: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Log-probs ``[rows, vocab]`` renormalised over each row's top-p nucleus (``top_p`` [rows]); the
+    tokens outside it get `MASKED_LOGIT`. The most likely token is always kept."""
+    sorted_logp, order = logp.sort(dim=-1, descending=True)
+    before = sorted_logp.exp().cumsum(-1) - sorted_logp.exp()  # probability mass ranked above each token
+    drop_sorted = before >= top_p[:, None]
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return torch.log_softmax(logp.masked_fill(drop, MASKED_LOGIT), dim=-1)
 
 
 def route_dtype(num_experts: int) -> torch.dtype:
@@ -101,12 +150,19 @@ class TorchEngine:
 
     @torch.inference_mode()
     def generate(
-        self, contexts: list[list[int]], max_new_tokens: int, generator: torch.Generator
+        self,
+        contexts: list[list[int]],
+        max_new_tokens: int,
+        generator: torch.Generator,
+        sampling: list[Sampling] | None = None,
     ) -> list[Generation]:
         """Sample up to ``max_new_tokens`` for each context (all run as one batch), recording the experts
-        each sampled token was produced with (`Generation.routes`)."""
+        each sampled token was produced with (`Generation.routes`). ``sampling``: one `Sampling` per
+        context instead of the engine's temperature, no top-p and ``max_new_tokens``."""
         if not contexts:
             return []
+        if sampling is not None and len(sampling) != len(contexts):
+            raise ValueError(f"{len(sampling)} sampling parameters for {len(contexts)} contexts")
         self.model.eval()
         batch = len(contexts)
         width = max(len(c) for c in contexts)
@@ -127,11 +183,15 @@ class TorchEngine:
         routes: list[list[torch.Tensor]] = [[] for _ in range(batch)]
         done = torch.zeros(batch, dtype=torch.bool)
         end = self.tokenizer.end_id
+        temperature, top_p, limits = self.temperature, None, None
+        if sampling is not None:
+            temperature = torch.tensor([s.temperature for s in sampling], dtype=torch.float)[:, None]
+            top_p = torch.tensor([s.top_p for s in sampling], dtype=torch.float)
+            limits = torch.tensor([min(s.max_new_tokens, max_new_tokens) for s in sampling])
         for step in range(max_new_tokens):
-            logits = out.logits[:, -1].float().cpu() / self.temperature  # sampled on the CPU (its generator)
-            if self.disallowed is not None:
-                logits = logits.masked_fill(self.disallowed, MASKED_LOGIT)
-            logp = torch.log_softmax(logits, dim=-1)
+            logp = self._action_logp(out.logits[:, -1], temperature)
+            if top_p is not None and bool((top_p < 1).any()):
+                logp = torch.where((top_p < 1)[:, None], nucleus(logp, top_p), logp)
             sampled = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
             chosen = logp.gather(-1, sampled[:, None]).squeeze(-1)
             for row in torch.nonzero(~done).flatten().tolist():
@@ -139,6 +199,8 @@ class TorchEngine:
                 logprobs[row].append(float(chosen[row]))
                 routes[row].append(step_routes[row])
             done |= sampled == end
+            if limits is not None:
+                done |= limits <= step + 1
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
             out = self.model(sampled[:, None].to(device), cache=cache)
@@ -148,6 +210,60 @@ class TorchEngine:
             Generation(t, lp, bool(t and t[-1] == end), torch.stack(r) if r else step_routes[:0])
             for t, lp, r in zip(tokens, logprobs, routes, strict=True)
         ]
+
+    def _action_logp(self, logits: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
+        """Sampling log-probs ``[rows, vocab]`` on the CPU (where the generator samples) of the last
+        position's ``logits``: temperature, then the action-vocabulary mask."""
+        logits = logits.float().cpu() / temperature
+        if self.disallowed is not None:
+            logits = logits.masked_fill(self.disallowed, MASKED_LOGIT)
+        return torch.log_softmax(logits, dim=-1)
+
+    @torch.inference_mode()
+    def read(self, tokens: list[int], state: EpisodeState | None = None) -> EpisodeState:
+        """Read ``tokens`` (after ``state``'s pending ones) into one episode's state, in place; None
+        starts a new episode. Returns the state, its logits those after the last token."""
+        if state is None:
+            state = EpisodeState(self.model.new_cache(1))
+        if state.cache.batch_size != 1:
+            raise ValueError(f"an episode state holds one sequence, this cache {state.cache.batch_size}")
+        new = [*state.pending, *tokens]
+        if not new:
+            raise ValueError("nothing to read: no tokens and none pending")
+        self.model.eval()
+        device = next(self.model.parameters()).device
+        out = self.model(torch.tensor([new], dtype=torch.long, device=device), cache=state.cache)
+        self._record_loads(out.router_stats)
+        state.logits, state.pending = out.logits[0, -1], []
+        return state
+
+    @torch.inference_mode()
+    def continue_from(
+        self, state: EpisodeState, max_new_tokens: int, generator: torch.Generator
+    ) -> Generation:
+        """Sample the next action of the episode of ``state`` (read up to now, see `read`), advancing the
+        state in place: its last sampled token is left pending for the next `read`."""
+        if state.logits is None:
+            raise ValueError("the state has pending tokens: read the next observation first")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.model.eval()
+        device = next(self.model.parameters()).device
+        logits, end = state.logits, self.tokenizer.end_id
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        for step in range(max_new_tokens):
+            logp = self._action_logp(logits[None], self.temperature)
+            sampled = torch.multinomial(logp.exp(), 1, generator=generator)
+            tokens.append(int(sampled))
+            logprobs.append(float(logp[0, tokens[-1]]))
+            if tokens[-1] == end or step == max_new_tokens - 1:
+                break
+            out = self.model(sampled.to(device), cache=state.cache)
+            self._record_loads(out.router_stats)
+            logits = out.logits[0, -1]
+        state.logits, state.pending = None, [tokens[-1]]
+        return Generation(tokens, logprobs, tokens[-1] == end)
 
     def _record_loads(self, router_stats) -> None:
         for stats in router_stats:

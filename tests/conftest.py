@@ -11,9 +11,11 @@ namespace names (they carry the worker's pid), so the two lanes share only docke
 
 The modules listed in `COMPUTE_MODULES` touch none of those services: model and kernel numerics, the
 learner and the algorithms on hand-made batches, process groups on loopback, config checks, the
-in-process vLLM engine. Each is a unit of its own (its module-scoped fixtures start once) and fills
-whichever worker is free. A module belongs there only when none of its tests starts a container, a Ray
-cluster, a server or a training subprocess.
+in-process vLLM engine, the benchmarks' verdicts and the GPU check's CPU dry run. Each is a unit of its
+own (its module-scoped fixtures start once) and fills whichever worker is free. A module belongs there
+only when none of its tests starts a container, a Ray cluster, a server or a training subprocess. The
+units a worker takes once its lane is done come longest first (`LONGEST_COMPUTE`, then xdist's order,
+most tests first), so that the last ones to finish are short and the two workers end close together.
 
 A test marked `serial` changes what every other test relies on (it restarts dockerd, which stops every
 running container) or measures latencies a busy neighbour would distort: `make test` deselects them in
@@ -31,6 +33,7 @@ import pytest
 HOST_LANE = "host"
 RL_HOST_LANE = "host-rl"
 COMPUTE_MODULES = (
+    "tests/bench/",
     "tests/model/",
     "tests/kernels/",
     "tests/test_import_cycles.py",
@@ -52,6 +55,18 @@ COMPUTE_MODULES = (
     "tests/rl/test_vllm_engine.py",
     "tests/server/test_server_watch.py",
 )
+# The compute modules that take longest (over 4 s on an idle machine, `pytest MODULE --durations=0`),
+# longest first.
+LONGEST_COMPUTE = (
+    "tests/rl/test_learner_ranks.py",
+    "tests/bench/test_gpu_check.py",
+    "tests/rl/test_vllm_engine.py",
+    "tests/kernels/test_kernels_kda_triton.py",
+    "tests/rl/test_rl_config.py",
+    "tests/rl/test_learner.py",
+    "tests/model/test_balancing.py",
+    "tests/kernels/test_kernels_compile_sm90.py",
+)
 
 
 def lane_of(nodeid: str) -> str:
@@ -64,7 +79,7 @@ def lane_of(nodeid: str) -> str:
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """Under `-n N`: one unit of work per lane (see the module docstring), the two host lanes first, on
-    different workers; the compute modules go to whichever worker is free."""
+    different workers; the compute modules go to whichever worker is free, the longest first."""
     from xdist.scheduler import LoadScopeScheduling
 
     class LaneScheduling(LoadScopeScheduling):
@@ -72,9 +87,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return lane_of(nodeid)
 
         def _assign_work_unit(self, node) -> None:
-            for lane in (RL_HOST_LANE, HOST_LANE):  # HOST_LANE ends up first, RL_HOST_LANE second
-                if lane in self.workqueue:
-                    self.workqueue.move_to_end(lane, last=False)
+            # moved to the front last to first: HOST_LANE ends up first, RL_HOST_LANE second, then the
+            # longest compute modules
+            for unit in reversed((HOST_LANE, RL_HOST_LANE, *LONGEST_COMPUTE)):
+                if unit in self.workqueue:
+                    self.workqueue.move_to_end(unit, last=False)
             super()._assign_work_unit(node)
 
     return LaneScheduling(config, log)

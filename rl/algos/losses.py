@@ -51,6 +51,19 @@ class PolicyLossStats:
     approx_kl: float
 
 
+def clipped_surrogate(
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``-min(ρA, clip(ρ, 1-ε_low, 1+ε_high)A)`` and where the clipped term was the smaller.
+
+    Positively homogeneous in ``A`` and linear among advantages of one sign, which `rl.algos.tree_grpo`
+    uses to train a shared prefix once for all the leaves below it."""
+    ratio = torch.exp(logp - old_logp)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    return -torch.minimum(unclipped, clipped), clipped < unclipped
+
+
 def clipped_policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -80,15 +93,12 @@ def clipped_policy_loss(
     is thus anchored on recent weights however stale the data, and the off-policy gap enters only
     through the (truncated) importance weight, token by token.
     """
-    ratio = torch.exp(logp - old_logp)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    per_token = -torch.minimum(unclipped, clipped)
+    per_token, clipped_mask = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)
     if is_weights is not None:
         per_token = per_token * is_weights.detach()
     loss = aggregate(per_token, mask, aggregation)
     with torch.no_grad():
-        clip_fraction = masked_mean((clipped < unclipped).float(), mask).item()
+        clip_fraction = masked_mean(clipped_mask.float(), mask).item()
         approx_kl = masked_mean(old_logp - logp, mask).item()
     return loss, PolicyLossStats(clip_fraction=clip_fraction, approx_kl=approx_kl)
 

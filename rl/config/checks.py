@@ -249,7 +249,8 @@ def check_trainer(cfg) -> None:
             )
 
 
-ALGO_ADVANTAGES = {"grpo": "grpo", "rloo": "rloo", "ppo": "gae"}  # algo.name -> its advantage estimator
+# algo.name -> its advantage estimator
+ALGO_ADVANTAGES = {"grpo": "grpo", "rloo": "rloo", "ppo": "gae", "tree_grpo": "tree_grpo"}
 
 
 def check_algo_name(algo) -> None:
@@ -262,6 +263,36 @@ def check_algo_name(algo) -> None:
             f"got algo.advantage={algo.advantage}; pick the algorithm with algo=<name> "
             "(conf/algo/<name>.yaml) rather than one of its keys",
         )
+
+
+def check_tree(cfg) -> None:
+    """``rollout.tree`` (branching rollouts) goes with ``algo=tree_grpo`` and describes trees that can grow:
+    increasing turns from 1, no more branchings per path than turns to branch at, one branching within
+    the leaf budget."""
+    tree, algo = cfg.rollout.tree, cfg.algo
+    if tree is None:
+        if algo.advantage == "tree_grpo":
+            _fail("rollout.tree", "algo=tree_grpo needs branching rollouts: set "
+                  "rollout.tree={branch_at: [turns], width: W, depth: D, budget: B}")  # fmt: skip
+        return
+    if algo.advantage != "tree_grpo":
+        _fail("rollout.tree", f"branching rollouts are trained by algo=tree_grpo only, got algo={algo.name}; "
+              "set rollout.tree=null or algo=tree_grpo")  # fmt: skip
+    turns = list(tree.branch_at)
+    if not turns:
+        _fail("rollout.tree.branch_at", "needs at least one turn to branch at")
+    if any(not isinstance(t, int) or t < 1 for t in turns):
+        _fail("rollout.tree.branch_at", f"turns count from 1 (branch after the first turn), got {turns}")
+    if sorted(set(turns)) != turns:
+        _fail("rollout.tree.branch_at", f"turns must be strictly increasing, got {turns}")
+    if tree.depth > len(turns):
+        _fail("rollout.tree.depth", f"{tree.depth} branchings per path need as many turns in "
+              f"rollout.tree.branch_at, which has {len(turns)}")  # fmt: skip
+    if tree.width > tree.budget:
+        _fail("rollout.tree.budget", f"{tree.budget} leaves cannot hold one branching of "
+              f"rollout.tree.width={tree.width}")  # fmt: skip
+    _fail("algo.name", "tree_grpo: the rollout runner (rl.rollout) does not grow trees yet; "
+          "rl.algos.tree_grpo holds the estimator and its learner samples. Use algo=grpo")  # fmt: skip
 
 
 def check_waves(cfg) -> None:
@@ -315,6 +346,7 @@ def check_run(cfg) -> None:
     check_env(cfg.env)
     check_sandbox(cfg.sandbox)
     check_rollout(cfg.rollout)
+    check_tree(cfg)
     check_waves(cfg)
     check_vllm_lengths(cfg)
     check_sandbox_hosts(cfg)

@@ -46,8 +46,8 @@ class OptimConfig:
 class AlgoConfig:
     """``conf/algo/*.yaml``: the RL algorithm, its loss and its optimizer (``optim``)."""
 
-    name: str = required(choices=("grpo", "rloo", "ppo"))
-    advantage: str = required(choices=("grpo", "rloo", "gae"))
+    name: str = required(choices=("grpo", "rloo", "ppo", "tree_grpo"))
+    advantage: str = required(choices=("grpo", "rloo", "gae", "tree_grpo"))
     group_size: int = required(ge=1)
     # a group trains only when at least this many members ended by the task's rules (not failed by the
     # infrastructure); failed members are out of the group's statistics and the loss (rl.algos)
@@ -122,6 +122,16 @@ class VllmEngineConfig:
 
 
 @dataclass
+class TreeRolloutConfig:
+    """``rollout.tree``: branching rollouts for Tree-GRPO (`rl.algos.tree_grpo`); checks.check_tree."""
+
+    branch_at: list[int] = required()  # turns (1 = after the first) at which a path may branch, increasing
+    width: int = required(ge=2)  # children of each branch node
+    depth: int = required(ge=1)  # branch nodes along one root-to-leaf path, at most len(branch_at)
+    budget: int = required(ge=2)  # leaves of one tree at most
+
+
+@dataclass
 class RolloutConfig:
     """``conf/rollout/*.yaml``: the generation engine and the rollout workers."""
 
@@ -138,6 +148,7 @@ class RolloutConfig:
     max_failed_fraction: float = required(ge=0, le=1)
     max_worker_restarts: int = required(ge=0)
     vllm: VllmEngineConfig | None = optional()  # engine vllm only (conf/rollout/vllm.yaml)
+    tree: TreeRolloutConfig | None = optional()  # branching rollouts (algo=tree_grpo only); None: chains
 
 
 @dataclass

@@ -24,7 +24,6 @@ from memory_sweep import (  # noqa: E402
     crossing,
     plot_sweep,
     ratio_verdict,
-    spread,
     steady_rate,
     sweep_points,
     verdict,
@@ -104,13 +103,6 @@ def test_break_even_is_interpolated_between_measured_latencies():
     assert crossing(lat, [0.5, None, 1.5, 4.0], 1.0)[1] == pytest.approx(5.0)  # skips the unmeasured 2 s
     assert crossing(lat, [None] * 4, 1.0)[1] is None
     assert crossing(lat, [2.0, 2.0, 0.5, 2.0], 1.0)[1] == pytest.approx(10 + 0.5 / 1.5 * 20)  # last crossing
-
-
-def test_a_spread_is_the_median_min_and_max_of_the_runs_that_have_the_figure():
-    s = spread([0.29, None, 0.255, 0.276])
-    assert (s.median, s.low, s.high, s.count) == (0.276, 0.255, 0.29, 3)
-    assert s.text() == "0.276 (0.255-0.29)" and spread([1.5]).text(".2f") == "1.50"
-    assert spread([0.2, 0.4]).median == pytest.approx(0.3) and spread([None]) is None
 
 
 def test_cells_group_every_repeat_and_refuse_a_log_they_cannot_read():

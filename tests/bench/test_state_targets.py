@@ -29,7 +29,6 @@ from state_targets import (  # noqa: E402
     Target,
     judge,
     ksm_settled,
-    quantile,
     ratios,
 )
 
@@ -66,14 +65,6 @@ def test_ratios_pair_each_run_with_its_own_baseline():
     assert ratios([0.2], [0.0]) == [None]
     with pytest.raises(ValueError, match="each run needs both"):
         ratios([0.1, 0.2], [0.1])
-
-
-def test_quantile_is_the_nearest_sample():
-    assert quantile([0.3, 0.1, 0.2], 0.99) == 0.3  # fewer than 100 samples: the slowest
-    assert quantile([4.0, 1.0, 3.0, 2.0, 5.0], 0.5) == 3.0
-    assert quantile([], 0.5) != quantile([], 0.5)  # NaN
-    with pytest.raises(ValueError, match="outside"):
-        quantile([1.0], 1.5)
 
 
 def test_ksm_settles_after_enough_full_scans_once_sharing_stops_moving():

@@ -114,3 +114,23 @@ def test_accepts_an_omegaconf_node_as_hydra_composes_it(tiny_dict):
 
     node = OmegaConf.create({"model": tiny_dict}).model
     assert K3Config.from_dict(node) == K3Config.from_dict(tiny_dict)
+
+
+def test_validation_lives_apart_from_the_schema_and_rechecks_a_changed_config(tiny_dict):
+    import dataclasses
+
+    from model.config_checks import ConfigError as ChecksError
+    from model.config_checks import validate_config
+
+    assert ChecksError is ConfigError  # one error class, importable from model, model.config and the checks
+    cfg = K3Config.from_dict(tiny_dict)
+    validate_config(cfg)  # a valid config passes
+    bad = dataclasses.replace(cfg, linear_attn_config=dataclasses.replace(cfg.linear_attn_config))
+    bad.linear_attn_config.full_attn_layers = [*bad.linear_attn_config.full_attn_layers, 99]
+    with pytest.raises(ConfigError, match=r"out of range or repeated \[99\]"):
+        validate_config(bad)
+
+
+def test_unknown_linear_attn_key_names_the_block(tiny_dict):
+    with pytest.raises(ConfigError, match=r"unknown linear_attn_config key\(s\) \['head_dims'\]"):
+        variant(tiny_dict, linear_attn_config={"head_dims": 4})

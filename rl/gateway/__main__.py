@@ -1,0 +1,5 @@
+"""``python -m rl.gateway --checkpoint DIR``: see `rl.gateway.serve`."""
+
+from rl.gateway.serve import main
+
+main()

@@ -1,0 +1,133 @@
+"""`Gateway`: the policy behind the OpenAI endpoints, apart from HTTP.
+
+It renders a checked request into prompt token ids (`rl.gateway.chat_format` for chat, the tokenizer or
+the ids as given for completions), refuses a prompt the context cannot hold, samples ``n`` completions of
+each prompt through the `Batcher`, cuts each at its first stop sequence, and records every completion
+against the caller's episode key (`rl.gateway.capture`). A completion keeps the tokens up to the one that
+completed a stop sequence (the text returned ends before the sequence, as OpenAI's does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rl.gateway.batcher import Batcher
+from rl.gateway.bodies import ChatRequest, CompletionRequest, SamplingRequest
+from rl.gateway.capture import CallRecord, EpisodeKeys
+from rl.gateway.chat_format import ToolCall, parse_completion, render_chat
+from rl.gateway.errors import ApiError
+from rl.gateway.settings import GatewaySettings
+from rl.generation import Generation, Sampling
+from rl.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class Choice:
+    index: int
+    text: str
+    token_ids: list[int]  # sampled, up to the end of the turn or the stop sequence
+    logprobs: list[float]
+    finish_reason: str  # stop, length or tool_calls
+    tool_calls: list[ToolCall]
+    prompt_tokens: int
+
+
+def cut_at_stop(ids: list[int], stops: tuple[str, ...], tokenizer: Tokenizer) -> tuple[int, str] | None:
+    """(tokens kept, text before the stop) at the first token whose text completes a stop sequence."""
+    if not stops:
+        return None
+    for n in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:n])
+        found = [text.index(s) for s in stops if s in text]
+        if found:
+            return n, text[: min(found)]
+    return None
+
+
+class Gateway:
+    def __init__(self, engine, tokenizer: Tokenizer, settings: GatewaySettings) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.keys = EpisodeKeys()
+        self.batcher = Batcher(engine, settings.batch_window_s, settings.max_batch_rows, settings.seed)
+
+    def authorize(self, key: str | None) -> str | None:
+        """The episode key of a call (None: an open-access call, not recorded); 401 for any other."""
+        if key and self.keys.known(key):
+            return key
+        if self.settings.open_access:
+            return None
+        raise ApiError("the API key is not the key of an open episode", status=401, code="invalid_api_key")
+
+    def _limit(self, sampling: SamplingRequest, prompt: list[int], field: str) -> int:
+        """The tokens a completion of ``prompt`` may sample; a 400 naming the field at fault."""
+        cfg = self.settings
+        if sampling.model != cfg.model_name:
+            raise ApiError(f"model {sampling.model!r} is not served here; use {cfg.model_name!r}", "model",
+                           code="model_not_found")  # fmt: skip
+        if sampling.max_tokens is not None and sampling.max_tokens > cfg.max_tokens:
+            raise ApiError(f"max_tokens is at most {cfg.max_tokens}, got {sampling.max_tokens}", "max_tokens")
+        room = cfg.context_tokens - len(prompt)
+        wanted = sampling.max_tokens or min(cfg.max_tokens, room)
+        if room < 1 or wanted > room:
+            asked = f"max_tokens={wanted}" if room >= 1 else "at least one token"
+            raise ApiError(
+                f"the context holds {cfg.context_tokens} tokens; {field} take {len(prompt)} and the "
+                f"completion asks for {asked}", field, code="context_length_exceeded",
+            )  # fmt: skip
+        return wanted
+
+    async def _sample(
+        self, prompts: list[list[int]], sampling: SamplingRequest, limits: list[int], key: str | None
+    ) -> list[tuple[list[int], Generation, int]]:
+        """(prompt, generation, version) of ``n`` completions of each prompt, recorded under ``key``."""
+        rows = [(p, limit) for p, limit in zip(prompts, limits, strict=True) for _ in range(sampling.n)]
+        params = [Sampling(sampling.temperature, sampling.top_p, limit) for _, limit in rows]
+        results = await self.batcher.generate([p for p, _ in rows], params)
+        return [(prompt, gen, version) for (prompt, _), (gen, version) in zip(rows, results, strict=True)]
+
+    def _finish(self, index: int, prompt: list[int], gen: Generation, version: int, stops, key) -> Choice:
+        kept, text, ended = len(gen.token_ids), None, gen.ended
+        cut = cut_at_stop(gen.token_ids, stops, self.tokenizer)
+        if cut is not None:
+            (kept, text), ended = cut, True
+        ids = gen.token_ids[:kept]
+        if text is None:
+            text = self.tokenizer.decode(ids)
+        if key is not None:
+            routes = None if gen.routes is None else gen.routes[:kept]
+            record = CallRecord(list(prompt), ids, gen.logprobs[:kept], version, routes, ended)
+            self.keys.record(key, [record])
+        reason = "stop" if ended else "length"
+        return Choice(index, text, ids, gen.logprobs[:kept], reason, [], len(prompt))
+
+    async def chat(self, request: ChatRequest, key: str | None) -> list[Choice]:
+        prompt = render_chat(request.messages, request.tools, self.tokenizer)
+        limit = self._limit(request.sampling, prompt, "messages")
+        sampled = await self._sample([prompt], request.sampling, [limit], key)
+        choices = []
+        for index, (p, gen, version) in enumerate(sampled):
+            choice = self._finish(index, p, gen, version, request.sampling.stop, key)
+            content, calls = parse_completion(choice.text) if request.tools else (choice.text, [])
+            reason = "tool_calls" if calls else choice.finish_reason
+            choices.append(Choice(index, content, choice.token_ids, choice.logprobs, reason, calls, len(p)))
+        return choices
+
+    async def complete(self, request: CompletionRequest, key: str | None) -> list[Choice]:
+        vocab = self.tokenizer.vocab_size
+        prompts = []
+        for i, prompt in enumerate(request.prompts):
+            if isinstance(prompt, str):
+                prompts.append(self.tokenizer.encode(prompt))
+                if not prompts[-1]:
+                    raise ApiError(f"prompt[{i}] is empty", "prompt")
+            elif max(prompt) >= vocab:
+                raise ApiError(
+                    f"prompt[{i}] holds token id {max(prompt)}; the vocabulary has {vocab}", "prompt"
+                )
+            else:
+                prompts.append(list(prompt))
+        limits = [self._limit(request.sampling, p, "prompt") for p in prompts]
+        sampled = await self._sample(prompts, request.sampling, limits, key)
+        return [self._finish(i, p, g, v, request.sampling.stop, key) for i, (p, g, v) in enumerate(sampled)]

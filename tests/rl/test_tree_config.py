@@ -1,0 +1,45 @@
+"""``rollout.tree`` and ``algo=tree_grpo``: typed, validated, each mistake one line naming its key."""
+
+from __future__ import annotations
+
+import pytest
+from rl_testutil import compose
+
+from agentenv.errors import ConfigError
+
+TREE = "rollout.tree={branch_at: [1, 2], width: 2, depth: 2, budget: 4}"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (("algo=tree_grpo",), r"rollout.tree: algo=tree_grpo needs branching rollouts"),
+        ((TREE,), r"rollout.tree: branching rollouts are trained by algo=tree_grpo only, got algo=grpo"),
+        (("algo=tree_grpo", "rollout.tree={branch_at: [], width: 2, depth: 1, budget: 4}"),
+         r"rollout.tree.branch_at: needs at least one turn"),
+        (("algo=tree_grpo", "rollout.tree={branch_at: [0, 2], width: 2, depth: 1, budget: 4}"),
+         r"rollout.tree.branch_at: turns count from 1 .*got \[0, 2\]"),
+        (("algo=tree_grpo", "rollout.tree={branch_at: [3, 2], width: 2, depth: 1, budget: 4}"),
+         r"rollout.tree.branch_at: turns must be strictly increasing, got \[3, 2\]"),
+        (("algo=tree_grpo", "rollout.tree={branch_at: [1], width: 2, depth: 2, budget: 4}"),
+         r"rollout.tree.depth: 2 branchings per path need as many turns .* has 1"),
+        (("algo=tree_grpo", "rollout.tree={branch_at: [1], width: 3, depth: 1, budget: 2}"),
+         r"rollout.tree.budget: 2 leaves cannot hold one branching of rollout.tree.width=3"),
+        (("algo=tree_grpo", "rollout.tree={branch_at: [1], width: 1, depth: 1, budget: 2}"),
+         r"rollout.tree.width: must be >= 2, got 1"),
+        (("algo=tree_grpo", "rollout.tree={branch_at: [1], width: 2, depth: 1}"),
+         r"rollout.tree.budget"),
+        (("algo=tree_grpo", "rollout.tree={branch_at: [1], width: 2, depth: 1, budget: 4, fanout: 2}"),
+         r"rollout.tree.fanout"),
+    ],
+)
+def test_tree_mistakes_are_one_line_naming_their_key(overrides, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        compose(*overrides)
+    assert "\n" not in str(info.value)
+
+
+def test_a_valid_tree_is_typed_and_refused_until_the_runner_grows_trees():
+    with pytest.raises(ConfigError, match=r"algo.name: tree_grpo: the rollout runner .* does not grow trees"):
+        compose("algo=tree_grpo", TREE)
+    assert compose().rollout.tree is None and compose("algo=grpo").algo.name == "grpo"
