@@ -171,7 +171,9 @@ def test_ksmd_cpu_is_read_from_its_stat_line():
 def test_pss_counts_live_processes_and_skips_gone_ones():
     mine = pss_bytes([os.getpid()])
     assert mine > 1 << 20
-    assert pss_bytes([os.getpid(), 2**22 + 1]) == mine  # no such pid: counts 0
+    assert pss_bytes([2**22 + 1]) == 0  # no such pid: counts 0, no error
+    # a PSS moves as other processes map and unmap the pages it shares (libraries): close, not equal
+    assert abs(pss_bytes([os.getpid(), 2**22 + 1]) - mine) < 1 << 20
 
 
 def test_variants_get_the_configured_backend_file_with_their_settings(tmp_path, monkeypatch):
