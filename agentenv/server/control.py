@@ -398,6 +398,9 @@ def control_router(state: ServerState) -> APIRouter:
         sb, rec, status = served(sandbox_id, "running", "paused")
         resumed = False
         if status == "paused":
+            # its new time to live before it runs: a paused row is expired (its end is its pause), and the
+            # reaper would kill a running sandbox it found expired between the resume and a later set_end
+            state.store.set_end(sb.id, time.time() + timeout)
             try:
                 with state.gone_if_broken(sb):
                     sb.resume()
@@ -426,6 +429,7 @@ def control_router(state: ServerState) -> APIRouter:
         sb, rec, status = served(sandbox_id, "running", "paused")
         if status == "running":
             raise SandboxStateError(f"sandbox {sandbox_id} is already running")
+        state.store.set_end(sb.id, time.time() + timeout)  # before it runs, as connect does
         with state.gone_if_broken(sb):
             sb.resume()
         state.store.set_end(sb.id, time.time() + timeout)

@@ -33,13 +33,16 @@ def reap_once(store: E2BStore, now: float | None = None) -> list[tuple[str, str]
             store.delete(sid)
             done.append((sid, "forgotten"))
             continue
+        rec = store.get(sid)  # again, after the status: a connect sets a new end before it resumes
+        if rec is None or rec.end_at > now:
+            continue
         try:
             if status == "running" and rec.auto_pause:
                 sb.pause()
                 store.set_end(sid, NEVER)
                 done.append((sid, "paused"))
             elif status in ("paused", MOVING):  # a move keeps it paused here until it runs there
-                store.set_end(sid, NEVER)
+                store.set_end(sid, NEVER, only_if_ended_by=now)  # unless a connect set a new end
             else:
                 sb.close()
                 store.delete(sid)

@@ -185,8 +185,14 @@ class E2BStore:
         rows = self._conn().execute("SELECT sandbox_id FROM e2b_sandboxes WHERE end_at <= ?", (now,))
         return [r[0] for r in rows.fetchall()]
 
-    def set_end(self, sandbox_id: str, end_at: float) -> None:
-        self._conn().execute("UPDATE e2b_sandboxes SET end_at = ? WHERE sandbox_id = ?", (end_at, sandbox_id))
+    def set_end(self, sandbox_id: str, end_at: float, only_if_ended_by: float | None = None) -> None:
+        """The row's end of life; with `only_if_ended_by`, only while its end is not later than that."""
+        if only_if_ended_by is None:
+            self._conn().execute("UPDATE e2b_sandboxes SET end_at = ? WHERE sandbox_id = ?",
+                                 (end_at, sandbox_id))
+        else:
+            self._conn().execute("UPDATE e2b_sandboxes SET end_at = ? WHERE sandbox_id = ? AND end_at <= ?",
+                                 (end_at, sandbox_id, only_if_ended_by))
 
     def delete(self, sandbox_id: str) -> None:
         self._conn().execute("DELETE FROM e2b_sandboxes WHERE sandbox_id = ?", (sandbox_id,))
