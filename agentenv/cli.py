@@ -1,12 +1,9 @@
 """The `agentenv` command line: images, sandboxes, pause/resume/fork, files, stats, gc.
 
-With `--server URL` (or `$AGENTENV_SERVER`) the sandbox verbs act on the sandboxes of an `agentenv serve`
-host through `agentenv.remote` (API key: `$AGENTENV_API_KEY`); verbs that work on this machine's Docker
-engine (`images`, `gc`, `serve`) refuse `--server`.
+With `--server URL` the sandbox verbs act on an `agentenv serve` host. Human tables by default, `--json` for
+scripts; every error is one line on stderr and a non-zero exit (1 refused or failed, 2 bad usage).
 
-Human tables by default, `--json` for scripts. Every error is one line on stderr (`agentenv: error: ...`)
-and a non-zero exit: 1 for refused or failed operations, 2 for bad usage; `exec` exits with the
-command's own exit code (124 when it timed out).
+Design: docs/design/sandboxes.md#agentenv-cli.
 """
 
 from __future__ import annotations
@@ -301,6 +298,22 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_settings(args: argparse.Namespace) -> int:
+    """A settings file's values, checked as its loader checks them (`--file`: another file), or its JSON
+    Schema (`--schema`)."""
+    import dataclasses
+
+    from agentenv.settings import settings_class, settings_schema
+
+    cls = settings_class(args.name)
+    if args.schema:
+        print(json.dumps(settings_schema(cls), indent=2))
+        return 0
+    values = dataclasses.asdict(cls.load(args.file))
+    _emit(args, values, lambda: [print(f"{k:26} {v}") for k, v in values.items()])
+    return 0
+
+
 def cmd_tasks_new(args: argparse.Namespace) -> int:
     """Write a new task's module, config and test from the template (`agentenv.scaffold`)."""
     from agentenv.scaffold import new_task
@@ -430,6 +443,11 @@ def build_parser() -> argparse.ArgumentParser:
     gc = add("gc", _local_only(cmd_gc, "gc"),
              "reconcile the registry with Docker (remove orphans, close lost sandboxes)")
     gc.add_argument("--dry-run", action="store_true")
+    st = add("settings", _local_only(cmd_settings, "settings"),
+             "check a settings file and show its values, or print its JSON Schema")
+    st.add_argument("name", help="sandbox, backend, pool, server or remote")
+    st.add_argument("--file", type=Path, help="check this file instead of the one in use")
+    st.add_argument("--schema", action="store_true", help="print the file's JSON Schema")
     sv = add("serve", _local_only(cmd_serve, "serve"),
              "serve sandboxes over E2B's API (control plane + envd) for the E2B SDKs")
     sv.add_argument("--host", help="listen address (default: conf/agentenv/server.yaml, 127.0.0.1)")

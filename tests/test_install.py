@@ -33,7 +33,8 @@ LOCK = ROOT / "requirements.lock"
 WHEEL_SOURCES = ("pyproject.toml", "setup.py", "README.md", "agentenv", "rl", "model", "kernels", "conf",
                  "sandbox_images")
 # The third-party packages `agentenv` imports to manage sandboxes (versions from the lock).
-AGENTENV_REQUIREMENTS = ("docker", "pyyaml", "platformdirs", "httpx", "e2b", "connectrpc", "protobuf-py")
+AGENTENV_REQUIREMENTS = ("docker", "pyyaml", "platformdirs", "httpx", "e2b", "connectrpc", "protobuf-py",
+                         "pydantic")
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$", re.MULTILINE)
 
 
