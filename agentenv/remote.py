@@ -14,29 +14,24 @@ that cannot reach the host is retried, one that may have reached it is retried o
 nothing (GET); the waits between attempts are exponential, jittered and capped (`agentenv.backoff`).
 Errors are the AgentENV types the server names (`agentenv.errors.ERROR_TABLE`), carrying its message
 prefixed by the host; a host that does not answer is `HostUnavailable`. Commands run through envd's
-`process.Process/Start` (Connect protocol, JSON codec, the generated messages shipped in `e2b`), files
+`process.Process/Start` with the generated Connect client shipped in `e2b` (`agentenv.remote_rpc`), files
 through `/files`.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import os
 import random
-import struct
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
-from connectrpc.codec import proto_json_codec
 from e2b.envd.process import process_pb as pb
 from protobuf import Oneof
-from protobuf.wkt.google.protobuf.wrappers_pb import StringValue
 
 from agentenv import checks
 from agentenv.backoff import retry_delay
@@ -51,19 +46,18 @@ from agentenv.errors import (
     SandboxNotFound,
     SandboxStateError,
     SessionError,
-    error_from_wire,
 )
 from agentenv.paths import API_KEY_ENV, SERVER_ENV
+from agentenv.remote_rpc import EnvdClient, status_error, unreachable
+from agentenv.remote_rpc import connect_error as _connect_error  # noqa: F401  (the RPC half of `_error`)
 from agentenv.results import ExecResult, SandboxStats
 from agentenv.settings import build, load_settings, setting
 
 __all__ = ["HostUnavailable", "RemoteSandbox", "RemoteSession", "RemoteSettings", "SandboxHost",
            "SandboxHosts", "shared_host", "shared_hosts"]
 
-_CODEC = proto_json_codec()
+T = TypeVar("T")
 _STDIN_CHUNK = 1024 * 1024
-_END_STREAM = 0x02
-_ERROR_DETAIL = "google.protobuf.StringValue"  # the Connect error detail that names the error type
 
 
 @dataclass(frozen=True)
@@ -94,27 +88,7 @@ class RemoteSettings:
 def _error(resp: httpx.Response, host: str, on_500: type[AgentEnvError]) -> AgentEnvError:
     """The AgentENV error for an HTTP error answer of `agentenv serve` (`agentenv.errors.ERROR_TABLE`:
     the type the server named, else the most general one of the status)."""
-    text = f"{host}: {_message(resp)}"
-    if resp.status_code == 401:
-        return AgentEnvError(f"{text} (give the host's key: ${API_KEY_ENV} or api_key=)")
-    return error_from_wire(text, name=resp.headers.get(ERROR_HEADER), status=resp.status_code, default=on_500)
-
-
-def _error_name(err: Mapping[str, Any]) -> str | None:
-    """The error type a Connect error names in its details (see `agentenv.server.errors.to_connect`)."""
-    for detail in err.get("details") or ():
-        if isinstance(detail, Mapping) and detail.get("type") == _ERROR_DETAIL:
-            try:
-                raw = base64.b64decode(str(detail.get("value", "")) + "===")
-                return StringValue.from_binary(raw).value
-            except (binascii.Error, ValueError, TypeError):
-                return None
-    return None
-
-
-def _connect_error(err: Mapping[str, Any], host: str) -> AgentEnvError:
-    code = str(err.get("code", "unknown"))
-    return error_from_wire(f"{host}: {err.get('message') or code}", name=_error_name(err), code=code)
+    return status_error(f"{host}: {_message(resp)}", resp.status_code, resp.headers.get(ERROR_HEADER), on_500)
 
 
 class SandboxHost:
@@ -138,12 +112,14 @@ class SandboxHost:
         s = self.settings
         self._http = httpx.Client(base_url=self.url, headers={"X-API-Key": key},
                                   timeout=httpx.Timeout(s.request_timeout_s, connect=s.connect_timeout_s))
+        self.envd = EnvdClient(self.url, key, s, self._rng)  # the RPC routes (envd's Connect services)
 
     def __repr__(self) -> str:
         return f"SandboxHost({self.url!r})"
 
     def close(self) -> None:
         self._http.close()
+        self.envd.close()
 
     # ---- transport ---------------------------------------------------------------------------
     def request(self, method: str, path: str, *, timeout: float | None = None,
@@ -162,64 +138,22 @@ class SandboxHost:
                     time.sleep(retry_delay(attempt, self.settings.retry_backoff_s,
                                            self.settings.retry_backoff_max_s, self._rng))
                     continue
-                raise self._unreachable(e, attempt) from None
+                raise unreachable(self.url, e, attempt) from None
             if resp.status_code < 400 or resp.status_code in ok:
                 return resp
             raise _error(resp, self.url, on_500)
         raise AssertionError("unreachable")
 
-    def _unreachable(self, e: Exception, attempts: int) -> HostUnavailable:
-        what = type(e).__name__
-        return HostUnavailable(f"sandbox host {self.url} did not answer ({what}: {e or 'no detail'}) after "
-                               f"{attempts} attempt(s)")
+    def rpc_stream(self, sandbox: RemoteSandbox, call: Callable[..., Iterator[T]], message: Any,
+                   timeout_s: float) -> Iterator[T]:
+        """A server stream of envd's generated client on `sandbox` (`call`: a method of `self.envd.process`,
+        e.g. `start`): the messages; the host's `deadline_exceeded` at `timeout_s` is raised as
+        TimeoutError, its other errors as the typed error (`EnvdClient.stream`)."""
+        return self.envd.stream(call, message, sandbox._envd_headers(), timeout_s)
 
-    def rpc_stream(self, sandbox: RemoteSandbox, method: str, message: Any, out_type: type,
-                   timeout_s: float) -> Iterator[Any]:
-        """A Connect server stream (JSON codec): the decoded messages; the end-stream error is raised
-        as the typed error, except `deadline_exceeded`, raised as TimeoutError."""
-        body = _CODEC.encode(message)
-        headers = {**sandbox._envd_headers(), "Content-Type": "application/connect+json",
-                   "Connect-Protocol-Version": "1", "Connect-Timeout-Ms": str(int(timeout_s * 1000))}
-        timeout = httpx.Timeout(timeout_s + self.settings.exec_slack_s,
-                                connect=self.settings.connect_timeout_s)
-        try:
-            with self._http.stream("POST", f"/{method}", content=struct.pack(">BI", 0, len(body)) + body,
-                                   headers=headers, timeout=timeout) as resp:
-                if resp.status_code != 200:
-                    resp.read()
-                    raise _error(resp, self.url, AgentEnvError)
-                buf = b""
-                for chunk in resp.iter_bytes():
-                    buf += chunk
-                    while len(buf) >= 5:
-                        flags, size = struct.unpack(">BI", buf[:5])
-                        if len(buf) < 5 + size:
-                            break
-                        payload, buf = buf[5:5 + size], buf[5 + size:]
-                        if flags & _END_STREAM:
-                            end = httpx.Response(200, content=payload).json() if payload else {}
-                            err = end.get("error")
-                            if err and err.get("code") == "deadline_exceeded" and not _error_name(err):
-                                raise TimeoutError(err.get("message", "deadline exceeded"))
-                            if err:
-                                raise _connect_error(err, self.url)
-                            return
-                        yield _CODEC.decode(payload, out_type())
-        except httpx.TransportError as e:
-            raise self._unreachable(e, 1) from None
-        raise HostUnavailable(f"sandbox host {self.url}: the {method} stream ended without its end message")
-
-    def rpc_unary(self, sandbox: RemoteSandbox, method: str, message: Any, out_type: type) -> Any:
-        resp = self.request("POST", f"/{method}", content=_CODEC.encode(message),
-                            headers={**sandbox._envd_headers(), "Content-Type": "application/json",
-                                     "Connect-Protocol-Version": "1"}, ok=range(400, 600))
-        if resp.status_code != 200:
-            try:
-                err = resp.json()
-            except ValueError:
-                err = {"code": "unknown", "message": resp.text[:300]}
-            raise _connect_error(err, self.url)
-        return _CODEC.decode(resp.content, out_type())
+    def rpc_unary(self, sandbox: RemoteSandbox, call: Callable[..., T], message: Any) -> T:
+        """A unary call of envd's generated client on `sandbox` (`EnvdClient.unary`)."""
+        return self.envd.unary(call, message, sandbox._envd_headers())
 
     # ---- sandboxes ---------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -386,7 +320,7 @@ class RemoteSandbox:
                               stdin=data is not None)
         out, err, code, timed_out = bytearray(), bytearray(), None, False
         started = time.perf_counter()
-        events = self.host.rpc_stream(self, "process.Process/Start", req, pb.StartResponse, timeout_s)
+        events = self.host.rpc_stream(self, self.host.envd.process.start, req, timeout_s)
         try:
             for msg in events:
                 ev = msg.event.event if msg.event is not None else None
@@ -419,10 +353,9 @@ class RemoteSandbox:
         sel = pb.ProcessSelector(selector=Oneof("pid", pid))
         for i in range(0, len(data), _STDIN_CHUNK):
             chunk = data[i:i + _STDIN_CHUNK]
-            self.host.rpc_unary(self, "process.Process/SendInput", pb.SendInputRequest(
-                process=sel, input=pb.ProcessInput(input=Oneof("stdin", chunk))), pb.SendInputResponse)
-        self.host.rpc_unary(self, "process.Process/CloseStdin", pb.CloseStdinRequest(process=sel),
-                            pb.CloseStdinResponse)
+            self.host.rpc_unary(self, self.host.envd.process.send_input, pb.SendInputRequest(
+                process=sel, input=pb.ProcessInput(input=Oneof("stdin", chunk))))
+        self.host.rpc_unary(self, self.host.envd.process.close_stdin, pb.CloseStdinRequest(process=sel))
 
     def _keep_alive(self) -> None:
         """Extend the host's time to live while commands run (at most every third of it)."""
