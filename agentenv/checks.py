@@ -84,6 +84,13 @@ def exec_workdir(workdir: str | None) -> str | None:
     return workdir
 
 
+def port_number(port: int) -> int:
+    """A TCP port a sandbox's loopback listener may take: an int from 1 to 65535."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise InvalidArgument(f"port must be an integer from 1 to 65535, got {port!r}")
+    return port
+
+
 def fork_count(n: int) -> int:
     """How many forks one call makes: an int from 1 to MAX_FORKS."""
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_FORKS:

@@ -8,6 +8,7 @@ holds the sandbox's lock and re-reads the state under it; exec takes no lock (us
 from __future__ import annotations
 
 import secrets
+import socket
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
@@ -297,6 +298,29 @@ class Sandbox:
             if self._record().state == "running":
                 self._rt.registry.update_sandbox(self.id, state="broken", reason=reason)
         return True
+
+    # ---- a host service on the sandbox's loopback ---------------------------------------------
+    def loopback_listener(self, port: int) -> socket.socket:
+        """A TCP socket listening on 127.0.0.1:`port` inside this running sandbox, held by the calling
+        process: a way for the sandbox's programs to reach a service of the host although the sandbox has no
+        network device. No process of the sandbox holds it, so pauses neither dump nor carry it (CRIU here
+        cannot dump a socket of the internet families); a fork, and a resume that starts a new network
+        namespace, need a listener of their own: compare `network_namespace()` with the one it was made in.
+        The caller closes it."""
+        port = checks.port_number(port)
+        rec = self._record()
+        if rec.state != "running":
+            raise _state_error(rec, "listen in")
+        try:
+            return self._rt.backend.loopback_listener(self._ref(rec), port)
+        except ContainerNotRunning as e:
+            raise self._container_lost(str(e)) from None
+
+    def network_namespace(self) -> int | None:
+        """The id of this sandbox's network namespace while it runs (None otherwise); it changes when a
+        resume or a fork gives the sandbox a new one."""
+        rec = self._record()
+        return self._rt.backend.network_namespace(self._ref(rec)) if rec.state == "running" else None
 
     # ---- files -------------------------------------------------------------------------------
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:

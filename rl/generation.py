@@ -26,11 +26,14 @@ an in-process vLLM engine); `rl.engines.build_engine` builds the engine the conf
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from model.cache import K3Cache
+from rl.errors import StaleWeights
 from rl.tokenizer import Tokenizer
 
 
@@ -147,6 +150,9 @@ class TorchEngine:
         self.disallowed = disallowed_tokens(tokenizer, action_vocabulary, model.config.vocab_size)
         self.route_dtype = route_dtype(model.config.num_experts)
         self.expert_loads: dict[int, torch.Tensor] = {}  # layer -> tokens routed to each expert
+        self.held = -1  # the weights version `load_weights` or `swap_staged` left in ``model``; -1: none
+        self._standby = None  # the policy copy `stage_weights` fills beside a generation
+        self._staged: int | None = None  # the version in ``_standby``, until swapped in
 
     @torch.inference_mode()
     def generate(
@@ -155,10 +161,12 @@ class TorchEngine:
         max_new_tokens: int,
         generator: torch.Generator,
         sampling: list[Sampling] | None = None,
+        on_step: Callable[[list[tuple[int, int, float]]], None] | None = None,
     ) -> list[Generation]:
         """Sample up to ``max_new_tokens`` for each context (all run as one batch), recording the experts
         each sampled token was produced with (`Generation.routes`). ``sampling``: one `Sampling` per
-        context instead of the engine's temperature, no top-p and ``max_new_tokens``."""
+        context instead of the engine's temperature, no top-p and ``max_new_tokens``. ``on_step``: called
+        after each decoding step with (row, token id, log-prob) of each row that sampled in it (streaming)."""
         if not contexts:
             return []
         if sampling is not None and len(sampling) != len(contexts):
@@ -194,10 +202,13 @@ class TorchEngine:
                 logp = torch.where((top_p < 1)[:, None], nucleus(logp, top_p), logp)
             sampled = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
             chosen = logp.gather(-1, sampled[:, None]).squeeze(-1)
-            for row in torch.nonzero(~done).flatten().tolist():
+            active = torch.nonzero(~done).flatten().tolist()
+            for row in active:
                 tokens[row].append(int(sampled[row]))
                 logprobs[row].append(float(chosen[row]))
                 routes[row].append(step_routes[row])
+            if on_step is not None:
+                on_step([(row, tokens[row][-1], logprobs[row][-1]) for row in active])
             done |= sampled == end
             if limits is not None:
                 done |= limits <= step + 1
@@ -275,3 +286,34 @@ class TorchEngine:
         """Loads accumulated since the last call (and reset them)."""
         loads, self.expert_loads = self.expert_loads, {}
         return loads
+
+    # ------------------------------------------------------------------ weights (`rl.engines.Engine`)
+    def load_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> int:
+        """Copy the learner's weights of ``version`` into the policy (no generation runs); the version."""
+        self.model.load_state_dict(state_dict)
+        self.held = version
+        return version
+
+    def stage_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
+        """Copy ``version`` into a standby copy of the policy while a generation may run on ``model``."""
+        if self._standby is None:
+            self._standby = copy.deepcopy(self.model)
+        self._standby.load_state_dict(state_dict)
+        self._staged = version
+
+    def swap_staged(self) -> int | None:
+        """Between turns: make the staged copy the policy (a pointer swap); its version, None if none."""
+        if self._staged is None:
+            return None
+        self.model, self._standby = self._standby, self.model
+        self.held, self._staged = self._staged, None
+        return self.held
+
+    def require_version(self, version: int) -> None:
+        """Raise `rl.errors.StaleWeights` unless the policy holds the weights of ``version``."""
+        if self.held != version:
+            raise StaleWeights(f"the torch engine holds weights v{self.held} but the batch needs v{version}")
+
+    def stats(self) -> dict[str, Any]:
+        """Nothing beyond what the worker reports: the policy lives in this process."""
+        return {}

@@ -62,8 +62,10 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   echo "$want" >"$stamp"
 fi
 
-# 5. The sandbox base image (content-hashed: rebuilt only when its recipe changes).
+# 5. The sandbox images (content-hashed: rebuilt only when a recipe changes): the base, and `agent`, the
+#    base with the openai SDK and an agent framework for agent-program tasks (wheels from PyPI, cached).
 "$VENV/bin/agentenv" images build base --quiet
+"$VENV/bin/agentenv" images build agent --quiet
 
 # 6. The microvm backend's QEMU, guest kernel, initramfs and the base image's root file system.
 bash scripts/install_microvm.sh "$VENV/bin/python"

@@ -10,6 +10,7 @@ process files, watchers and metrics included: `container_root`, `workdir_on_host
 from __future__ import annotations
 
 import abc
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -251,6 +252,18 @@ class SandboxBackend(abc.ABC):
         """The running container's file system as the host sees it (`/proc/<its init>/root`), where
         `live_files` is None; ContainerNotRunning when it is gone or stopped."""
         raise NotImplementedError(f"the {self.name} backend's sandboxes have no root on this host")
+
+    def loopback_listener(self, ref: ContainerRef, port: int) -> socket.socket:
+        """A TCP socket listening on 127.0.0.1:`port` inside the running sandbox's network namespace and held
+        by the caller: the sandbox's processes connect to it, and since none of them holds it, a pause
+        neither dumps nor keeps it. ContainerNotRunning when the sandbox is gone or stopped."""
+        raise NotImplementedError(f"the {self.name} backend's sandboxes have no network namespace on this "
+                                  "host")
+
+    def network_namespace(self, ref: ContainerRef) -> int | None:
+        """The id of the running sandbox's network namespace (a restore or fork that makes a new one gives
+        another id; a listener of the old one is then out of the sandbox's reach), None when it has none."""
+        return None
 
     def workdir_on_host(self, ref: ContainerRef, workdir: str) -> Path | None:
         """The host folder that is the running sandbox's work dir `workdir` (its volume: the host can watch

@@ -1,16 +1,10 @@
 """Sandbox containers on Docker: create, exec, identity, state, usage, removal, and the uid probe.
 
-`DockerContainers` is the container half of the one runtime (`agentenv.backend.runtime.CriuRuntime`
-adds checkpoint, restore and fork). Facts it is built around (Docker 20.10, CRIU 4.1; see
-docs/agentenv.md):
-- The container's init is a POSIX `sh` loop that reaps orphans (docker's `--init` binary is a host bind
-  mount that breaks restores into another container), never a TTY (CRIU cannot dump one).
-- Every container gets a root-owned tmpfs at /run/agentenv, dumped with the processes: the restore
-  marker (written before every dump, checked after every restore) and the sandbox's identity live there.
-- A sandbox without a network (`network: none`) is created with Docker's network disabled: it still gets
-  its own network namespace with loopback up, and Docker adds no `libnetwork-setkey` prestart hook, a
-  re-exec of dockerd that runc runs at every start and CRIU at every restore (about 0.1-0.2 s each).
-- Needs root on the Docker host: it reads cgroups and Docker's data directory directly.
+`DockerContainers` is the container half of the one runtime (`runtime.CriuRuntime` adds checkpoint, restore
+and fork); each container is made so that CRIU can dump and restore it (no TTY, no host-mounted init, a
+dumped tmpfs at /run/agentenv). Needs root on the Docker host.
+
+Design: docs/design/sandboxes.md#agentenv-backend-containers.
 """
 
 from __future__ import annotations
@@ -21,6 +15,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,7 +24,7 @@ from typing import Any
 
 import docker
 
-from agentenv.backend import docker_client, images, runtime_files
+from agentenv.backend import docker_client, images, netns, runtime_files
 from agentenv.backend.base import (
     LABEL_HOME,
     LABEL_SANDBOX,
@@ -364,6 +359,17 @@ class DockerContainers(SandboxBackend):
     @docker_errors
     def container_root(self, ref: ContainerRef) -> Path:
         return Path(f"/proc/{self._running_init(ref)[1]}/root")
+
+    @docker_errors
+    def loopback_listener(self, ref: ContainerRef, port: int) -> socket.socket:
+        return netns.listen_on_loopback(self._running_init(ref)[1], port)
+
+    @docker_errors
+    def network_namespace(self, ref: ContainerRef) -> int | None:
+        try:
+            return netns.netns_id(self._running_init(ref)[1])
+        except (ContainerNotRunning, FileNotFoundError, ProcessLookupError):
+            return None
 
     @staticmethod
     def _workdir_mount(info: dict[str, Any], workdir: str) -> str | None:

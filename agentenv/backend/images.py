@@ -1,16 +1,10 @@
 """Sandbox images: recipes under sandbox_images/<name>/, built into Docker tags named by content hash.
 
-Two kinds of recipe:
-- `build.sh` (the base image): builds a root filesystem offline from Debian packages and imports it;
-  called as `build.sh TAG`.
-- `Dockerfile` (task images): layers on another recipe, named by its `ARG BASE=<name>` line and used
-  as `FROM ${BASE}`; AgentENV passes the parent's tag as the build argument.
+A tag names the hash of its recipe (and its parent's), so an unchanged recipe is never rebuilt and a
+changed one gets a new tag while old sandboxes keep the old one. Used by the backends
+(`SandboxBackend.resolve_image`) and the `agentenv images` verbs.
 
-The tag is `k3rl/<name>:<first 12 hex of sha256(recipe files + parent's hash)>`, so an unchanged recipe is
-never rebuilt and a changed one gets a new tag (old sandboxes keep running on the old one).
-
-The image builder belongs to the runtime (it talks to Docker): the backends resolve names through it
-(`SandboxBackend.resolve_image`), and the `agentenv images` verbs call it.
+Design: docs/design/sandboxes.md#agentenv-backend-images.
 """
 
 from __future__ import annotations
@@ -147,7 +141,9 @@ def build(name: str = "base", force: bool = False, quiet: bool = False) -> Image
         if not quiet:
             print(f"building image {name} as {tag}", file=sys.stderr)
         if (d / "build.sh").is_file():
-            _run(["bash", str(d / "build.sh"), tag], quiet, f"building image {name}")
+            # A build.sh recipe with a Dockerfile naming its parent gets the parent's tag as $2.
+            args = [tag, parent_tag] if parent_tag else [tag]
+            _run(["bash", str(d / "build.sh"), *args], quiet, f"building image {name}")
         else:
             cmd = ["docker", "build", "-t", tag, "--label", f"org.k3rl.image={name}"]
             if parent_tag:

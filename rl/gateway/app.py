@@ -1,7 +1,10 @@
 """The OpenAI-compatible HTTP API of a `Gateway` (FastAPI, served by uvicorn).
 
-``POST /v1/chat/completions`` and ``POST /v1/completions`` (with ``stream``: server-sent events, one
-chunk per choice once the batch that sampled it is done, then ``data: [DONE]``), ``GET /v1/models``.
+``POST /v1/chat/completions`` and ``POST /v1/completions``, ``GET /v1/models``. With ``stream``, the
+reply is server-sent events in OpenAI's chunk shapes, sent as the tokens are sampled: for a chat a
+``role`` chunk of each choice first, then its content deltas (with their tokens' log-probs when asked),
+its tool calls once it is done, a chunk with its ``finish_reason``, and ``data: [DONE]`` at the end; a
+failure after the stream began is an ``error`` event in OpenAI's error body.
 The API key (``Authorization: Bearer KEY``) names the episode a call is recorded against. Every error,
 a bad request or a failure of the engine, has OpenAI's error body; none shows a traceback.
 """
@@ -11,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -20,28 +23,31 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from rl.gateway.bodies import chat_request, completion_request
 from rl.gateway.errors import ApiError
-from rl.gateway.service import Choice, Gateway
+from rl.gateway.service import Choice, Delta, Gateway
 from rl.tokenizer import Tokenizer
 
 
-def _token_logprobs(choice: Choice, tokenizer: Tokenizer) -> list[tuple[str, float]]:
+def _token_logprobs(ids: list[int], logprobs: list[float], tokenizer: Tokenizer) -> list[tuple[str, float]]:
     """(text, log-prob) of each sampled token but the end of turn (never shown)."""
-    pairs = zip(choice.token_ids, choice.logprobs, strict=True)
+    pairs = zip(ids, logprobs, strict=True)
     return [(tokenizer.decode([t]), lp) for t, lp in pairs if t != tokenizer.end_id]
 
 
-def _chat_logprobs(choice: Choice, tokenizer: Tokenizer) -> dict:
+def _chat_logprobs(ids: list[int], logprobs: list[float], tokenizer: Tokenizer) -> dict:
     return {
         "content": [
             {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []}
-            for text, lp in _token_logprobs(choice, tokenizer)
+            for text, lp in _token_logprobs(ids, logprobs, tokenizer)
         ]
     }
 
 
-def _completion_logprobs(choice: Choice, tokenizer: Tokenizer) -> dict:
-    pairs = _token_logprobs(choice, tokenizer)
-    offsets = [sum(len(t) for t, _ in pairs[:i]) for i in range(len(pairs))]
+def _completion_logprobs(
+    ids: list[int], logprobs: list[float], tokenizer: Tokenizer, offset: int = 0
+) -> dict:
+    """``offset``: where the first token's text starts in the choice's text (a streamed chunk's)."""
+    pairs = _token_logprobs(ids, logprobs, tokenizer)
+    offsets = [offset + sum(len(t) for t, _ in pairs[:i]) for i in range(len(pairs))]
     return {
         "tokens": [t for t, _ in pairs],
         "token_logprobs": [lp for _, lp in pairs],
@@ -63,10 +69,26 @@ def _usage(choices: list[Choice], n: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _sse(chunks: list[dict]) -> Iterator[str]:
-    for chunk in chunks:
-        yield f"data: {json.dumps(chunk)}\n\n"
+def _event(body: dict) -> str:
+    return f"data: {json.dumps(body)}\n\n"
+
+
+async def _sse(events: AsyncIterator[dict]) -> AsyncIterator[str]:
+    """Server-sent events of ``events``, ``[DONE]`` at the end, or an error event where they fail."""
+    try:
+        async for body in events:
+            yield _event(body)
+    except ApiError as exc:
+        yield _event(exc.body())
+        return
+    except Exception as exc:  # the stream has begun: the failure is told in the stream, as OpenAI does
+        yield _event(_server_error(exc).body())
+        return
     yield "data: [DONE]\n\n"
+
+
+def _server_error(exc: Exception) -> ApiError:
+    return ApiError(f"the policy failed: {type(exc).__name__}: {exc}", status=500, type="server_error")
 
 
 def _bearer(request: Request) -> str | None:
@@ -105,9 +127,7 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def server_error(_request: Request, exc: Exception) -> Response:
-        return ApiError(
-            f"the policy failed: {type(exc).__name__}: {exc}", status=500, type="server_error"
-        ).response()
+        return _server_error(exc).response()
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -119,9 +139,14 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def chat(request: Request) -> Response:
         key = gateway.authorize(_bearer(request))
         req = chat_request(await _body(request), gateway.settings.max_n)
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
+
+        def logprobs(ids: list[int], lps: list[float]) -> dict | None:
+            return _chat_logprobs(ids, lps, tok) if req.sampling.logprobs else None
+
+        if req.sampling.stream:
+            return _streaming(_chat_chunks(gateway.stream_chat(req, key), req.sampling.n, head, logprobs))
         choices = await gateway.chat(req, key)
-        call_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        head = {"id": call_id, "created": created, "model": name}
 
         def message(choice: Choice) -> dict:
             body = {"role": "assistant", "content": choice.text}
@@ -129,30 +154,6 @@ def create_app(gateway: Gateway) -> FastAPI:
                 body["tool_calls"] = _tool_calls(choice)
             return body
 
-        def logprobs(choice: Choice) -> dict | None:
-            return _chat_logprobs(choice, tok) if req.sampling.logprobs else None
-
-        if req.sampling.stream:
-            chunk = {**head, "object": "chat.completion.chunk"}
-            chunks = [
-                {
-                    **chunk,
-                    "choices": [
-                        {
-                            "index": c.index,
-                            "delta": message(c),
-                            "logprobs": logprobs(c),
-                            "finish_reason": None,
-                        }
-                    ],
-                }
-                for c in choices
-            ]
-            chunks += [
-                {**chunk, "choices": [{"index": c.index, "delta": {}, "finish_reason": c.finish_reason}]}
-                for c in choices
-            ]
-            return StreamingResponse(_sse(chunks), media_type="text/event-stream")
         return JSONResponse(
             {
                 **head,
@@ -162,7 +163,7 @@ def create_app(gateway: Gateway) -> FastAPI:
                     {
                         "index": c.index,
                         "message": message(c),
-                        "logprobs": logprobs(c),
+                        "logprobs": logprobs(c.token_ids, c.logprobs),
                         "finish_reason": c.finish_reason,
                     }
                     for c in choices
@@ -174,7 +175,6 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def completions(request: Request) -> Response:
         key = gateway.authorize(_bearer(request))
         req = completion_request(await _body(request), gateway.settings.max_n)
-        choices = await gateway.complete(req, key)
         head = {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
@@ -182,16 +182,71 @@ def create_app(gateway: Gateway) -> FastAPI:
             "model": name,
         }
 
-        def choice_body(c: Choice) -> dict:
-            logprobs = _completion_logprobs(c, tok) if req.sampling.logprobs else None
-            return {"index": c.index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason}
+        def logprobs(ids: list[int], lps: list[float], offset: int = 0) -> dict | None:
+            return _completion_logprobs(ids, lps, tok, offset) if req.sampling.logprobs else None
 
         if req.sampling.stream:
-            return StreamingResponse(
-                _sse([{**head, "choices": [choice_body(c)]} for c in choices]), media_type="text/event-stream"
-            )
+            return _streaming(_completion_chunks(gateway.stream_completions(req, key), head, logprobs))
+        choices = await gateway.complete(req, key)
         return JSONResponse(
-            {**head, "usage": _usage(choices, req.sampling.n), "choices": [choice_body(c) for c in choices]}
+            {
+                **head,
+                "usage": _usage(choices, req.sampling.n),
+                "choices": [
+                    {
+                        "index": c.index,
+                        "text": c.text,
+                        "logprobs": logprobs(c.token_ids, c.logprobs),
+                        "finish_reason": c.finish_reason,
+                    }
+                    for c in choices
+                ],
+            }
         )
 
     return app
+
+
+def _streaming(chunks: AsyncIterator[dict]) -> StreamingResponse:
+    return StreamingResponse(_sse(chunks), media_type="text/event-stream")
+
+
+async def _chat_chunks(
+    stream: AsyncIterator[Delta | Choice], n: int, head: dict, logprobs: Callable
+) -> AsyncIterator[dict]:
+    """A streamed chat's chunks: each choice's role, content deltas, tool calls and finish reason."""
+    chunk = {**head, "object": "chat.completion.chunk"}
+
+    def one(index: int, delta: dict, finish: str | None = None, lps: dict | None = None) -> dict:
+        return {
+            **chunk,
+            "choices": [{"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}],
+        }
+
+    for index in range(n):
+        yield one(index, {"role": "assistant", "content": ""})
+    async for item in stream:
+        if isinstance(item, Delta):
+            yield one(item.index, {"content": item.text}, lps=logprobs(item.token_ids, item.logprobs))
+            continue
+        if item.tool_calls:
+            yield one(item.index, {"tool_calls": _tool_calls(item)})
+        yield one(item.index, {}, item.finish_reason)
+
+
+async def _completion_chunks(
+    stream: AsyncIterator[Delta | Choice], head: dict, logprobs: Callable
+) -> AsyncIterator[dict]:
+    """A streamed completion's chunks: each choice's text deltas, then its finish reason."""
+    offsets: dict[int, int] = {}  # text sent of each choice so far
+
+    def one(index: int, text: str, finish: str | None = None, lps: dict | None = None) -> dict:
+        return {**head, "choices": [{"index": index, "text": text, "logprobs": lps, "finish_reason": finish}]}
+
+    async for item in stream:
+        if isinstance(item, Delta):
+            offset = offsets.get(item.index, 0)
+            offsets[item.index] = offset + len(item.text)
+            yield one(item.index, item.text, lps=logprobs(item.token_ids, item.logprobs, offset))
+        else:
+            yield one(item.index, "", item.finish_reason)

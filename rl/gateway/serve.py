@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--context-tokens", type=int, help="default: the model's max_position_embeddings")
     parser.add_argument("--max-tokens", type=int, default=1024, help="most tokens of one completion")
     parser.add_argument("--max-n", type=int, default=16, help="largest n of one call")
-    parser.add_argument("--batch-window-ms", type=float, default=5.0, help="how long requests are gathered")
+    parser.add_argument("--batch-window-ms", type=float, default=5.0, help="quiet gap ending a gathering")
     parser.add_argument("--max-batch-rows", type=int, default=64, help="most completions of one engine call")
     parser.add_argument("--seed", type=int, default=0, help="of the sampling generator")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")

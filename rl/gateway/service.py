@@ -4,19 +4,24 @@ It renders a checked request into prompt token ids (`rl.gateway.chat_format` for
 the ids as given for completions), refuses a prompt the context cannot hold, samples ``n`` completions of
 each prompt through the `Batcher`, cuts each at its first stop sequence, and records every completion
 against the caller's episode key (`rl.gateway.capture`). A completion keeps the tokens up to the one that
-completed a stop sequence (the text returned ends before the sequence, as OpenAI's does).
+completed a stop sequence (the text returned ends before the sequence, as OpenAI's does). A streamed call
+(`Gateway.stream_chat`, `Gateway.stream_completions`) yields each choice's text as it is sampled
+(`Delta`, released by `rl.gateway.streaming.TextDeltas`), then the choice itself once it is done.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from rl.gateway.batcher import Batcher
 from rl.gateway.bodies import ChatRequest, CompletionRequest, SamplingRequest
 from rl.gateway.capture import CallRecord, EpisodeKeys
-from rl.gateway.chat_format import ToolCall, parse_completion, render_chat
+from rl.gateway.chat_format import TOOL_CALL_OPEN, ToolCall, parse_completion, render_chat
 from rl.gateway.errors import ApiError
 from rl.gateway.settings import GatewaySettings
+from rl.gateway.streaming import TextDeltas
 from rl.generation import Generation, Sampling
 from rl.tokenizer import Tokenizer
 
@@ -30,6 +35,19 @@ class Choice:
     finish_reason: str  # stop, length or tool_calls
     tool_calls: list[ToolCall]
     prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Text of choice ``index`` released while it is sampled, with the tokens that released it."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+Finish = Callable[[int, list[int], Generation, int], Choice]  # (index, prompt, generation, version)
 
 
 def cut_at_stop(ids: list[int], stops: tuple[str, ...], tokenizer: Tokenizer) -> tuple[int, str] | None:
@@ -78,14 +96,52 @@ class Gateway:
             )  # fmt: skip
         return wanted
 
-    async def _sample(
-        self, prompts: list[list[int]], sampling: SamplingRequest, limits: list[int], key: str | None
-    ) -> list[tuple[list[int], Generation, int]]:
-        """(prompt, generation, version) of ``n`` completions of each prompt, recorded under ``key``."""
+    def _rows(
+        self, prompts: list[list[int]], sampling: SamplingRequest, limits: list[int]
+    ) -> tuple[list[list[int]], list[Sampling]]:
+        """The prompt and `Sampling` of each of the ``n`` completions of each prompt."""
         rows = [(p, limit) for p, limit in zip(prompts, limits, strict=True) for _ in range(sampling.n)]
-        params = [Sampling(sampling.temperature, sampling.top_p, limit) for _, limit in rows]
-        results = await self.batcher.generate([p for p, _ in rows], params)
-        return [(prompt, gen, version) for (prompt, _), (gen, version) in zip(rows, results, strict=True)]
+        return [p for p, _ in rows], [
+            Sampling(sampling.temperature, sampling.top_p, limit) for _, limit in rows
+        ]
+
+    async def _sample(
+        self, prompts: list[list[int]], sampling: SamplingRequest, limits: list[int], finish: Finish
+    ) -> list[Choice]:
+        contexts, params = self._rows(prompts, sampling, limits)
+        results = await self.batcher.generate(contexts, params)
+        pairs = zip(contexts, results, strict=True)
+        return [finish(i, p, gen, version) for i, (p, (gen, version)) in enumerate(pairs)]
+
+    async def _stream(
+        self, prompts: list[list[int]], sampling: SamplingRequest, limits: list[int], finish: Finish,
+        hold: tuple[str, ...],
+    ) -> AsyncIterator[Delta | Choice]:  # fmt: skip
+        contexts, params = self._rows(prompts, sampling, limits)
+        texts = [TextDeltas(self.tokenizer, sampling.stop, hold) for _ in contexts]
+        events: asyncio.Queue[tuple[int, int, float] | None] = asyncio.Queue()
+
+        def listener(index: int):
+            return lambda token, logprob: events.put_nowait((index, token, logprob))
+
+        listeners = [listener(i) for i in range(len(contexts))]
+        sampled = asyncio.ensure_future(self.batcher.generate(contexts, params, listeners))
+        sampled.add_done_callback(lambda _: events.put_nowait(None))
+        try:
+            while (event := await events.get()) is not None:
+                index, token, logprob = event
+                text, ids, logprobs = texts[index].push(token, logprob)
+                if text:
+                    yield Delta(index, text, ids, logprobs)
+            results = sampled.result()
+        finally:
+            sampled.cancel()  # the client went away: its completions are not awaited (a no-op once done)
+        for index, (prompt, (gen, version)) in enumerate(zip(contexts, results, strict=True)):
+            choice = finish(index, prompt, gen, version)
+            text, ids, logprobs = texts[index].rest(choice.text, choice.token_ids, choice.logprobs)
+            if text or ids:
+                yield Delta(index, text, ids, logprobs)
+            yield choice
 
     def _finish(self, index: int, prompt: list[int], gen: Generation, version: int, stops, key) -> Choice:
         kept, text, ended = len(gen.token_ids), None, gen.ended
@@ -102,19 +158,30 @@ class Gateway:
         reason = "stop" if ended else "length"
         return Choice(index, text, ids, gen.logprobs[:kept], reason, [], len(prompt))
 
-    async def chat(self, request: ChatRequest, key: str | None) -> list[Choice]:
+    def _chat_prompt(self, request: ChatRequest) -> tuple[list[int], int]:
         prompt = render_chat(request.messages, request.tools, self.tokenizer)
-        limit = self._limit(request.sampling, prompt, "messages")
-        sampled = await self._sample([prompt], request.sampling, [limit], key)
-        choices = []
-        for index, (p, gen, version) in enumerate(sampled):
-            choice = self._finish(index, p, gen, version, request.sampling.stop, key)
+        return prompt, self._limit(request.sampling, prompt, "messages")
+
+    def _chat_finish(self, request: ChatRequest, key: str | None) -> Finish:
+        def finish(index: int, prompt: list[int], gen: Generation, version: int) -> Choice:
+            choice = self._finish(index, prompt, gen, version, request.sampling.stop, key)
             content, calls = parse_completion(choice.text) if request.tools else (choice.text, [])
             reason = "tool_calls" if calls else choice.finish_reason
-            choices.append(Choice(index, content, choice.token_ids, choice.logprobs, reason, calls, len(p)))
-        return choices
+            return Choice(index, content, choice.token_ids, choice.logprobs, reason, calls, len(prompt))
 
-    async def complete(self, request: CompletionRequest, key: str | None) -> list[Choice]:
+        return finish
+
+    async def chat(self, request: ChatRequest, key: str | None) -> list[Choice]:
+        prompt, limit = self._chat_prompt(request)
+        return await self._sample([prompt], request.sampling, [limit], self._chat_finish(request, key))
+
+    def stream_chat(self, request: ChatRequest, key: str | None) -> AsyncIterator[Delta | Choice]:
+        """The chat's choices as they are sampled (a bad request raises here, before any is)."""
+        prompt, limit = self._chat_prompt(request)
+        hold = (TOOL_CALL_OPEN,) if request.tools else ()
+        return self._stream([prompt], request.sampling, [limit], self._chat_finish(request, key), hold)
+
+    def _completion_prompts(self, request: CompletionRequest) -> tuple[list[list[int]], list[int]]:
         vocab = self.tokenizer.vocab_size
         prompts = []
         for i, prompt in enumerate(request.prompts):
@@ -128,6 +195,21 @@ class Gateway:
                 )
             else:
                 prompts.append(list(prompt))
-        limits = [self._limit(request.sampling, p, "prompt") for p in prompts]
-        sampled = await self._sample(prompts, request.sampling, limits, key)
-        return [self._finish(i, p, g, v, request.sampling.stop, key) for i, (p, g, v) in enumerate(sampled)]
+        return prompts, [self._limit(request.sampling, p, "prompt") for p in prompts]
+
+    def _completion_finish(self, request: CompletionRequest, key: str | None) -> Finish:
+        def finish(index: int, prompt: list[int], gen: Generation, version: int) -> Choice:
+            return self._finish(index, prompt, gen, version, request.sampling.stop, key)
+
+        return finish
+
+    async def complete(self, request: CompletionRequest, key: str | None) -> list[Choice]:
+        prompts, limits = self._completion_prompts(request)
+        return await self._sample(prompts, request.sampling, limits, self._completion_finish(request, key))
+
+    def stream_completions(
+        self, request: CompletionRequest, key: str | None
+    ) -> AsyncIterator[Delta | Choice]:
+        """The completions' choices as they are sampled (a bad request raises here, before any is)."""
+        prompts, limits = self._completion_prompts(request)
+        return self._stream(prompts, request.sampling, limits, self._completion_finish(request, key), ())

@@ -12,7 +12,7 @@ class GatewaySettings:
     context_tokens: int  # prompt plus completion may not exceed it
     max_tokens: int  # the most tokens one completion may sample (and the default of chat calls)
     max_n: int  # the largest ``n`` a call may ask for
-    batch_window_s: float  # how long the batcher gathers requests before calling the engine
+    batch_window_s: float  # the quiet gap that closes a gathering of an idle engine (`rl.gateway.batcher`)
     max_batch_rows: int  # the most completions one engine call samples
     open_access: bool  # serve calls without an episode key too (not recorded); else they get 401
     seed: int  # of the sampling generator
