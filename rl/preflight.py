@@ -1,18 +1,10 @@
 """Before Ray starts: the task's options against its signature, and one env of it made, reset and stepped.
 
 A mistake in a task's options or code would otherwise surface only inside a Ray worker, tens of seconds
-later and under a long traceback of platform frames. `rl.train` runs these checks first:
+later and under platform frames: `check_task_options` names the nearest parameters, `try_task` raises
+`TaskFailed` with the frames of the task's own files.
 
-- `check_task_options` (with the config checks: no sandbox, milliseconds): every key of ``env.kwargs``
-  must be a parameter of the task's ``__init__`` or of the ``__init__`` its ``**kwargs`` go on to (up to
-  `SandboxTask`'s); an unknown one is a `ConfigError` naming the nearest parameters.
-- `try_task` (``trainer.preflight``): the env made as a rollout worker makes it (`rl.wrappers.make_env`,
-  the task's kwargs and wrappers, the config's sandbox), reset with the run's first task seed, stepped
-  with an action the policy could type (the first character of ``env.action_vocabulary``) and, if the
-  episode goes on, with an empty one (the policy may end its turn at once), then closed. A task that
-  raises is a `TaskFailed` whose message holds the frames of the task's files (`agentenv.tracebacks`).
-  Its sandbox carries this process's owner label (`agentenv.owner`), so a killed check leaves nothing
-  that ``agentenv gc`` would not remove.
+Design: docs/design/training.md#rl-preflight.
 """
 
 from __future__ import annotations
@@ -125,7 +117,11 @@ def try_task(run: RunConfig) -> list[str]:
         step = f"env.reset(seed={seed})"
         observation, _ = env.reset(seed=seed)
         done.append(f"{step} -> {observation[:80]!r}")
-        for action in (probe_action(run), ""):
+        program = getattr(task(env), "runs_program", False)  # an agent program acts: check its verifier
+        if program:
+            step = "the verifier on the reset state"
+            done.append(f"{step} -> {task(env).verify()}")
+        for action in () if program else (probe_action(run), ""):
             step = f"env.step({action!r})"
             observation, reward, terminated, truncated, _ = env.step(action)
             done.append(f"{step} -> {observation[:80]!r}, reward {reward}")

@@ -99,8 +99,9 @@ MISTAKES = [
      "(command-line override +trainer.iteration=3); did you mean trainer.iterations?"),
     # an option that does not exist: no schema among the options offered
     (["env=find_valeu"], "env: no env option 'find_valeu' (command-line override env=find_valeu); did you "
-     "mean find_value? (options: based, broken, closed, find_value, fix_code, guess_number, guess_number_32, "
-     "kv_lookup, mine, reasoning_gym, typo, user_task; files env/<option>.yaml in conf and ./conf)"),
+     "mean find_value? (options: agent_guess_number, based, broken, closed, find_value, fix_code, "
+     "guess_number, guess_number_32, kv_lookup, mine, reasoning_gym, store_recall, typo, user_task; files "
+     "env/<option>.yaml in conf and ./conf)"),
     (["env=env_schema"], "env: env_schema is the schema of the env group (for `defaults:` of your own env "
      "files), not an option (command-line override env=env_schema)"),
     # a task option the task does not take: checked against its signature, not 22 s later in a worker
@@ -128,7 +129,7 @@ MISTAKES = [
     (["env=broken"], "./conf/env/broken.yaml, line 2: not valid YAML: expected the node content, but found "
      "'<stream end>' (while parsing a flow node)"),
     (["env=based"], "env: no env option 'guess_numbr' (the defaults of ./conf/env/based.yaml); did you mean "
-     "guess_number or guess_number_32?"),
+     "guess_number or guess_number_32 or agent_guess_number?"),
 ]
 
 
