@@ -1,12 +1,9 @@
 """Evaluate a policy: its success rate on fresh episodes of the configured task, in real sandboxes.
 
-`success_rate` builds the policy of ``cfg.model`` with the weights ``model.init_from`` names (a
-``save_pretrained`` folder, a checkpoint or a run folder; a fresh init when unset), and plays
-``episodes`` episodes of ``cfg.env`` through the same `EpisodeRunner` the trainer's rollout workers use
-(same tokenizer, engine, sampling temperature and sandbox pool), in this process, without Ray and
-without training. Task seeds come from a stream of their own (`rl.seeds.eval_seeds`), apart from the
-trainer's and the demonstrations', so the same call plays the same games: two policies evaluated with
-the same seed are compared on the same games.
+Played by the trainer's own `EpisodeRunner`, in this process, without Ray; task seeds come from a stream
+of their own, so two policies evaluated with the same seed are compared on the same games.
+
+Design: docs/design/training.md#rl-evaluate.
 """
 
 from __future__ import annotations
@@ -43,7 +40,8 @@ def success_rate(cfg: RunConfig, episodes: int, seed: int = 0, batch: int = 64) 
     policy.eval()
     engine = build_engine(cfg.rollout, policy, tokenizer, cfg.env.action_vocabulary)
     env_cfg = replace(cfg.env, group_start="seed")  # one episode per seed: no groups to fork
-    runner = EpisodeRunner(env_cfg, cfg.rollout, engine, tokenizer, cfg.sandbox)
+    rollout_cfg = replace(cfg.rollout, tree=None)  # one chain per seed, also for a tree_grpo run
+    runner = EpisodeRunner(env_cfg, rollout_cfg, engine, tokenizer, cfg.sandbox)
     generator = torch.Generator().manual_seed(seed)
     played = []
     try:

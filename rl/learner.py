@@ -1,7 +1,8 @@
 """The learner: turns a batch of episodes into one optimizer step of the policy (and value head).
 
-Pipeline of ``train_step``: collate → advantages (GRPO / RLOO per episode, or GAE per token with a
-value head for PPO) → clipped surrogate with truncated-IS correction against the rollout log-probs
+Pipeline of ``train_step``: collate → advantages (GRPO / RLOO per episode, GAE per token with a
+value head for PPO, or Tree-GRPO per leaf of a tree rollout with each shared action token in the loss
+once, `rl.algos.tree_grpo`) → clipped surrogate with truncated-IS correction against the rollout log-probs
 (the decoupled PPO objective: clipped against the learner's own pre-update log-probs, weighted by
 π_prox / π_behav per token, so it holds when async rollouts were sampled by older versions; see
 ``rl.algos.losses.clipped_policy_loss``),
@@ -51,6 +52,8 @@ from rl.algos import (
     usable_episodes,
     zero_variance_groups,
 )
+from rl.algos.losses import PolicyLossStats, clipped_surrogate
+from rl.algos.tree_grpo import TreeSamples, tree_grpo_advantages, tree_policy_loss, tree_samples
 from rl.checkpoints import POLICY
 from rl.config import AlgoConfig, RunConfig
 from rl.data_parallel import DataParallel
@@ -66,6 +69,7 @@ from rl.seeds import maxvio_floor_seed
 from rl.shard_checkpoint import load_local, save_local
 from rl.sharding import ShardedPolicy, learner_mesh, stacked_names
 from rl.tokenizer import build_tokenizer
+from rl.tree_rollout import episode_trees
 
 
 class Learner:
@@ -171,6 +175,8 @@ class Learner:
             )
         elif kind == "rloo":
             per_episode = rloo_advantages(batch.rewards, group, valid=batch.weights > 0)
+        elif kind == "tree_grpo":
+            raise ValueError("tree_grpo's advantages are per tree with loss rows of their own: _tree_samples")
         else:
             raise ValueError(f"algo.advantage={kind!r} is unknown; use grpo, rloo or gae")
         return broadcast_to_tokens(per_episode, batch.action_mask), None
@@ -224,6 +230,15 @@ class Learner:
         if algo.advantage != "gae" and algo.filter_zero_variance_groups:
             keep = keep & ~zero_variance_groups(batch.rewards, algo.group_size, valid=valid)
         batch.action_mask = batch.action_mask * keep[:, None].float()
+        num_groups = len(episodes) // algo.group_size
+        chunks = [
+            torch.arange(len(episodes)).view(num_groups, algo.group_size)[g].reshape(-1)
+            for g in torch.arange(num_groups).chunk(min(algo.minibatches, num_groups))
+        ]
+        tree = None
+        if algo.advantage == "tree_grpo":  # each shared action token in the loss once (rl.algos.tree_grpo)
+            tree = self._tree_samples(episodes, batch, valid, keep, chunks)
+            batch.action_mask = tree.loss_mask
         single = algo.epochs * algo.minibatches == 1
         first = None
         everything = torch.arange(len(episodes))
@@ -245,15 +260,10 @@ class Learner:
             )
             counts = self.parallel.summed(counts)
             routing = mismatch_metrics(layers, counts)
-        advantages, returns = self.advantages(batch, old_values)
+        advantages, returns = (None, None) if tree is not None else self.advantages(batch, old_values)
         is_weights = None
         if algo.tis_cap is not None:
             is_weights = truncated_is_weights(old_logp, batch.rollout_logprobs, algo.tis_cap)
-        num_groups = len(episodes) // algo.group_size
-        chunks = [
-            torch.arange(len(episodes)).view(num_groups, algo.group_size)[g].reshape(-1)
-            for g in torch.arange(num_groups).chunk(min(algo.minibatches, num_groups))
-        ]
         totals: dict[str, list[float]] = {}
         floors: dict[int, float] = {}  # per minibatch: its tokens are the same in every epoch
         for _epoch in range(algo.epochs):
@@ -261,7 +271,7 @@ class Learner:
                 local = self.parallel.local_rows(rows)
                 forward = first if first is not None else self._forward(batch, local)
                 step_metrics = self._update(
-                    batch, local, forward, old_logp, old_values, advantages, returns, is_weights
+                    batch, local, forward, old_logp, old_values, advantages, returns, is_weights, tree
                 )
                 step_metrics.update(self._balance_experts([forward[3]]))
                 if "maxvio" in step_metrics:
@@ -289,24 +299,29 @@ class Learner:
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         return metrics
 
-    def _update(self, batch, rows, forward, old_logp, old_values, advantages, returns, is_weights):
-        """One optimizer step on the rows ``rows`` of the batch; returns its metrics."""
+    def _update(self, batch, rows, forward, old_logp, old_values, advantages, returns, is_weights, tree=None):
+        """One optimizer step on the rows ``rows`` of the batch (``tree``: `_tree_samples` of a
+        tree_grpo batch); returns its metrics."""
         algo = self.algo
         logp, values, logits, _router_stats = forward
         mask = batch.action_mask[rows]
-        policy_loss, stats = clipped_policy_loss(
-            logp,
-            old_logp[rows],
-            advantages[rows],
-            mask,
-            clip_low=algo.clip_low,
-            clip_high=algo.clip_high,
-            aggregation=algo.loss_aggregation,
-            is_weights=None if is_weights is None else is_weights[rows],
-        )
         # this rank's weight in each global mean (rl.data_parallel; 1 on a learner of one rank)
         shares = self.parallel.loss_shares(mask, algo.loss_aggregation)
-        policy_loss = policy_loss * shares[0]
+        rows_is = None if is_weights is None else is_weights[rows]
+        if tree is not None:  # its advantages hold the whole minibatch's aggregation: no share to apply
+            policy_loss, stats = self._tree_policy_loss(logp, old_logp[rows], tree, rows, rows_is)
+        else:
+            policy_loss, stats = clipped_policy_loss(
+                logp,
+                old_logp[rows],
+                advantages[rows],
+                mask,
+                clip_low=algo.clip_low,
+                clip_high=algo.clip_high,
+                aggregation=algo.loss_aggregation,
+                is_weights=rows_is,
+            )
+            policy_loss = policy_loss * shares[0]
         loss = policy_loss
         metrics: dict[str, float] = {}
         if values is not None:
@@ -343,6 +358,49 @@ class Learner:
             }
         )
         return self.parallel.global_metrics(metrics, float(shares[1]))
+
+    def _tree_samples(
+        self, episodes: list[Episode], batch: Batch, valid: torch.Tensor, keep: torch.Tensor, chunks
+    ) -> TreeSamples:
+        """The learner rows of a tree_grpo batch (leaves of `rl.tree_rollout` trees, one row each, as
+        collated): `rl.algos.tree_grpo.tree_samples` of each minibatch's trees (each minibatch's loss
+        aggregated over its own leaves), laid back on the leaves' rows. The loss mask has every action
+        token of a node in one row only; failed leaves are out of the advantages' groups, and leaves of
+        groups left out (``keep``) are not trained."""
+        algo = self.algo
+        width = batch.action_mask.shape[1]
+        loss_mask, adv_pos, adv_neg = (torch.zeros(len(episodes), width) for _ in range(3))
+        trained_rows = (valid & keep).cpu()
+        for rows in chunks:
+            rows = rows.tolist()
+            trees, groups, leaves = episode_trees([episodes[r] for r in rows], algo.group_size)
+            advantages = tree_grpo_advantages(trees, groups, scale_by_std=algo.scale_by_std)
+            trained = [[bool(trained_rows[rows[k]]) for k in tree_leaves] for tree_leaves in leaves]
+            samples = tree_samples(trees, advantages, self.pad_id, algo.loss_aggregation, width, trained)
+            order = torch.tensor([rows[k] for tree_leaves in leaves for k in tree_leaves])
+            n = min(width, samples.loss_mask.shape[1])
+            loss_mask[order, :n] = samples.loss_mask[:, :n]
+            adv_pos[order, :n] = samples.adv_pos[:, :n]
+            adv_neg[order, :n] = samples.adv_neg[:, :n]
+        device = batch.action_mask.device
+        return TreeSamples(batch.input_ids, batch.attention_mask, loss_mask.to(device), adv_pos.to(device),
+                           adv_neg.to(device))  # fmt: skip
+
+    def _tree_policy_loss(self, logp, old_logp, tree: TreeSamples, rows, is_weights):
+        """`rl.algos.tree_grpo.tree_policy_loss` of ``tree``'s rows ``rows``, with the token-mean
+        statistics of the clipped surrogate."""
+        algo = self.algo
+        rows_of = TreeSamples(tree.input_ids[rows], tree.attention_mask[rows], tree.loss_mask[rows],
+                              tree.adv_pos[rows], tree.adv_neg[rows])  # fmt: skip
+        loss = tree_policy_loss(logp, old_logp, rows_of, algo.clip_low, algo.clip_high, is_weights)
+        with torch.no_grad():
+            advantage = rows_of.adv_pos + rows_of.adv_neg
+            _, clipped = clipped_surrogate(logp, old_logp, advantage, algo.clip_low, algo.clip_high)
+            stats = PolicyLossStats(
+                clip_fraction=masked_mean(clipped.float(), rows_of.loss_mask).item(),
+                approx_kl=masked_mean(old_logp - logp, rows_of.loss_mask).item(),
+            )
+        return loss, stats
 
     def _maxvio_floor(self, batch: Batch, rows: torch.Tensor | slice) -> float:
         """`model.balancing.maxvio_floor` of this optimizer step's tokens: the MaxVio a perfectly balanced

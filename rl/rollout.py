@@ -27,6 +27,10 @@ the budget; the turn's steps pause and resume every episode beyond the slots any
 Group starts fork in as many calls as free slots allow. When the slots outnumber the episodes
 nothing waits or pauses beyond what the cost model does anyway. Remote sandboxes are not gated.
 
+With ``rollout.tree`` (Tree-GRPO) a run grows trees of episodes instead (`rl.tree_rollout.TreeGrower`),
+and a task whose episodes an agent program plays (``runs_program``) hands its groups to
+`rl.program_rollout.ProgramEpisodes`; both through hooks in `run`, `resume`, `_play` and `_finish`.
+
 Waiting sandboxes (``sandbox_pool.pause_policy``, decided by `agentenv.pool.PauseCostModel`): while the
 policy generates a turn, the sandboxes of the episodes waiting for it are released and paused when the
 expected wait exceeds the pool's measured pause + resume p50s and their CPU fits the host's spare cores
@@ -99,67 +103,15 @@ from rl.config import EnvConfig, RolloutConfig, SandboxPoolConfig
 from rl.episode import Episode, Outcome
 from rl.generation import TorchEngine
 from rl.inflight import InFlightEpisode, env_state, restore_env_state
+from rl.program_rollout import ProgramEpisodes, runs_program
+from rl.rollout_stats import RolloutStats
 from rl.sandbox_hosts import split_hosts
 from rl.tokenizer import Tokenizer
+from rl.tree_rollout import TreeGrower
 from rl.wrappers import fork_env, make_env, task, wrapper_specs
 
 log = logging.getLogger(__name__)
 WAIT_HISTORY = 16  # generation calls (per batch size) and gaps between runs an expected wait is a p50 of
-
-
-@dataclass
-class RolloutStats:
-    """Counters of one `EpisodeRunner.run` call (summed over workers by the driver)."""
-
-    episodes: int = 0
-    failed: int = 0
-    env_steps: int = 0
-    generated_tokens: int = 0
-    reset_s: float = 0.0
-    generate_s: float = 0.0
-    env_step_s: float = 0.0
-    total_s: float = 0.0
-    pauses: int = 0  # by the sandbox pool during this run
-    resumes: int = 0
-    forks: int = 0
-    fork_s: float = 0.0  # each group's fork latency, summed over groups (they fork at once)
-    fork_phase_s: float = 0.0  # wall time of the fork phases: with `forks`, the cost per forked member
-    sandboxes_created: int = 0  # by the resets: a new env's, and a new one after each played episode
-    sandbox_running_s: float = 0.0  # sandbox-seconds of the pool's members running since the last run
-    sandbox_paused_s: float = 0.0  # ... and paused
-    pause_waits: list[float] = field(default_factory=list)  # the expected wait that triggered each pause
-    slot_wait_s: float = 0.0  # seconds envs waited for a sandbox slot (rl.admission), summed over envs
-    waves: int = 0  # waves the groups were played in (`EpisodeRunner._groups_per_wave`)
-    close_errors: int = 0  # envs whose close raised (logged; the sandbox may be left behind)
-    errors: list[str] = field(default_factory=list)
-    pool: list[dict] = field(default_factory=list)  # `PoolMetrics.to_dict()` of each worker's pool
-    outcomes: list[Outcome] = field(default_factory=list)  # one per episode, in the episodes' order
-
-    def merge(self, other: RolloutStats) -> None:
-        for name, value in vars(other).items():
-            if isinstance(value, list):
-                getattr(self, name).extend(value)
-            else:
-                setattr(self, name, getattr(self, name) + value)
-
-    def pool_summary(self) -> dict[str, float]:
-        """The workers' pools as trainer metrics: sizes summed, latency percentiles the worst worker's."""
-        out: dict[str, float] = {}
-        for key in ("running", "paused", "over_budget", "warm_starts", "memory_used_bytes", "disk_bytes"):
-            out[f"sandbox_pool_{key}"] = float(sum(p[key] for p in self.pool))
-        for key in ("pause_p50_s", "pause_p90_s", "resume_p50_s", "resume_p90_s", "warm_start_p50_s"):
-            values = [p[key] for p in self.pool if not math.isnan(p[key])]
-            out[f"sandbox_{key}"] = max(values, default=0.0)
-        out["sandbox_running_bytes"] = float(sum(p.get("running_bytes", 0.0) for p in self.pool))
-        out["sandbox_slots"] = float(sum(p.get("slots", 0) for p in self.pool))
-        out["sandbox_slot_wait_s"] = self.slot_wait_s
-        out["rollout_waves"] = float(self.waves)
-        out["sandbox_running_s"] = self.sandbox_running_s
-        out["sandbox_paused_s"] = self.sandbox_paused_s
-        out["pauses_per_episode"] = self.pauses / self.episodes if self.episodes else 0.0
-        out["waiting_pauses"] = float(len(self.pause_waits))
-        out["pause_trigger_wait_p50_s"] = statistics.median(self.pause_waits) if self.pause_waits else 0.0
-        return out
 
 
 def task_kwargs(env_cfg: EnvConfig, sandbox: dict[str, Any] | None) -> dict[str, Any]:
@@ -222,6 +174,10 @@ class EpisodeRunner:
         )
         self.policy_latency_s = rollout_cfg.policy_latency_s
         self.max_concurrent_episodes = rollout_cfg.max_concurrent_episodes
+        # branching rollouts (rollout.tree, rl.tree_rollout): runs grow trees of group_size leaves
+        self.trees = TreeGrower(self, rollout_cfg.tree) if rollout_cfg.tree is not None else None
+        # agent-program tasks: the program plays each episode through a gateway (rl.program_rollout)
+        self.programs = ProgramEpisodes(self) if runs_program(self.env_id) else None
         self._generate_s: dict[int, deque[float]] = {}  # batch size -> recent generation call durations
         self._run_gaps: deque[float] = deque(maxlen=WAIT_HISTORY)  # end of a run -> start of the next
         self._run_ended: float | None = None
@@ -349,6 +305,8 @@ class EpisodeRunner:
         """Close every env, then the pool: its members (forks included) and templates are removed."""
         list(self.threads.map(self._discard, self.free_envs))
         self.free_envs = []
+        if self.programs is not None:
+            self.programs.close()
         if self.sandbox_pool is not None:
             self.sandbox_pool.close()
 
@@ -358,10 +316,14 @@ class EpisodeRunner:
         recent = self._generate_s.get(batch_size) or [t for d in self._generate_s.values() for t in d]
         return statistics.median(recent) if recent else self.policy_latency_s
 
-    def _generate(self, tokens: list[list[int]]):
-        """One batched generation call (plus ``policy_latency_s``), timed for `expected_generation_s`."""
+    def _generate(self, tokens: list[list[int]], episodes: list[Episode] | None = None):
+        """One batched generation call (plus ``policy_latency_s``), timed for `expected_generation_s`;
+        a tree run's ``episodes`` each from their own policy state (`TreeGrower.generate`)."""
         t = time.perf_counter()
-        generations = self.engine.generate(tokens, self.max_new_tokens, self._generator)
+        if self.trees is not None and episodes is not None:
+            generations = self.trees.generate(episodes)
+        else:
+            generations = self.engine.generate(tokens, self.max_new_tokens, self._generator)
         if self.policy_latency_s:
             time.sleep(self.policy_latency_s)
         self._generate_s.setdefault(len(tokens), deque(maxlen=WAIT_HISTORY)).append(time.perf_counter() - t)
@@ -456,6 +418,11 @@ class EpisodeRunner:
         started = time.perf_counter()
         self._generator = generator
         self._policy_version = policy_version or (lambda: 0)
+        if self.programs is not None:  # agent programs play the episodes (rl.program_rollout)
+            return self._finish(self.programs.run(seeds, group_size, first_group, tag, stats), stats, started)
+        if self.trees is not None:  # branching rollouts: every group at once (rl.tree_rollout)
+            episodes = self.trees.run(seeds, group_size, first_group, tag, stats)
+            return self._finish(episodes, stats, started)
         episodes = [
             Episode(self.env_id, seed, first_group + g)
             for g, seed in enumerate(seeds)
@@ -538,6 +505,8 @@ class EpisodeRunner:
     ) -> tuple[list[Episode], RolloutStats]:
         """The end of a run: idle sandboxes released, the pool's counters and the episodes' outcomes
         recorded in ``stats``."""
+        if self.trees is not None:  # the leaves no path reached (rl.tree_rollout)
+            self.trees.finish(episodes)
         if self._run_ended is not None:
             self._run_gaps.append(started - self._run_ended)
         self.release_idle(stats)
@@ -548,7 +517,9 @@ class EpisodeRunner:
         stats.errors = [f"seed {e.seed}: {e.error}" + (f"\n{e.trace}" if e.trace else "")
                         for e in episodes if e.error]
         stats.outcomes = [Outcome.of(e) for e in episodes]
-        stats.generated_tokens = sum(sum(e.action_mask) for e in episodes)
+        stats.generated_tokens = (
+            sum(sum(e.action_mask) for e in episodes) if self.trees is None else self.trees.sampled(episodes)
+        )
         with self._stats_lock:
             stats.close_errors = self._close_errors - self._close_errors_seen
             self._close_errors_seen = self._close_errors
@@ -663,7 +634,8 @@ class EpisodeRunner:
             t = time.perf_counter()
             expected = self.expected_generation_s(len(active))
             with self._waiting([envs[i] for i in active], expected, stats):
-                generations = self._generate([episodes[i].tokens for i in active])
+                playing = [episodes[i] for i in active]
+                generations = self._generate([e.tokens for e in playing], playing)
             stats.generate_s += time.perf_counter() - t
             actions, last_action_token = [], {}
             for i, gen in zip(active, generations, strict=True):
@@ -730,6 +702,8 @@ class EpisodeRunner:
                     continue
                 still_active.append(i)
             active = still_active
+            if self.trees is not None:  # leaves at a branch turn fork into their children
+                active = self.trees.branch(episodes, envs, active, owned, stats)
 
     # ------------------------------------------------------------------ in-flight checkpoints
     def snapshot(self, keeper: Path, timeout_s: float = 600.0) -> tuple[list[InFlightEpisode], Any] | None:
@@ -833,6 +807,8 @@ class EpisodeRunner:
         started = time.perf_counter()
         self._generator = generator
         self._policy_version = policy_version or (lambda: 0)
+        if self.programs is not None:  # agent programs: recorded between waves (rl.program_rollout)
+            return self._finish(self.programs.resume(recorded, group_size, tag, stats), stats, started)
         episodes = [r.episode for r in recorded]
         with self._demand(len(episodes)):
             return self._resume(recorded, episodes, group_size, tag, stats, started)
@@ -879,7 +855,8 @@ class EpisodeRunner:
         for g in unstarted:
             members = slice(g * group_size, (g + 1) * group_size)
             seed = episodes[members][0].seed
-            fresh, forks = self._start_groups([seed], group_size, episodes[members], stats)
+            start = self._start_groups if self.trees is None else self.trees.start_groups  # trees: roots
+            fresh, forks = start([seed], group_size, episodes[members], stats)
             envs[members] = fresh
             owned |= forks
         stats.reset_s += time.perf_counter() - t0

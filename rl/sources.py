@@ -20,7 +20,7 @@ import torch
 from ray.exceptions import RayActorError, RayTaskError
 
 from rl.episode import Outcome
-from rl.rollout import RolloutStats
+from rl.rollout_stats import RolloutStats
 from rl.seeds import group_seeds, sampling_seed
 from rl.weights import PublishedWeights
 from rl.workers import RolloutWorkers

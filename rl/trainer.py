@@ -35,7 +35,7 @@ from rl.heldout import HeldOutEval
 from rl.inflight import load_record
 from rl.learner_group import LearnerGroup
 from rl.metrics import MetricsLogger
-from rl.rollout import RolloutStats
+from rl.rollout_stats import RolloutStats
 from rl.samples import SampleLog
 from rl.sandbox_hosts import split_hosts
 from rl.sources import Batch, RolloutSource, SyncRollouts

@@ -17,7 +17,7 @@ from rl.actors import NO_WEIGHTS, rollout_worker_actor
 from rl.config import RunConfig
 from rl.device import worker_options
 from rl.errors import RolloutWorkerLost, StaleWeights
-from rl.rollout import RolloutStats
+from rl.rollout_stats import RolloutStats
 from rl.sandbox_hosts import worker_environment
 from rl.weights import PublishedWeights
 

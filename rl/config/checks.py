@@ -266,9 +266,10 @@ def check_algo_name(algo) -> None:
 
 
 def check_tree(cfg) -> None:
-    """``rollout.tree`` (branching rollouts) goes with ``algo=tree_grpo`` and describes trees that can grow:
-    increasing turns from 1, no more branchings per path than turns to branch at, one branching within
-    the leaf budget."""
+    """``rollout.tree`` (branching rollouts, `rl.tree_rollout`) goes with ``algo=tree_grpo`` and the torch
+    engine, and describes trees that can grow: increasing turns from 1, no more branchings per path than
+    turns to branch at, one branching within the leaf budget, and ``algo.group_size`` (leaves per prompt)
+    whole trees."""
     tree, algo = cfg.rollout.tree, cfg.algo
     if tree is None:
         if algo.advantage == "tree_grpo":
@@ -291,8 +292,19 @@ def check_tree(cfg) -> None:
     if tree.width > tree.budget:
         _fail("rollout.tree.budget", f"{tree.budget} leaves cannot hold one branching of "
               f"rollout.tree.width={tree.width}")  # fmt: skip
-    _fail("algo.name", "tree_grpo: the rollout runner (rl.rollout) does not grow trees yet; "
-          "rl.algos.tree_grpo holds the estimator and its learner samples. Use algo=grpo")  # fmt: skip
+    if cfg.rollout.engine != "torch":
+        _fail("rollout.tree", "branching rollouts carry each episode's policy state across a branch, "
+              f"which only the torch engine keeps; got rollout.engine={cfg.rollout.engine}: "
+              "use rollout=torch")  # fmt: skip
+    from rl.tree_rollout import tree_shape
+
+    leaves = len(tree_shape(tree))
+    if algo.group_size % leaves:
+        _fail("algo.group_size", f"{algo.group_size} leaves per prompt are not whole trees: a tree of "
+              f"rollout.tree has {leaves} leaves, so set a multiple of {leaves}")  # fmt: skip
+    if cfg.rollout.max_concurrent_episodes is not None:
+        _fail("rollout.max_concurrent_episodes", "a tree run plays all its trees at once (rl.tree_rollout); "
+              "set it to null with rollout.tree")  # fmt: skip
 
 
 def check_waves(cfg) -> None:

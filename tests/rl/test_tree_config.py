@@ -31,6 +31,12 @@ TREE = "rollout.tree={branch_at: [1, 2], width: 2, depth: 2, budget: 4}"
          r"rollout.tree.budget"),
         (("algo=tree_grpo", "rollout.tree={branch_at: [1], width: 2, depth: 1, budget: 4, fanout: 2}"),
          r"rollout.tree.fanout"),
+        (("algo=tree_grpo", "rollout.tree={branch_at: [1], width: 3, depth: 1, budget: 3}"),
+         r"algo.group_size: 8 leaves per prompt are not whole trees: a tree of rollout.tree has 3 leaves"),
+        (("algo=tree_grpo", "rollout=vllm", TREE),
+         r"rollout.tree: branching rollouts .* only the torch engine keeps; got rollout.engine=vllm"),
+        (("algo=tree_grpo", "rollout.max_concurrent_episodes=8", TREE),
+         r"rollout.max_concurrent_episodes: a tree run plays all its trees at once"),
     ],
 )
 def test_tree_mistakes_are_one_line_naming_their_key(overrides, message):
@@ -39,7 +45,8 @@ def test_tree_mistakes_are_one_line_naming_their_key(overrides, message):
     assert "\n" not in str(info.value)
 
 
-def test_a_valid_tree_is_typed_and_refused_until_the_runner_grows_trees():
-    with pytest.raises(ConfigError, match=r"algo.name: tree_grpo: the rollout runner .* does not grow trees"):
-        compose("algo=tree_grpo", TREE)
+def test_a_valid_tree_is_typed_and_accepted():
+    cfg = compose("algo=tree_grpo", TREE)
+    assert cfg.algo.name == "tree_grpo" and cfg.algo.group_size == 8
+    assert cfg.rollout.tree.branch_at == [1, 2] and cfg.rollout.tree.width == 2
     assert compose().rollout.tree is None and compose("algo=grpo").algo.name == "grpo"

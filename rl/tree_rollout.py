@@ -1,0 +1,291 @@
+"""Tree rollouts for Tree-GRPO (`rl.algos.tree_grpo`): episodes that share a prefix and branch later.
+
+``rollout.tree`` gives the turns a path branches at (``branch_at``), the children of a branch
+(``width``), the branchings along one path (``depth``) and the leaves of a tree (``budget``). The shape
+is fixed by the config (`tree_shape`): a path branches at the first ``depth`` turns of ``branch_at``
+while the tree's leaves stay within the budget, paths taken in order. A group (one prompt) holds
+``algo.group_size`` leaves: ``group_size / leaves`` trees, each laid out as its leaves in order.
+
+`TreeGrower` (the runner's ``trees``) plays them. Only the first leaf of each tree starts (the root);
+after a step that ends a branch turn, the leaf's env is forked ``width - 1`` times through the runner's
+pool (`rl.wrappers.fork_env`: the sandbox as it is, the task's state copied; every fork has its own
+sandbox identity) and each child, the parent going on as child 0, reseeds its task's randomness from
+its path. The children continue from the parent's policy state (`rl.generation.EpisodeState.branch`):
+each episode keeps its `EpisodeState`, so nothing is read twice. A path that ends (or fails) before one
+of its branch turns stands for all the leaves below it: at the end they are copies of it, with an
+empty turn after each branch it did not reach (every leaf is one draw of a whole trajectory, and a
+finished one has nothing left to draw), so every tree has the same number of leaves and groups keep
+their size downstream.
+
+Each leaf `Episode` records its tree (``tree``) and, for every branch on its path, the token offset
+where the branch node ends and its child index (``branches``); `episode_trees` rebuilds the
+`rl.algos.tree_grpo.Tree` of those leaves for the learner.
+
+A tree run plays all its groups at once (no waves). In-flight checkpoints record its leaves as any
+episodes (an unborn leaf as one that has not started); a resumed leaf reads its tokens once, then goes
+on from its state. An async weights update between turns leaves a carried state as the older weights
+read the prefix (the sampled tokens' log-probs are those they were drawn with). Branch turns are fixed
+by the config (no entropy-chosen branch points), and only the torch engine keeps per-episode states.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from rl.algos.tree_grpo import Tree
+from rl.config.schema import TreeRolloutConfig
+from rl.episode import Episode
+from rl.generation import EpisodeState, Generation
+from rl.rollout_stats import RolloutStats
+from rl.wrappers import task
+
+EpisodeRunner = Any  # the `rl.rollout.EpisodeRunner` that owns this part (it imports this module)
+
+
+def tree_shape(cfg: TreeRolloutConfig) -> list[tuple[int, ...]]:
+    """The leaves of one tree, in order: each the child index taken at each branch on its path."""
+    paths: list[tuple[int, ...]] = [()]
+    for _turn in cfg.branch_at[: cfg.depth]:
+        grown: list[tuple[int, ...]] = []
+        leaves = len(paths)
+        for path in paths:
+            if leaves + cfg.width - 1 <= cfg.budget:
+                grown += [(*path, c) for c in range(cfg.width)]
+                leaves += cfg.width - 1
+            else:
+                grown.append(path)
+        paths = grown
+    return paths
+
+
+def child_seed(seed: int, tree: int, path: tuple[int, ...]) -> int:
+    """The seed of a child's task randomness: a function of its episode seed, tree and path."""
+    return int(np.random.SeedSequence([seed, tree, *path]).generate_state(1)[0])
+
+
+class TreeGrower:
+    """Grows the trees of a runner's runs (see the module docstring)."""
+
+    def __init__(self, runner: EpisodeRunner, cfg: TreeRolloutConfig) -> None:
+        if not hasattr(runner.engine, "continue_from"):
+            raise ValueError("rollout.tree needs the torch engine (rollout=torch): branching carries its "
+                             "per-episode state")  # fmt: skip
+        self.runner = runner
+        self.width = cfg.width
+        self.turns = list(cfg.branch_at[: cfg.depth])
+        self.shape = tree_shape(cfg)
+        self.leaves = len(self.shape)
+        self._first = {}  # path prefix -> the first leaf (its index in the tree) under it
+        for k, path in reversed(list(enumerate(self.shape))):
+            for d in range(len(path) + 1):
+                self._first[path[:d]] = k
+        self._states: dict[int, tuple[EpisodeState, int]] = {}  # id(episode) -> (its state, tokens read)
+
+    def trees_per_group(self, group_size: int) -> int:
+        if group_size % self.leaves:
+            raise ValueError(f"a group of {group_size} leaves is not a whole number of trees of "
+                             f"{self.leaves} leaves (rollout.tree)")  # fmt: skip
+        return group_size // self.leaves
+
+    # ------------------------------------------------------------------ a run
+    def run(
+        self, seeds: list[int], group_size: int, first_group: int, tag: Any, stats: RolloutStats
+    ) -> list[Episode]:
+        """Play the trees of one group per seed (the runner's `run` set its generator and version);
+        the leaves come back group after group."""
+        runner = self.runner
+        self.trees_per_group(group_size)
+        episodes = [
+            Episode(runner.env_id, seed, first_group + g, tree=k // self.leaves)
+            for g, seed in enumerate(seeds)
+            for k in range(group_size)
+        ]
+        try:
+            with runner._running(episodes, tag), runner._demand(len(episodes)):
+                t0 = time.perf_counter()
+                envs, owned = self.start_groups(seeds, group_size, episodes, stats)
+                stats.reset_s += time.perf_counter() - t0
+                stats.waves += 1
+                active = [i for i, env in enumerate(envs) if env is not None and episodes[i].error is None]
+                runner._play(episodes, envs, stats, active, owned)
+                runner._return_envs(envs, episodes, owned)
+        finally:
+            self._states.clear()
+        return episodes
+
+    def start_groups(
+        self, seeds: list[int], group_size: int, episodes: list[Episode], stats: RolloutStats
+    ) -> tuple[list[gymnasium.Env | None], set[int]]:
+        """Start the root of every tree (as `EpisodeRunner._start_groups` starts chains: the trees of
+        one group are its members); one env per leaf, None but at the roots, and the owned forks."""
+        trees = self.trees_per_group(group_size)
+        roots = [g * group_size + t * self.leaves for g in range(len(seeds)) for t in range(trees)]
+        started, owned = self.runner._start_groups(seeds, trees, [episodes[i] for i in roots], stats)
+        envs: list[gymnasium.Env | None] = [None] * len(episodes)
+        for i, env in zip(roots, started, strict=True):
+            envs[i] = env
+        return envs, owned
+
+    # ------------------------------------------------------------------ generation (`_play`'s hook)
+    def generate(self, episodes: list[Episode]) -> list[Generation]:
+        """The next action of each episode from its own policy state (read up to its last token; an
+        episode without one, e.g. resumed from an in-flight checkpoint, reads all its tokens)."""
+        runner = self.runner
+        out = []
+        for episode in episodes:
+            state, read = self._states.get(id(episode), (None, 0))
+            state = runner.engine.read(episode.tokens[read:], state)
+            generation = runner.engine.continue_from(state, runner.max_new_tokens, runner._generator)
+            self._states[id(episode)] = (state, len(episode.tokens) + len(generation.token_ids))
+            out.append(generation)
+        return out
+
+    # ------------------------------------------------------------------ branching (`_play`'s hook)
+    def branch(
+        self,
+        episodes: list[Episode],
+        envs: list,
+        active: list[int],
+        owned: set[int],
+        stats: RolloutStats,
+    ) -> list[int]:
+        """After a turn: branch the ``active`` leaves at a branch turn; the leaves playing on."""
+        due = [i for i in active if self._due(episodes[i], i)]
+        if not due:
+            return active
+
+        def fork(i: int) -> list[gymnasium.Env] | BaseException:
+            t = time.perf_counter()
+            try:
+                forks = self.runner._fork(envs[i], self.width - 1, stats)
+            except Exception as exc:
+                return exc
+            with self.runner._stats_lock:
+                stats.fork_s += time.perf_counter() - t
+                stats.forks += self.width - 1
+            return forks
+
+        t = time.perf_counter()
+        forked = list(self.runner.threads.map(fork, due))
+        stats.fork_phase_s += time.perf_counter() - t
+        playing = list(active)
+        for i, forks in zip(due, forked, strict=True):
+            parent = episodes[i]
+            k = i % self.leaves
+            base = i - k
+            prefix = self.shape[k][: len(parent.branches or [])]
+            offset = len(parent.tokens)
+            parent.branches = [*(parent.branches or []), (offset, 0)]
+            self._reseed(envs[i], parent, (*prefix, 0))
+            state, read = self._states[id(parent)]
+            copies = state.branch(self.width - 1)
+            for c in range(1, self.width):
+                j = base + self._first[(*prefix, c)]
+                child = copy.deepcopy(parent)
+                child.branches[-1] = (offset, c)
+                episodes[j] = child
+                if isinstance(forks, BaseException):
+                    child.fail(forks)
+                    continue
+                envs[j] = forks[c - 1]
+                owned.add(id(envs[j]))
+                self._reseed(envs[j], child, (*prefix, c))
+                self._states[id(child)] = (copies[c - 1], read)
+                playing.append(j)
+        return playing
+
+    def _due(self, episode: Episode, i: int) -> bool:
+        done = len(episode.branches or [])
+        path = self.shape[i % self.leaves]
+        return done < len(path) and episode.turns == self.turns[done]
+
+    @staticmethod
+    def _reseed(env: gymnasium.Env, episode: Episode, path: tuple[int, ...]) -> None:
+        task(env).np_random = np.random.default_rng(child_seed(episode.seed, episode.tree or 0, path))
+
+    # ------------------------------------------------------------------ the end of a run
+    def finish(self, episodes: list[Episode]) -> list[Episode]:
+        """The end of a run (or of a resumed one): every leaf a path did not reach is a copy of the path
+        that ended before the branch (see the module docstring), every leaf's ``branches`` is filled up
+        to its path (``episodes`` in place), and the policy states are dropped."""
+        self._states.clear()
+        self.trees_per_group(len(episodes))
+        for i, episode in enumerate(episodes):
+            k = i % self.leaves
+            path = self.shape[k]
+            if not episode.tokens and episode.error is None and k > 0:  # unborn: never forked into
+                d = max(level for level, c in enumerate(path) if c)
+                source = episodes[i - k + self._first[path[:d]]]
+                episode = copy.deepcopy(source)
+                episode.branches = list((source.branches or [])[:d])
+                episodes[i] = episode
+            branches = list(episode.branches or [])
+            branches += [(len(episode.tokens), path[level]) for level in range(len(branches), len(path))]
+            episode.branches = branches
+        return episodes
+
+    def sampled(self, episodes: list[Episode]) -> int:
+        """The action tokens the policy sampled for finished trees: each shared turn once."""
+        trees, _, _ = episode_trees(episodes, self.leaves)
+        return sum(sum(map(sum, tree.action_mask)) for tree in trees)
+
+
+def episode_trees(episodes: list[Episode], group_size: int) -> tuple[list[Tree], list[int], list[list[int]]]:
+    """The trees of ``episodes`` (leaves laid out group after group, ``group_size`` per group, each
+    recording its tree and branches): ``(trees, the group of each tree, the episode of each tree's
+    leaves in `Tree.leaves` order)``. Rewards and validity (weight > 0) are the episodes'."""
+    if len(episodes) % group_size:
+        raise ValueError(f"{len(episodes)} leaves are not whole groups of {group_size}")
+    members: dict[tuple[int, int], list[int]] = {}
+    for i, episode in enumerate(episodes):
+        if episode.tree is None or episode.branches is None:
+            raise ValueError(f"episode {i} (seed {episode.seed}) records no tree: it is not a leaf of a "
+                             "tree rollout (rollout.tree)")  # fmt: skip
+        members.setdefault((i // group_size, episode.tree), []).append(i)
+    trees, groups, leaf_episodes = [], [], []
+    for (group, _), leaves in members.items():
+        tree, order = _tree_of([episodes[i] for i in leaves])
+        trees.append(tree)
+        groups.append(group)
+        leaf_episodes.append([leaves[k] for k in order])
+    return trees, groups, leaf_episodes
+
+
+def _tree_of(leaves: list[Episode]) -> tuple[Tree, list[int]]:
+    """One tree from its leaves; with the index (in ``leaves``) of each of its leaves in order."""
+    order = sorted(range(len(leaves)), key=lambda k: [c for _, c in leaves[k].branches])
+    nodes: dict[tuple[int, ...], int] = {}
+    parents: list[int] = []
+    tokens: list[list[int]] = []
+    masks: list[list[int]] = []
+    for k in order:
+        leaf = leaves[k]
+        path = tuple(c for _, c in leaf.branches)
+        if path in nodes:
+            raise ValueError(f"two leaves of one tree (seed {leaf.seed}) share the branch path {path}")
+        ends = [0, *(offset for offset, _ in leaf.branches), len(leaf.tokens)]
+        for depth in range(len(path) + 1):
+            key, span = path[:depth], slice(ends[depth], ends[depth + 1])
+            if key in nodes:
+                node = nodes[key]
+                if tokens[node] != leaf.tokens[span] or masks[node] != leaf.action_mask[span]:
+                    raise ValueError(f"leaves of one tree (seed {leaf.seed}) differ in their shared node "
+                                     f"{key}")  # fmt: skip
+                continue
+            nodes[key] = len(parents)
+            parents.append(nodes[key[:-1]] if depth else -1)
+            tokens.append(leaf.tokens[span])
+            masks.append(leaf.action_mask[span])
+    tree = Tree(
+        parents,
+        tokens,
+        masks,
+        rewards=[leaves[k].reward for k in order],
+        valid=[leaves[k].weight > 0 for k in order],
+    )
+    return tree, order
