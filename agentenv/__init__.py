@@ -1,12 +1,11 @@
 """AgentENV: Docker sandboxes that CRIU pauses to zero memory, resumes and forks.
 
     from agentenv import Sandbox
-    sb = Sandbox.create(image="base")
-    sb.exec("echo hi").stdout      # 'hi\\n'
-    sb.pause(); sb.resume(); forks = sb.fork(4)
+    sb = Sandbox.create(image="base"); sb.exec("echo hi").stdout
 
-Every kind of sandbox (local, pool member, remote) is a `SandboxHandle` (agentenv.api). See docs/agentenv.md
-for the API, the CLI, the security defaults and the limits of pause/fork.
+Every kind of sandbox (local, pool member, remote) is a `SandboxHandle` (agentenv.api); see docs/agentenv.md.
+
+Design: docs/design/sandboxes.md#agentenv.
 """
 
 from __future__ import annotations

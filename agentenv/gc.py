@@ -1,15 +1,10 @@
 """Reconcile the registry with Docker: remove what one side has and the other lost.
 
-- containers and volumes labelled with this `$AGENTENV_HOME` whose sandbox is unknown or closed
-  (e.g. a process died between creating the container and recording it) are removed;
-- sandboxes whose container is gone are closed; running ones whose container stopped become broken;
-- rows still 'creating' after `stale_s` (their creator died) are removed with their containers;
-- leftovers of the runtime are deleted: checkpoint images of containers Docker no longer has, and
-  containerd's unpacked copies of restores older than `stale_s`;
-- sandboxes labelled with an owner process that is gone (`agentenv.owner`: e.g. those of a killed
-  trainer's rollout workers) are closed, and so are sandboxes kept by a path that is gone (a deleted
-  checkpoint's in-flight episodes) (`close_orphans`).
-Each sandbox is reconciled under its lock, so gc never races a pause or a fork in progress.
+Removes containers and volumes of unknown or closed sandboxes, closes sandboxes whose container, owner
+process or keeping path is gone, and deletes runtime leftovers; each sandbox is reconciled under its lock,
+so gc never races a pause or a fork in progress.
+
+Design: docs/design/sandboxes.md#agentenv-gc.
 """
 
 from __future__ import annotations

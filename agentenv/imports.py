@@ -1,16 +1,10 @@
 """Taking in a sandbox that another host moves here (`agentenv.moves` sends it; `agentenv serve` routes it).
 
-- `check(manifest)`: can this host take the sandbox? The warm backend, the same CRIU, kernel and machine
-  as the source (`transfer.check_host`), the sandbox's image tag, its id not live here, room in the store.
-- `take(read, labels_for)`: unpack the stream into a new container made for it (the registry row stays
-  `creating` meanwhile), check every file's sha256, record the checkpoint, restore it (verified, as any
-  resume), and only then write `done` in the move's journal entry (`$AGENTENV_HOME/imports/<move id>.json`):
-  the commit. Any failure before it removes everything the import made (container, work dir, images,
-  registry row) and records `failed` with the reason; the source then keeps its copy.
-- `status(move_id)`: what the journal says (`receiving`, `restoring`, `done`, `failed`); a move never
-  seen is recorded `absent` as it is answered, so it can never arrive later (the source then keeps it).
-- `recover()`: at a server's start-up, imports a dead server left unfinished are removed in full and
-  recorded `failed`.
+`check` says whether this host can take it, `take` unpacks, verifies and restores it and only then writes
+`done` in the move's journal (the commit), `status` answers the source, and `recover` undoes imports a dead
+server left unfinished: a failure anywhere leaves the source's copy in charge.
+
+Design: docs/design/sandboxes.md#agentenv-imports.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Moving a paused sandbox to another `agentenv serve` host, from the host that holds it.
 
-The destination (`agentenv.imports`) keeps the one record that says whether a move happened: its journal
-entry turns `done` once the sandbox is restored there, verified. Until then this host keeps everything
-(container, work dir, checkpoint), so a failure anywhere leaves the sandbox paused here, never lost:
+The destination's journal (`agentenv.imports`) is the one record of whether a move happened; until it says
+`done` this host keeps everything, so a failure anywhere leaves the sandbox paused here, never lost, and
+`settle` finishes a move whose answer was missed.
 
-1. Under the sandbox's lock the destination is asked whether it can take the sandbox (its image, CRIU and
-   kernel, the sandbox id free there): `POST /agentenv/imports/check`; a refusal changes nothing here.
-2. A journal entry `$AGENTENV_HOME/moves/<sandbox id>.json` names the move and its destination, then the
-   registry row turns `moving`: nothing here resumes, forks or removes it until the move is settled.
-3. The stream (`agentenv.backend.transfer`) goes to `POST /agentenv/imports`, which answers once the
-   sandbox runs there. Without that answer (an error, a broken connection, a death of either side) the
-   destination's journal decides (`GET /agentenv/imports/<move id>`): `done` -> this copy is removed (the
-   row is closed, its reason `moved to URL`); `failed`, or a move the destination never saw (it records
-   that, so the move can never arrive later) -> paused here again; no answer -> it stays `moving`, and
-   `settle` asks again: the next resume, fork, close or move of it, and a server's start-up and
-   liveness sweep.
+Design: docs/design/sandboxes.md#agentenv-moves.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Which process owns a sandbox, so that the sandboxes of a process that died can be found and closed.
 
-A process that makes sandboxes only for its own lifetime (a trainer's rollout worker and its
-`SandboxPool`) labels them with `owner_labels()`: this boot's id, its pid and its start time (pids are
-reused; the pair is not). When such a process is killed (Ctrl-C of the driver, SIGKILL, a crash), nothing
-in it runs to close its sandboxes; `agentenv gc` and the trainer's start-up close every sandbox whose owner
-is gone (`agentenv.gc.close_orphans`). Sandboxes without the label (made by the CLI, the server, a user's
-script) are never closed this way.
+`owner_labels` tie a sandbox to a process's lifetime (boot id, pid, start time); `keeper_labels` tie it to a
+path instead (a checkpoint keeping in-flight episodes). `agentenv gc` closes sandboxes whose owner or path
+is gone; unlabelled sandboxes are never closed this way.
 
-A sandbox can instead be **kept by a path** (`keeper_labels`): a trainer's checkpoint keeps the paused
-sandboxes of the episodes that were in flight when it was written, so that a resumed run continues them.
-Such a sandbox has no owner process (it must outlive the run that made it); gc closes it once the path
-that keeps it no longer exists on this host (the checkpoint was deleted). On a cluster the path must be
-on storage every node sees, as checkpoints usually are.
+Design: docs/design/sandboxes.md#agentenv-owner.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Where AgentENV keeps its state and where k3rl finds its configs and image recipes.
 
-`$AGENTENV_HOME` (default: the user's data dir, e.g. ~/.local/share/agentenv) holds the SQLite registry,
-the per-sandbox lock files, the pools' bookkeeping and the cached host probe. Checkpoint images live
-on local disk, never on tmpfs, in the checkpoint store (`store_dir` in conf/agentenv/backend.yaml).
+`$AGENTENV_HOME` holds the registry, locks and bookkeeping; checkpoints live in the store on local disk.
+`resource_dir` finds `conf/` and `sandbox_images/` in a wheel, an editable install and a plain checkout.
 
-The configs (`conf/`) and image recipes (`sandbox_images/`) are top-level folders of the repository that
-the wheel ships as the data packages `k3rl_resources.conf` and `k3rl_resources.sandbox_images` (see
-setup.py); `resource_dir` finds them in an installed wheel, an editable install and a plain checkout.
+Design: docs/design/sandboxes.md#agentenv-paths.
 """
 
 from __future__ import annotations

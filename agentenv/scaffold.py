@@ -1,20 +1,9 @@
 """`agentenv tasks new NAME`: a new task's module, its training config and its test, from a template.
 
-Written into a folder (the working directory by default), each refused if it exists already:
+Writes ``NAME.py``, ``conf/env/NAME.yaml`` and ``test_NAME.py`` (each refused if it exists), so that a new
+task starts from one that already passes the checker and trains, with every part a real task has.
 
-- ``NAME.py``: a working `SandboxTask` to edit, with every part a real task has: options through
-  ``__init__(..., **kwargs)`` passed on to ``super()``, ``install()`` writing a program into the sandbox,
-  ``setup(seed)`` keeping the episode's state in the sandbox, ``act``, a custom ``reward``,
-  ``Outcome.info`` (its numbers become training metrics), ``in_place_reset`` with its reason, a scripted
-  ``expert`` function, and the ``gymnasium.register`` call;
-- ``conf/env/NAME.yaml``: its training config (the env id ``NAME:user/<Name>-v0``, token limits, the
-  action vocabulary, the expert, its options), read by ``python -m rl.train env=NAME`` from this folder;
-- ``test_NAME.py``: pytest tests: gymnasium's env checker (`agentenv.tasks.check`) and an episode that
-  the expert wins, in real sandboxes.
-
-As generated, the task passes the checker and trains (``python -m rl.train env=NAME preset=short``).
-The template's game: a digit hidden in the sandbox; the action ``?`` runs the task's program, which
-reveals it, and a digit answers.
+Design: docs/design/sandboxes.md#agentenv-scaffold.
 """
 
 from __future__ import annotations

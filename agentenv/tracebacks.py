@@ -1,12 +1,10 @@
 """An exception of a task's own code, told with the frames of the files its author wrote.
 
-A task runs under layers of platform code (the trainer's rollout loop, gymnasium's wrappers, a thread
-pool, a Ray worker), so the full traceback of an error in ``act`` is mostly frames nobody needs to read,
-and a one-line ``AttributeError: ...`` names no file at all. `task_frames` keeps the frames in the task's
-files: every file outside Python's own library, the installed packages and k3rl's platform packages
-(``agentenv``, ``rl``, ``model``, ``kernels``); the built-in tasks (``agentenv/tasks/*.py`` but their
-base class) count as task files. `describe` is the error line followed by those frames in Python's
-traceback format, so an editor or a terminal can jump to the line.
+A task runs under layers of platform code, so the full traceback is mostly frames nobody needs;
+`task_frames` keeps the task's own and `describe` prints them in Python's format, so an editor can jump
+to the line.
+
+Design: docs/design/sandboxes.md#agentenv-tracebacks.
 """
 
 from __future__ import annotations

@@ -2,34 +2,10 @@
 (`rl.generation.TorchEngine`) on the same weights and batch, weight pushes into a running vLLM engine, and
 a ``rollout=vllm`` training run that must push every version into the engine it started with.
 
-Three parts, one run, one after the other on this machine:
+Writes the ``engines`` section of docs/benchmarks.md. Usage: python bench/engines.py [--models M]
+[--repeats N] [--no-write]
 
-1. **Speed** (per model of ``--models``): one policy (``build_policy(seed=0)``), a `TorchEngine` on it and a
-   `VllmEngine` started from it (``rollout.vllm``'s settings, fp32), both at ``rollout.torch_threads``
-   threads as in a rollout worker; ``--contexts`` episode-like prompts x ``--new-tokens`` sampled tokens
-   (temperature 1, no action mask, stop at end-of-turn as in training), one warm-up call each (timed), then
-   ``--repeats`` calls each, alternated (the order flips every repeat). Generated tokens/s per call:
-   median, min-max, and the vLLM/torch ratio (of the medians, and the median of each repeat's pair,
-   which a load change during the run moves less).
-2. **Weight pushes** (per model): ``--pushes`` pushes into the running vLLM engine of part 1, alternating
-   two weight sets (seeds 0 and 1); seconds per push (`VllmEngine.load_weights`: the copy into vLLM's
-   model and the prefix-cache reset), and the proof that it was the same engine and the weights took:
-   the engine object and its ``llm`` unchanged, ``VllmEngine.stats()`` counting one engine built for the
-   model, the version held, and a seeded batch that samples otherwise with seed 1's weights and, after
-   seed 0's weights are pushed back, exactly as it did with them before.
-3. **Training** (``--iterations``, k3_tiny, ``make train``'s config with ``rollout=vllm``, sync, no early
-   stop): the `Trainer` in this process; after its start and after every iteration the bench reads each
-   rollout worker's `engine_stats` (`rl.actors.RolloutWorker.engine_stats`) and checks that the worker's
-   process and engine are the ones it started with (one engine built in that process), that every
-   generation call of the iteration's batch ran with the version the batch was for, and that the
-   learner's new version was pushed into that engine; seconds per push as the engine timed them, and
-   the driver's ``weight_sync_s`` (publish: object store to every worker, push included).
-
-Writes the ``engines`` section of docs/benchmarks.md (the command, versions and the load it found).
-
-    python bench/engines.py                               # all three parts (~6-10 min on 2 cores)
-    python bench/engines.py --models k3_tiny --repeats 5  # only k3_tiny in parts 1-2
-    python bench/engines.py --no-write                    # print only, leave docs/benchmarks.md alone
+Design: docs/design/benchmarks.md#bench-engines.
 """
 
 from __future__ import annotations

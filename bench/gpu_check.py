@@ -1,19 +1,10 @@
 """The steps of the GPU check (`scripts/gpu_check.sh` runs each in a process of its own, under a time
-limit, and renders the `gpu-check` section of docs/benchmarks.md from what they wrote):
+limit, and renders the `gpu-check` section of docs/benchmarks.md from what they wrote).
 
-    python bench/gpu_check.py env     --out DIR   # Python, torch, CUDA, Triton, fla; the GPU
-    python bench/gpu_check.py learner --out DIR   # the K3 policy: learner steps in bf16 on CUDA, no Ray
-    python bench/gpu_check.py moe     --out DIR   # grouped GEMM vs the per-expert loop, K3's expert shapes
-    python bench/gpu_check.py kernels --out DIR   # every Triton kernel vs its PyTorch reference (and fla)
-    python bench/gpu_check.py report  --out DIR   # DIR's results -> the gpu-check section, DIR/gpu-check.md
-    python bench/gpu_check.py distributions       # the packages the steps import beyond torch's own
+Steps: env, learner, moe, kernels, report, distributions; each writes ``DIR/<step>.json`` as it goes.
+``--dry-run`` proves the steps and their imports on the CPU; its figures say nothing of a GPU.
 
-Each step writes ``DIR/<step>.json`` as it goes (a step stopped by its time limit keeps what it measured)
-and exits non-zero when a check fails. ``--dry-run``: the same steps on the CPU with tiny shapes, the
-Triton kernels in Triton's interpreter (``TRITON_INTERPRET=1``, which the shell script sets), the learner
-in bf16 autocast on the CPU (`rl.device.Placement`); its report goes to ``DIR/benchmarks.md`` (a copy of
-docs/benchmarks.md), never to docs/. It proves the steps and their imports work without a GPU; its
-figures say nothing of a GPU (and Triton 3.9's interpreter gets bf16 ``tl.dot`` wrong).
+Design: docs/design/benchmarks.md#bench-gpu-check.
 """
 
 from __future__ import annotations

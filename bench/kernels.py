@@ -1,30 +1,9 @@
 """Benchmark the kernels: chunked vs token-by-token KDA on CPU; Triton vs PyTorch (and fla) on CUDA.
 
-    python bench/kernels.py            # full grid
-    python bench/kernels.py --quick    # fits in ~2 minutes
-    python bench/kernels.py --no-write # print only; otherwise rewrite the `kernels` section of
-                                       # docs/benchmarks.md
+Also the GPU check's kernel cases (`kernel_cases` / `check_kernel`). Rewrites the `kernels` section of
+docs/benchmarks.md. Usage: python bench/kernels.py [--quick] [--no-write]
 
-CPU (always run): wall time of ``naive_recurrent_kda`` (the recurrence) against ``chunk_kda_reference``
-(the chunked PyTorch algorithm) at T = 1K–8K with the KDA heads of ``conf/model/k3_tiny.yaml`` and
-``k3_small.yaml``, forward only, fp32, one thread; the figure is their ratio.
-
-CUDA (run when a GPU is visible; none was lent while this was written, so that path has not run yet):
-
-* KDA chunk forward+backward, bf16, D = K = V = 128, B·T = 32K–256K tokens, H = 16–64: ms and TFLOP/s
-  of our Triton ``chunk_kda`` against the chunked PyTorch reference (where it fits in memory) and
-  flash-linear-attention's ``fla.ops.kda.chunk_kda`` when that package is importable. A correctness
-  check against the reference runs first.
-* MoE routed experts, bf16, 64 experts top-8 with K3's expert shapes (``conf/model/k3.yaml``): the
-  grouped-GEMM Triton path against the per-expert loop, forward and forward+backward.
-
-FLOP model for KDA (per head and 64-token chunk C, head dims K, V; dense matmuls as executed, the
-triangular solve left out): forward = 4C²K (scores) + 2C²(K+V) (WY products) + 2C²V + 6CKV (state
-and output); forward+backward = 3 × forward (the usual convention).
-
-The GPU check (``scripts/gpu_check.sh``, ``bench/gpu_check.py``) uses `kernel_cases` / `check_kernel`:
-every Triton kernel against its PyTorch reference (and fla's ``chunk_kda``) in fp32 and bf16, forward
-and backward, errors and times; on the CPU (its dry run) the same kernels run in Triton's interpreter.
+Design: docs/design/benchmarks.md#bench-kernels.
 """
 
 from __future__ import annotations

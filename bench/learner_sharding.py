@@ -1,26 +1,10 @@
 """The sharded learner's memory per rank, measured against the arithmetic of docs/training.md, beside the
 flat design it replaced; expert all_to_all bytes; K3's sizing on paper.
 
-    python bench/learner_sharding.py             # rewrites section `learner-sharding` of docs/benchmarks.md
-    python bench/learner_sharding.py --no-write  # print only
-    python bench/learner_sharding.py --no-flat   # without the flat design's rows
+Rewrites section `learner-sharding` of docs/benchmarks.md.
+Usage: python bench/learner_sharding.py [--no-write] [--no-flat]
 
-In one run, k3_small, one `train_step` of the same synthetic batch (16 guessing-game episodes in groups of
-4, 1 epoch x 1 minibatch) in 1, 2 and 4 gloo processes (data parallel, and data x expert parallel meshes):
-
-- FSDP2 block by block (`rl.sharding`, this tree), and the flat design it replaced (``git archive`` of
-  commit `FLAT_COMMIT` into a temporary folder, run from there: every trainable weight outside the
-  experts in one flat fp32 vector, gathered whole for a step);
-- per rank: *held* = parameter + AdamW bytes between steps, counted from the tensors; *held RSS* and
-  *step peak* = the process's resident memory after the step and its high-water mark during it
-  (/proc/self/clear_refs), both above its RSS before the learner was built; glibc returns freed blocks
-  of 64 KiB and more to the kernel (``MALLOC_MMAP_THRESHOLD_``), so RSS follows the live tensors;
-- *publish peak* = RSS growth of rank 0 while the full weights go to a sink that serialises what it is
-  handed (what ``ray.put`` does): unit by unit (FSDP2), or the whole state dict (flat);
-- *predicted* = the arithmetic of docs/training.md for the same shapes (`predicted_peak`), its
-  activation term calibrated on world size 1's measured peak and divided by the ranks;
-- the expert all_to_all bytes of the data x expert runs, and K3's per-rank figures on paper
-  (`k3_sizing`, a ``meta``-device K3: no memory).
+Design: docs/design/benchmarks.md#bench-learner-sharding.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Learning benchmark: does `make train`'s config reach its target on every seed, and how fast?
 
-For each seed 0..N-1 it runs the trainer exactly as ``make train`` does (``python -m rl.train seed=S``, one
-fresh process per seed, one after the other so that each has the machine's cores) and reads the run's
-``metrics.jsonl``. Per seed it reports the wall time and iteration at which the trainer's stop rule held
-(mean success of the last ``trainer.success_window`` iterations >= ``trainer.stop_at_success``), the final
-success, and the in-loop MaxVio after iteration 20 against its sampling floor (``maxvio_floor``, logged by
-the learner: the MaxVio a perfectly balanced router shows on the same tokens, see
-``model.balancing.maxvio_floor``).
+Runs ``python -m rl.train seed=S`` per seed, one after the other, and reports when the stop rule held.
+Replaces the ``bench:learning`` section of docs/benchmarks.md.
+Usage: python bench/learning.py --seeds N [overrides]
 
-Results replace the ``bench:learning`` section of docs/benchmarks.md; the curves of all seeds go to
-docs/img/learning_seeds.png.
-
-    python bench/learning.py --seeds 5             # make train's config on seeds 0-4
-    python bench/learning.py --seeds 2 algo=ppo    # any Hydra override applies to every seed
+Design: docs/design/benchmarks.md#bench-learning.
 """
 
 from __future__ import annotations

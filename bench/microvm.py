@@ -1,19 +1,10 @@
 """The microvm backend beside the container backend (`warm`) in one run, on the same sandbox profile and
 the same workload: a process holding `--mb` MiB of random bytes in memory.
 
-For each backend, medians over `--reps` repetitions:
-- resume to a working shell: `resume()` of the paused sandbox, then `exec("echo ok")` answering;
-- pause (microvm: of it, the RAM file's sync and drop from the page cache);
-- fork(8) of the paused sandbox, until all eight run (verified), and its ratio to one resume;
-- memory of 8 running forks, each having written `--dirty` MiB of its own, against one sandbox's: the
-  proportional set size (PSS: a page shared by k processes counts 1/k in each) of every process of the
-  sandboxes (containers: the processes in their cgroups; microVMs: their QEMU processes);
-- create (microvm: from the machine's golden snapshot) and, for microvm, a cold boot of the guest.
+Resume, pause, fork(8), forks' memory and create, against the microvm targets; writes the `microvm`
+section of docs/benchmarks.md. Usage: python bench/microvm.py [--mb 64] [--dirty 8] [--reps 5] [--no-write]
 
-Targets (microvm, on this machine's accelerator): resume to a working shell <= 0.3 s; fork(8) <= 1.5x one
-resume; 8 forks' memory <= 1.3x one sandbox's + what they wrote; pause <= 50 ms + the RAM file's sync.
-Writes the `microvm` section of docs/benchmarks.md (unless `--no-write`) and prints it.
-Usage: python bench/microvm.py [--mb 64] [--dirty 8] [--reps 5] [--no-write]
+Design: docs/design/benchmarks.md#bench-microvm.
 """
 
 from __future__ import annotations

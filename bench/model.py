@@ -1,19 +1,9 @@
 """Benchmark of the K3 policy model on CPU: throughput, decode cost vs context, cache size, balancing.
 
-    python bench/model.py --quick        # ~2-4 minutes on 2 shared cores
-    python bench/model.py                # longer sequences, more steps
+Each figure against a baseline taken in the same run; rewrites only the `model` section of
+docs/benchmarks.md. Usage: python bench/model.py [--quick] [--no-write]
 
-Measures, each against a baseline taken in the same run:
-  * prefill and decode tokens/s of k3_tiny and k3_small (batch 1; decode also at batch 8);
-  * decode time per token with 4096 tokens of context vs 256 (KDA state is constant-size, only the MLA
-    latent cache grows), target <= 1.5x for k3_tiny;
-  * cache bytes per token of context vs a standard multi-head attention cache of the same model size
-    (every layer storing K and V of width heads x head_dim), measured from the live K3Cache;
-  * MaxVio per step of Quantile Balancing vs the sign update (u = 1e-3) on router scores from k3_tiny,
-    trained briefly without balancing (so its router is skewed as a trained one is), recorded for 20
-    fresh batches of byte-level text (this repository's sources); both methods route the same recorded
-    scores, each with its own bias state, for 200 steps (cycling through the 20 batches).
-Rewrites only the `model` section of docs/benchmarks.md (between its markers) unless --no-write.
+Design: docs/design/benchmarks.md#bench-model.
 """
 
 from __future__ import annotations

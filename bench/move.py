@@ -1,23 +1,10 @@
 """Moving a paused sandbox between two `agentenv serve` hosts on one machine, against what it is made of: a
 local resume, and copying the same bytes over loopback.
 
-Two servers run on 127.0.0.1 (ports of their own), each with its own home (registry) and checkpoint store,
-one API key. Each repetition makes a sandbox on host A whose process holds `--mb` MiB of random bytes
-(nothing a page can be deduplicated or compressed from), pauses it, and then, on the same paused sandbox:
-
-- resumes and pauses it again on A through the API (`RemoteSandbox.resume`): a local resume;
-- copies its checkpoint's files from A's store into B's over a loopback TCP connection, one process
-  sending (`sendfile`) and another receiving and writing (`recv_into`, `write`): the loopback copy rate,
-  the least any move of these bytes costs here;
-- moves it to B (`RemoteSandbox.move`, which returns once B runs it, verified, and A removed its copy),
-  then checks on B that the process still holds the same bytes (its hash of them).
-
-Target: move time ≤ 2× the local resume + the stream's bytes at half the loopback copy rate; the move's
-own split (export, check, stream + restore, removal here; prepare, receive, restore there) is reported
-with the rate its stream achieved. Medians over the repetitions.
-
 Writes the `move` section of docs/benchmarks.md (unless `--no-write`) and prints it.
 Usage: python bench/move.py [--mb 128] [--reps 5] [--no-write]
+
+Design: docs/design/benchmarks.md#bench-move.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""What episode isolation costs per reset, for every shipped task (conf/env/*.yaml): a reset in place
-(``setup`` in the sandbox the last episode played in), a restore by a cold start (a new sandbox and
-``install()``: a pool without warm starts, conf/rollout/torch.yaml's default) and a restore by a warm
-start (a fork of the pool's template checkpoint). Each figure is the median wall time of ``--reps``
-resets that each follow a played step, in one env; a template is built before its timings start.
+"""What episode isolation costs per reset, for every shipped task (conf/env/*.yaml).
 
-Which path a task takes is its ``in_place_reset`` declaration (agentenv/tasks/base.py): in place when it
-declares why that is safe, else a restore, warm or cold as the pool's ``warm_starts`` says.
+A reset in place, a restore by a cold start and a restore by a warm start (a fork of the pool's template),
+each the median of ``--reps`` resets after a played step. Prints a Markdown table.
+Usage: python bench/reset_cost.py [--reps 5] [--kv-mib 16]
 
-Prints a Markdown table. Usage: python bench/reset_cost.py [--reps 5] [--kv-mib 16]
+Design: docs/design/benchmarks.md#bench-reset-cost.
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """What each lever of a resume bought: one 128 MiB sandbox's resume on every path from today's Docker
 restore to the warm backend's, each lever added on top of the one before, wall time and CPU in one run.
 
-Rows (each its own sandbox of the same workload; `--mb`, default 128 MiB):
-
-* Docker's restore (backend `fastpath`: `docker start --checkpoint`, page images linked from the store);
-* runc alone: the same images restored through runc directly (no dockerd, no containerd shim), on the
-  sandbox's own overlay layers (mounted by this script: Docker unmounts them when a container stops),
-  under a runc state root and a cgroup of their own, checked (the restore marker is back and the
-  workload's counter moves), then killed; and the same with CRIU's lazy pages (`criu lazy-pages`
-  serves each page on first touch and the rest in the background). A container runc runs alone is
-  invisible to Docker: no backend takes these paths; they show what leaving Docker out buys;
-* the warm backend (a backend config file of its own per row): a warm shell restored eagerly
-  (`lazy_pages: false`), with lazy pages, then with CRIU's kernel-facts cache mounted (the default; the
-  rows before it run without the cache, which no setting turns off: the benchmark drops it); and a
-  stopped shell (cooled after the pause: Docker's start, the tmpfs unpacked, then the restore).
-
-Per path: wall time until the restored processes run; the host's busy CPU time (/proc/stat, every
-process) until the restore's work is done, with lazy pages until the page daemon sent every page (after
-the resume returned); the time until every page was in; CRIU's own restore time (its log). Each row is
-set against the row whose path it changes (its lever). The first repetition warms caches, uncounted.
-
 Writes the `restore-paths` section of docs/benchmarks.md (unless `--no-write`) and prints it.
 Usage: python bench/restore_paths.py [--mb 128] [--reps 7] [--quick] [--no-write]
+
+Design: docs/design/benchmarks.md#bench-restore-paths.
 """
 
 from __future__ import annotations

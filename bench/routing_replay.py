@@ -1,16 +1,10 @@
 """Routing replay (R3) on one learner step of staleness: how far the learner's routing and log-probs are
 from the rollout's, with and without replaying the rollout's experts.
 
-    python bench/routing_replay.py              # rewrites the `routing-replay` section of docs/benchmarks.md
-    python bench/routing_replay.py --no-write   # print only
+Rewrites the `routing-replay` section of docs/benchmarks.md.
+Usage: python bench/routing_replay.py [--no-write]
 
-The tiny policy (``make train``'s config, no sandboxes) samples episodes with the torch engine at version
-v (3 turns of a fixed prompt and observation per episode); the learner then takes one `train_step` on
-other episodes of v (its optimizer steps and quantile balancing), which makes v+1. On the first episodes
-it measures, at v+1 and at "v with only v+1's router biases" (what balancing alone changes): the routing
-mismatch (`rl.routing`: own top-k set vs the record, mean over MoE layers and in any layer) and the
-rollout log-prob gap (mean |learner - rollout| over action tokens), with ``algo.routing_replay`` off
-and on. Replay covers the generated tokens only; observation tokens route by themselves.
+Design: docs/design/benchmarks.md#bench-routing-replay.
 """
 
 from __future__ import annotations

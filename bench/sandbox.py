@@ -1,31 +1,10 @@
 """AgentENV sandbox benchmark: pause / resume / fork of real sandboxes (the Sandbox API the trainer, the
 pool and the CLI use) on the warm backend, against today's Docker path and Docker's own, in one run.
 
-For sandboxes holding 16, 128, 512 MiB and 1 GiB of touched memory (a Python process that imported its
-libraries, built an SQLite index, wrote project files, then filled its buffer with random bytes), in one
-run, each backend in a registry of its own (`Backends`):
-
-* warm (the default backend): pause and resume into a warm shell, in `--rounds` rounds of a fresh sandbox
-  each (a verdict rests on the median of the rounds' figures, with their spread); the time until the
-  page daemon sent the last page; resume of a stopped (cooled) shell, apart; fork(8) and fork(1) of the
-  paused sandbox with spare shells ready and with none (the first fork of a template);
-* fastpath (the Docker restore path before warm: containerd's dump, Docker's `start --checkpoint`):
-  pause, resume and fork(8) of the same workload;
-* Docker's own checkpoint path on a plain container of the same image running the same process
-  (`docker checkpoint create` / `docker start --checkpoint`), Docker's freezer (`docker pause`), and a
-  cold start (a new sandbox until the same state is rebuilt).
-
-Forks' memory: 8 running forks of a paused 128 MiB sandbox against one, from the host (`MemAvailable`)
-and from their processes (summed PSS, /proc/<pid>/smaps_rollup), once KSM has settled, with the time it
-took, ksmd's CPU and the host-wide KSM counters; then the same forks paused. CPU time of a cgroup over a
-10 s window (running, frozen by `docker pause`, a paused warm shell). Versions, load before and after,
-and the cores other processes kept busy just before the run are detected and printed.
-
-Part `server` (bench/sandbox_server.py): `agentenv serve` through the real e2b SDK vs local sandboxes.
-
 Writes the `sandbox` and `server` sections of docs/benchmarks.md (unless `--no-write`) and prints them.
-Usage: python bench/sandbox.py [--only sandbox|server] [--quick] [--sizes 16,128,512,1024] [--rounds N]
-       [--reps N] [--paused 200] [--no-write]
+Usage: python bench/sandbox.py [--only sandbox|server] [--quick] [--sizes 16,128,512,1024] [--no-write]
+
+Design: docs/design/benchmarks.md#bench-sandbox.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The `server` part of bench/sandbox.py: `agentenv serve` through the real e2b SDK against local sandboxes.
 
-In one run, with one small sandbox profile for both sides (`PROFILE`, handed to the server and to this
-process through $AGENTENV_CONFIG) and the server on a loopback port of this machine:
+Command latency, create to first command, and density (>= 200 paused sandboxes, the server's own RSS);
+every sandbox lives in the bench's private $AGENTENV_HOME and is closed at the end, also on failure.
 
-* `commands.run("true")` through the SDK vs `Sandbox.exec(["true"])` on a local sandbox (warm, both);
-* create -> first command: `e2b.Sandbox.create` + `commands.run("true")` vs `Sandbox.create` + `exec`;
-* density: the server holds `n_paused` (>= 200) paused sandboxes (forks of one, each paused at once, made
-  through `agentenv.remote`); the server process's own RSS (VmRSS of its pid: Docker and CRIU work in
-  other processes) before and after; then random ones are reached with the SDK's `Sandbox.connect`
-  (one resume) + `commands.run("true")`.
-
-Every sandbox lives in the bench's private $AGENTENV_HOME: `run` closes them all at the end, also when
-a step fails (the server is stopped first, then the registry's sandboxes are closed in parallel).
+Design: docs/design/benchmarks.md#bench-sandbox-server.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """`agentenv serve` under load: N concurrent clients of the real `e2b` SDK (`AsyncSandbox`), then a crash.
 
-The server runs the warm backend (`--backend`; set through $AGENTENV_BACKEND for the server and checked on
-a container it made). Load (for each N of `--clients`, default 8, 32, 64; the target's 32 `--rounds` times,
-its verdicts on the median of those runs): N asyncio clients in this process, each looping
-create -> `commands.run` -> `files.write` / `files.read` -> pause -> connect (one resume) ->
-`commands.run` -> kill for `--duration` seconds (and at most `--max-loops` loops). Every SDK call is
-bounded by `OP_TIMEOUT_S`; a failed loop kills what it made and goes on. Reported per operation: p50 /
-p99 latency and operations/s; errors by kind (5xx: an HTTP status >= 500, or a Connect code a server
-only sends for its own failures); the server's RSS and open file descriptors sampled once a second;
-and what is left at the end (sandboxes not closed in the registry, Docker containers labelled with
-the bench's home, checkpoint folders in the store) before anything is cleaned: it must be zero.
+Latency, throughput, errors, RSS and what is left over under load; then `kill -9` of the server and a
+restart. Writes section `server-load` of docs/benchmarks.md unless `--no-write`.
+Usage: python bench/sandbox_server_load.py [--clients 8,32,64] [--duration 180] [--crash 50] [--quick]
 
-Crash (`--crash N`, default 50): N sandboxes, half paused, then `kill -9` of the server and a
-restart on the same home and port; how many are listed again with their state, and how many answer
-`connect` + `commands.run` afterwards.
-
-Every sandbox lives in the bench's private $AGENTENV_HOME, closed at the end also on failure
-(`sandbox_server.run`'s rule). Writes section `server-load` of docs/benchmarks.md unless `--no-write`.
-Usage: python bench/sandbox_server_load.py [--clients 8,32,64] [--duration 180] [--rounds 3] [--crash 50]
-       [--backend warm] [--quick]
+Design: docs/design/benchmarks.md#bench-sandbox-server-load.
 """
 
 from __future__ import annotations

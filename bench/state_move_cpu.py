@@ -1,26 +1,11 @@
 """Where the CPU of moving a sandbox's state goes, on the warm backend and on fastpath (today's Docker
-restore path) in one run: one pause, one resume and one warm start (a fork of the paused sandbox) at a
-time, with every core sampled by `perf record -a` and the samples summed by who ran them: CRIU (its page
-daemon too), runc, containerd's shims, containerd, dockerd, the `ctr` client, the warm backend's way into
-a sandbox (nsenter, setsid, unshare), CRIU's helpers (tar for each tmpfs, iptables for its network lock),
-the sandbox's own processes (on a dump, CRIU's parasite copying their pages out runs in them), kernel
-threads (writeback), this process, the rest.
+restore path): one pause, one resume and one warm start at a time, every core sampled by `perf record -a`
+and the samples summed by who ran them (CRIU, runc, containerd, dockerd, the sandbox, the kernel, ...).
 
-A lazy restore returns before its memory is in: CRIU's page daemon sends the rest afterwards, so a
-restore's window stays open until the daemon sent the last page (`page_fill_seconds`) and the daemon's
-CPU is counted. Beside the samples: the host's busy time over each operation (/proc/stat) and what the
-pool charges it (`agentenv.pool.cpu.OpCpu`). Each operation's window is matched by an idle window of the
-same length right after it, whose samples are subtracted kind by kind (the background the host has
-anyway). The target (a pause + resume at 200 MiB ≤ 0.4 CPU-s) is judged on the warm backend's
-repetitions, with fastpath's beside it.
-
-With `--thp MODE ...` the whole measurement runs once per transparent-huge-page mode (the host-wide
-`/sys/kernel/mm/transparent_hugepage/enabled`, set for the run and put back after it); the first mode's
-run fills the main tables, a last table compares the modes.
-
-Needs `perf` (Debian: linux-perf) and root. Writes the `state-move-cpu` section of docs/benchmarks.md
-(unless --no-write) and prints it.
+Needs `perf` and root. Writes the `state-move-cpu` section of docs/benchmarks.md (unless --no-write).
 Usage: python bench/state_move_cpu.py [--mb 200] [--reps 4] [--quick] [--thp madvise always] [--no-write]
+
+Design: docs/design/benchmarks.md#bench-state-move-cpu.
 """
 
 from __future__ import annotations

@@ -2,47 +2,10 @@
 SFT weights; does the RL policy end clearly above both the SFT policy and the expert? (Each section's
 title says what the figures show: `outcome_title`.)
 
-One pipeline per task, every stage a fresh process as a user would run it, one after the other:
+Each task's results replace its own section of docs/benchmarks.md.
+Usage: python bench/teacher.py --task guess_number_32|find_value [--no-write]
 
-1. ``python -m rl.demonstrations`` writes the weak expert's episodes (its success is theirs);
-2. ``python -m rl.train stage=sft`` trains on them (action tokens only);
-3. the SFT policy is evaluated on ``--eval-episodes`` fresh games (``rl.evaluate``: the same games for
-   every policy, seeds apart from training's);
-4. ``python -m rl.train model.init_from=<sft run>`` runs GRPO until the trainer's stop rule or its time
-   limit, with the RL overrides below;
-5. the RL policy is evaluated on the same games.
-
-Tasks (``--task``):
-
-* ``guess_number_32``: GuessNumber with 32 values, 6 turns and free-form byte actions
-  (``env=guess_number_32``); weak expert ``random_split`` (a uniformly random number the answers still
-  allow). GRPO runs with ``algo.entropy_coef=0`` and ``algo.optim.lr=3e-4``: after SFT the policy is
-  sharp, and the default entropy bonus over a 272-token vocabulary pulls it towards uniform bytes
-  (entropy 0.13 -> 5.2 in five iterations at the default lr 1e-3, success to 0: measured while setting
-  this up).
-  Targets: S_rl >= S_sft + 0.2 and S_rl > the expert's success, all stages within 45 min on 2 cores.
-* ``find_value``: the FindValue shell task (``env=find_value``: 3 folders of 3 files, 8 turns, commands
-  of up to 47 bytes). Demonstrations are a mixture, as collected demonstrations usually are: 75 % from
-  the ``wasteful`` expert (``ls``, then ``ls`` and ``cat`` file by file: it runs out of turns when the
-  value sits late, success about 0.44) and 25 % from ``grep`` (one ``grep -r``, then ``submit``). SFT
-  imitates both, and so does its policy (it copies folder names and the six-digit value byte by byte);
-  GRPO has to find out which strategy wins. Trained on wasteful demonstrations alone the SFT policy
-  reproduces them nearly exactly (held-out action-token accuracy 0.9997 after 570 steps on 2000
-  episodes, measured while setting this up), so the members of a group would play alike and leave GRPO
-  no advantage to learn from. Groups start from ``env.group_start=seed`` (the task is
-  deterministic given the seed, and resetting 8 sandboxes costs less than 7 forks). GRPO: the two
-  overrides above, a KL to the SFT policy (``algo.kl_coef=0.05``, estimator ``k2``) that keeps its
-  copying sharp while the policy moves to ``grep``, and ``pause_policy=never`` (see TASKS). Without the
-  KL, batch success rose from 0.28 to 0.56 in 14 iterations and fell back to 0.2-0.4 as the entropy
-  grew, and the RL policy evaluated at 0.36 against the SFT's 0.37 (measured while setting this up).
-  Target: S_rl >= S_sft + 0.15, all stages within 60 min on 2 cores.
-
-Each task's results replace its own section of docs/benchmarks.md (``TASKS[task]["section"]``); the RL
-curve goes to docs/img/teacher_<task>.png.
-
-    python bench/teacher.py --task guess_number_32   # about 20-35 min on 2 cores
-    python bench/teacher.py --task find_value        # about 60 min
-    python bench/teacher.py --no-write --demos 200 --rl-minutes 2 --eval-episodes 64   # smoke run
+Design: docs/design/benchmarks.md#bench-teacher.
 """
 
 from __future__ import annotations

@@ -1,47 +1,10 @@
 """Training benchmark: how fast the tiny K3 policy learns, what a rollout costs, and training at fixed memory.
 
-Four parts, all in this run on this machine (``--part train``, ``memory`` or ``heavy`` runs one section):
+Parts: a rollout micro-benchmark, sync and async training runs, fixed memory (``--part memory``) and the
+heavy task (``--part heavy``); each replaces its ``bench:train*`` section of docs/benchmarks.md.
+Usage: python bench/train.py [--part train|memory|heavy] [--quick]
 
-1. **Rollout micro-benchmark** (no Ray, the untrained policy): env steps/s of the default task with
-   (a) the persistent shell session and seed-reset groups (the default), (b) one ``docker exec`` per
-   command (the baseline), (c) forked group starts (reset once + CRIU fork of the sandbox).
-2. **Training runs** with the default config (``make train``), once with ``trainer.mode=sync`` and once
-   with ``trainer.mode=async``: success at the start, wall time until the mean success of the last
-   ``trainer.success_window`` iterations reaches 0.9, episodes/s, env steps/s, generated tokens/s and
-   the learner's idle fraction.
-3. **Fixed memory** (``--part memory``): the heavy task ``agentenv/KVLookup-v0`` (``env=kv_lookup``; the
-   size of one sandbox is measured first, cgroup RSS after its install) with a 2 GiB ``memory_budget`` for
-   running sandboxes and ``rollout.policy_latency_s`` swept over ``--latencies`` (default 0, 2, 10 and
-   30 s: an emulation of a larger policy's generation time); rows (a) sync without pausing, concurrency
-   capped by the budget (``rollout.max_concurrent_episodes``), (b) as (a) with waiting sandboxes frozen
-   (``pause_method: freeze``, ``docker pause``: memory kept), (c) async with zero-memory waits (CRIU
-   pauses by the cost model), forked groups and the whole batch in one rollout call. Each run trains
-   1 + ``--steady-iterations`` (5) iterations, at most ``--memory-minutes``, and reports episodes/s over
-   the iterations after the first only (no number, and the reason, for a run that did not get them all).
-   Every row runs ``--repeats`` (3) times at each latency, interleaved with the other rows, in this
-   command; a cell is the median of its runs with their min-max, the row log keeps every run.
-   Columns: episodes/s, peak sandbox memory sampled from the host (cgroup RSS of the run's containers),
-   learner idle fraction, time to success 0.3, ratios of medians against (a); then the break-even
-   latencies of (c) against (a), inferred by interpolation between the measured latencies, the targets
-   (met or missed on the medians, with how many runs meet them, the extremes and every run over the
-   budget; no verdict on fewer than 3 runs or on an (a) this command did not measure), and the plot
-   docs/img/train_memory_sweep.png (median episodes/s against latency, min-max bars).
-
-4. **Learning the heavy task** (``--part heavy``): k3_tiny trains on ``env=kv_lookup`` with row (a)'s
-   setup and no emulated latency until success 0.9 or ``--heavy-minutes``: start, end and best success,
-   the time to 0.9, the curve.
-
-Parts 1-2 replace the ``bench:train`` section of docs/benchmarks.md (curves: docs/img/
-train_learning_curve.png, sync vs async: docs/img/train_sync_vs_async.png), part 3 the
-``bench:train-memory`` section, part 4 ``bench:train-heavy`` (curve: docs/img/train_heavy_curve.png).
-
-    python bench/train.py                  # everything (about an hour on 2 cores)
-    python bench/train.py --part train     # parts 1-2 (about 15-25 minutes)
-    python bench/train.py --part memory    # part 3: 3 x 12 runs of 6 iterations; many hours on 2 cores
-                                           # (each 30 s run of (a) and (b) about 70 min), on a quiet host
-    python bench/train.py --part heavy     # part 4 (at most 15 min of training)
-    python bench/train.py --quick          # smoke version: short training, 2 s latency only, 1 steady
-                                           # iteration; prints only, never writes docs/
+Design: docs/design/benchmarks.md#bench-train.
 """
 
 from __future__ import annotations

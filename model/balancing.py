@@ -1,15 +1,10 @@
 """Router-bias balancing without auxiliary losses: Quantile Balancing (K3) and the sign update (DeepSeek).
 
-The bias b only selects experts (top-k of s + b); it never weights them and gets no gradient.
+The bias only selects experts and gets no gradient. Quantile Balancing is the exact coordinate minimiser of
+the LP dual of balanced assignment, so it needs no step size and settles in a few steps; the sign update is
+SignSGD on the same dual.
 
-Quantile Balancing (K3 §2.3.3): route with top-(k+1) on s + b; the (k+1)-th biased score of token i is its
-cutoff alpha_i. The new bias is b_hat_j = -quantile_{1-k/n}(s_{:,j} - alpha), mean-centred. It is the
-exact coordinate minimiser of the LP dual of balanced assignment (target load q = m k / n per expert),
-so it has no step size and settles in a few steps. The sign update b <- b + u sign(mean load - load)
-(arXiv:2408.15664) is SignSGD on the same dual. MaxVio = (max load - mean load) / mean load.
-
-On one machine the quantile is exact (`torch.quantile`'s interpolation, computed with `topk`); with the batch
-sharded across ranks it would come from a ~1000-bin histogram and one all-reduce (not needed here).
+Design: docs/design/model.md#model-balancing.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Save / load a K3 model as `model.safetensors` + `config.json` in Moonshot's layout.
 
-The state dict already carries the checkpoint names (the module tree mirrors them; the stacked routed
-experts give per-expert names, `model.moe.RoutedExperts`), and `config.json` is
-`K3Config.to_hf_dict()` (`model_type: kimi_linear`, `architectures: [KimiLinearForCausalLM]`), so vLLM,
-sglang and transformers can read what `save_pretrained` writes. Loading is strict: a missing, unexpected or
-differently shaped tensor raises `CheckpointMismatch` naming the first such tensor. The weights file is
-written tensor by tensor (`StreamingExport`), so a sharded learner exports one unit at a time.
-`K3ForCausalLM.from_pretrained` builds the model from `read_config` and fills it with `load_pretrained`;
-this module never imports the model class (model.k3 imports it, not the other way round).
+So that vLLM, sglang and transformers read what `save_pretrained` writes; loading is strict
+(`CheckpointMismatch` names the first bad tensor), and the export streams tensor by tensor
+(`StreamingExport`) for a sharded learner.
+
+Design: docs/design/model.md#model-checkpoint.
 """
 
 from __future__ import annotations

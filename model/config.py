@@ -1,12 +1,9 @@
 """`K3Config`: the K3 policy's shape, with the ecosystem's config keys as field names.
 
-The fields are the keys of Moonshot's `config.json` (read by vLLM, sglang, llama.cpp and transformers'
-`KimiLinearConfig`), so `cfg.to_hf_dict()` *is* the `config.json` a checkpoint ships with, and a
-`conf/model/*.yaml` file lists the same keys. A few k3rl-only switches for ablations are marked as such;
-loaders outside k3rl ignore them.
+The fields are the keys of Moonshot's `config.json`, so `cfg.to_hf_dict()` is the file a checkpoint ships
+with and other loaders read it; a bad value raises `ConfigError` on construction, before any tensor.
 
-Validation happens on construction (`model.config_checks`): a bad value raises `ConfigError` naming the key
-and what to change, before any tensor is built.
+Design: docs/design/model.md#model-config.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Expert parallelism for LatentMoE: each of N ranks holds n/N routed experts, and tokens travel to their
-experts' ranks and back **in the latent space** (after W_down, before W_up), as K3's MoonEP does:
+experts' ranks and back in the latent space (after W_down, before W_up), as K3's MoonEP does.
 
-    h_t = W_down x_t                              on the token's rank, width l
-    dispatch: h_t -> rank of e, for e in TopK(t)  all_to_all, l values per (token, expert) pair
-    o_{t,e} = E_e(h_t)                            on the expert's rank
-    combine: o_{t,e} -> the token's rank          all_to_all, l values per pair
-    u_t = sum_e p_{t,e} o_{t,e}                   on the token's rank; then y = W_up RMSNorm(u) + shared(x)
+With K3's shapes every (token, expert) pair costs half the bytes of dispatching at the backbone width;
+`ExpertTraffic` counts them, and `shard_experts` splits each layer's experts over the mesh's ``ep``
+dimension as a DTensor, so a distributed checkpoint reshards them.
 
-With K3's shapes (l = d / 2) every pair costs half the bytes of dispatching x at the backbone width d.
-The gate weights p stay on the token's rank (the router's gradient never travels); the backward pass runs
-the same two exchanges in reverse (`_AllToAll`). `ExpertTraffic` counts the bytes each rank sends to
-other ranks (forward and backward), beside what the same pairs would cost at width d, and the routing
-metadata that goes first (each destination's pair count, then the expert id of every pair sent).
-
-The exchanges run in the expert-parallel process group (the ``ep`` dimension of the learner's device
-mesh, `rl.sharding`; gloo or NCCL, both implement ``all_to_all_single`` with uneven splits).
-`shard_experts` turns every LatentMoE layer's stacked experts into a DTensor split over that dimension
-(each ep rank holds n/ep of them, which FSDP shards further over the data dimension; the global tensor
-keeps every expert's name and place, so a distributed checkpoint reshards it) and routes the layer
-through `ExpertParallel`.
+Design: docs/design/model.md#model-expert-parallel.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """KDA (Kimi Delta Attention) layer: short convs, L2-norm, bounded gate, delta rule, head norm, out gate.
 
-Per head (dk = dv = `linear_attn_config.head_dim`):
-    q, k, v = SiLU(CausalDepthwiseConv_K(W x)); q, k L2-normalised (q scaled by 1/sqrt(dk) in the kernel)
-    beta = sigmoid(W_b x)                                          one per head
-    z = f_b(f_a(x)) + dt_bias                                      low-rank decay logit, bias per channel
-    g = lb * sigmoid(exp(A_log) * z)    (K3, lb = gate_lower_bound = -5)
-      = -exp(A_log) * softplus(z)       (Kimi-Linear, gate_lower_bound: null)
-    S <- S * exp(g); S <- S + beta k (v - S^T k)^T; o = S^T q     `kernels.chunk_kda` / `fused_recurrent_kda`
-    y = o_proj[ sigmoid(gate(x)) * RMSNorm_head(o) ]               gate: g_proj (K3) or g_b_proj(g_a_proj)
+Both K3's bounded gate and Kimi-Linear's (``gate_lower_bound: null``); padding is a no-op for the
+recurrence (zeroed input, g = 0, beta = 0), so a padded sequence computes as a shorter one.
 
-Padding (attention_mask = 0) is made a no-op for the recurrence: the layer input is zeroed (so the conv
-tails see zeros, as for a shorter sequence), and g = 0, beta = 0 leave the state untouched.
+Design: docs/design/model.md#model-kda.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Multi-head Latent Attention with NoPE (no rotary embedding anywhere) and K3's output gate.
 
-    c_q = RMSNorm(W_DQ x); q = W_UQ c_q -> per head [q_nope; q_extra]        (or q = W_Q x without q-LoRA)
-    [c_kv; k_extra] = W_DKV x; c_kv = RMSNorm(c_kv)                          k_extra shared by all heads
-    [k_nope; v] = W_UKV c_kv per head; key = [k_nope; k_extra], unrotated    (NoPE)
-    o = softmax(q.k / sqrt(nope + extra), causal) v
-    y = o_proj[ sigmoid(g_proj x) * o ]                              (gate when mla_use_output_gate)
+The decode cache holds only the latents (c_kv and k_extra), and decoding runs the absorbed form as MQA on
+that latent cache, so the cache per token stays small.
 
-The decode cache holds c_kv and k_extra (kv_lora + rope values per token). Decoding with a cache runs the
-absorbed form: W_UK folds into the query and W_UV into the output, so attention runs on the latent cache
-directly as MQA (H query heads, one key of width kv_lora + rope, one value of width kv_lora). The latent
-norms use eps 1e-6 like the DeepSeek/Moonshot and transformers code.
+Design: docs/design/model.md#model-mla.
 """
 
 from __future__ import annotations

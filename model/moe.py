@@ -1,25 +1,10 @@
 """LatentMoE with SiTU-GLU experts (K3 "Stable LatentMoE").
 
-    s = sigmoid(W_r x)                          full-width router, fp32
-    TopK = top-k of s + b                       b = e_score_correction_bias selects only (no gradient)
-    p_i = s_i / sum_TopK s * routed_scaling     weights from the *unbiased* scores
-    u = sum_{i in TopK} p_i E_i(W_down x)       routed experts in the latent width l
-    y = sum_j Shared_j(x) + W_up RMSNorm(u)     shared experts at full width
+Routed experts work in the latent width and are stored stacked (`RoutedExperts`, what the grouped GEMM
+takes) under Moonshot's checkpoint names; the router takes a routing-replay override (`RoutingOverride`)
+and always reports its own choice, so the learner can measure the mismatch.
 
-Routing replay (R3, "Rollout Routing Replay"): `TopKRouter.forward` takes an optional `RoutingOverride`
-of chosen expert ids per token with a mask of the tokens that have one; those tokens use the given
-experts, weighted by this router's own scores at them (so the router still gets gradients), and every
-other token routes normally. The router's own choice is computed either way and reported in
-`RouterStats.own_ids`, so the learner can measure how often it differs from the rollout's.
-
-Expert parallelism (`model.expert_parallel`): u's sum runs over experts held by other ranks, reached by
-all_to_all in the latent width l (h and the experts' outputs travel, never x).
-
-Module names follow Moonshot's checkpoints (`gate`, `experts.E.w1/w3/w2`, `shared_experts`,
-`routed_expert_down_proj`, `routed_expert_norm`, `routed_expert_up_proj`); the routed experts are stored
-stacked (`RoutedExperts`: one [E, ...] tensor per weight, what the grouped GEMM takes) and keep the
-per-expert names in their state dict. With
-`routed_expert_hidden_size: null` the block is a standard DeepSeek-V3-style MoE (experts on x).
+Design: docs/design/model.md#model-moe.
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
 """Ray actors: `RolloutWorker` (a policy copy + an `EpisodeRunner`) and `LearnerActor` (a `Learner`).
 
-Data path (the driver holds references, never the tensors or the episodes):
+The driver holds references, never the tensors or the episodes: weights go learner -> object store ->
+workers, episodes go worker -> learner unopened. In async mode a worker stages new weights beside the
+running rollout and swaps them in between turns, so generation never waits for weight loading.
 
-- weights: the learner puts its full weights in Ray's object store once per version, one sharded unit at a
-  time (`LearnerActor.publish`, and at the end of every `LearnerActor.train_step`: `rl.weights`); the
-  driver gathers every rank's blocks into one `rl.weights.PublishedWeights` and passes it to every
-  worker's `RolloutWorker.load_weights`, which fetches the blocks.
-- episodes: the driver calls `RolloutWorker.rollout` with ``num_returns=1 + groups``; it reads the first
-  reference (the echoed version, `RolloutStats` and expert loads: small) and hands the others (one list
-  of episodes per group) unopened to `LearnerActor.train_step`, which concatenates them in order.
-
-The weights version is the learner's counter; workers and driver only carry it. A worker starts with no
-weights (version -1, its policy built without init) and refuses weights older than the ones it holds,
-and, in sync mode, a batch for another version than the one it holds (`StaleWeights`).
-
-Async mode (``trainer.mode=async``): the driver keeps rollouts queued on each worker and hands every new
-version to `RolloutWorker.offer_weights`, which runs in the actor's own ``weights`` concurrency group,
-beside the running rollout: Ray fetches the state dict and it is copied into a standby policy there.
-Before each turn the rollout swaps the standby in if it is newer (a pointer swap, and never a wait on a
-copy in progress), so env stepping and generation are not stalled by weight loading at all.
-
-``rollout=vllm``: the worker's vLLM engine (`rl.vllm.engine.VllmEngine`) holds the weights, not a torch copy
-of the policy. Each version is pushed into the running engine (`load_weights`; in async mode the offered
-state dict is kept and pushed before the next turn, when no generation runs), and before a batch is
-accepted the worker asks the engine which version it really holds (`VllmEngine.require_version`).
+Design: docs/design/training.md#rl-actors.
 """
 
 from __future__ import annotations
@@ -45,7 +26,8 @@ from rl.inflight import InFlightRollout
 from rl.learner import Learner
 from rl.policy import build_policy_shell
 from rl.ranks import free_port, join_rank_group
-from rl.rollout import EpisodeRunner, RolloutStats
+from rl.rollout import EpisodeRunner
+from rl.rollout_stats import RolloutStats
 from rl.sandbox_hosts import apply_worker_environment
 from rl.shard_checkpoint import MemoryReader, learner_facts, load_from, save_to_memory
 from rl.tokenizer import build_tokenizer
@@ -75,15 +57,10 @@ class RolloutWorker:
         self.index = index
         self.tokenizer = build_tokenizer(cfg.tokenizer)
         self.placement = Placement.of(cfg.trainer.device)  # on cuda: the policy in bf16 on the GPU
-        self.model = self._policy_shell()  # no random init: `load_weights` fills it
-        self.engine = build_engine(cfg.rollout, self.model, self.tokenizer, cfg.env.action_vocabulary)
-        # rollout=vllm: the engine holds the weights (pushed into it), not a torch copy of the policy
-        self.engine_holds_weights = cfg.rollout.engine == "vllm"
-        if self.engine_holds_weights:
-            self.model = None
+        shell = self._policy_shell()  # no random init: `load_weights` fills it
+        self.engine = build_engine(cfg.rollout, shell, self.tokenizer, cfg.env.action_vocabulary)
         self.runner = EpisodeRunner(cfg.env, cfg.rollout, self.engine, self.tokenizer, cfg.sandbox)
         self.version = NO_WEIGHTS
-        self._standby = None  # async: the policy copy newer weights are loaded into, off the rollout
         self._standby_version = NO_WEIGHTS
         self._standby_lock = threading.Lock()
         self._last_call = -1  # async: the driver's number of the last rollout call this worker finished
@@ -95,13 +72,13 @@ class RolloutWorker:
             raise StaleWeights(
                 f"worker {self.index} holds weights v{self.version}; refusing older v{version}"
             )
-        state_dict = resolve(state_dict)
-        if self.engine_holds_weights:
-            self.engine.load_weights(version, state_dict)
-        else:
-            self.model.load_state_dict(state_dict)
-        self.version = version
-        return version
+        self.version = self.engine.load_weights(version, resolve(state_dict))
+        return self.version
+
+    @property
+    def model(self):
+        """The torch policy the engine samples with, None where the engine holds the weights (vLLM)."""
+        return getattr(self.engine, "model", None)
 
     @ray.method(concurrency_group=WEIGHTS_GROUP)
     def offer_weights(self, version: int, state_dict: Any) -> int:
@@ -111,13 +88,7 @@ class RolloutWorker:
         with self._standby_lock:
             if version <= max(self.version, self._standby_version):
                 return self._standby_version
-            state_dict = resolve(state_dict)
-            if self.engine_holds_weights:  # kept as is: pushed into the engine between two turns
-                self._standby = state_dict
-            else:
-                if self._standby is None:
-                    self._standby = self._policy_shell()
-                self._standby.load_state_dict(state_dict)
+            self.engine.stage_weights(version, resolve(state_dict))
             self._standby_version = version
         return version
 
@@ -130,14 +101,8 @@ class RolloutWorker:
         there (a copy in progress is not waited for: this turn keeps the current weights)."""
         if self._standby_version > self.version and self._standby_lock.acquire(blocking=False):
             try:
-                if self._standby_version > self.version and self.engine_holds_weights:
-                    self.engine.load_weights(self._standby_version, self._standby)  # no generation runs now
-                    self._standby = None
-                    self.version = self._standby_version
-                elif self._standby_version > self.version:
-                    self.model, self._standby = self._standby, self.model
-                    self.engine.model = self.model
-                    self.version = self._standby_version
+                if self._standby_version > self.version:
+                    self.version = self.engine.swap_staged()  # no generation runs now
             finally:
                 self._standby_lock.release()
         return self.version
@@ -175,8 +140,7 @@ class RolloutWorker:
     def _check_weights(self) -> None:
         if self.version == NO_WEIGHTS:
             raise StaleWeights(f"worker {self.index} holds no weights yet")
-        if self.engine_holds_weights:
-            self.engine.require_version(self.version)  # what the engine really holds, not what it was sent
+        self.engine.require_version(self.version)  # what the engine really holds, not what it was sent
 
     def _returned(self, episodes: list[Episode], stats: RolloutStats, group_size: int, call: int | None):
         """``((version, stats, expert loads), group 0, group 1, ...)`` of a finished rollout call."""
@@ -233,8 +197,7 @@ class RolloutWorker:
         ``rollout.engine``) and, for vLLM, `rl.vllm.engine.VllmEngine.stats` (engines this process built,
         each push's version and seconds, generation calls per version): how a benchmark sees that a run
         pushed every version into one running engine."""
-        extra = self.engine.stats() if self.engine_holds_weights else {}
-        return {"worker": self.index, "engine": self.cfg.rollout.engine, **extra}
+        return {"worker": self.index, "engine": self.cfg.rollout.engine, **self.engine.stats()}
 
     def close(self) -> None:
         self.runner.close()

@@ -1,15 +1,9 @@
-"""Convert a checkpoint of the earlier layout into the distributed one, in place:
+"""Convert a checkpoint of the earlier layout into the distributed one, in place.
 
-    python -m rl.checkpoint_convert RUN_DIR/checkpoints/iter_00041 [--config RUN_DIR/resolved_config.yaml]
+So that a run saved before the distributed layout resumes at any world size; the old files stay beside
+the new ones. Usage: python -m rl.checkpoint_convert RUN_DIR/checkpoints/iter_N [--config CONFIG]
 
-The earlier layout kept the learner's state in ``learner.pt`` (AdamW's state by parameter index, each
-routed expert three parameters of its own), and a sharded learner's in ``shards/rank{r}.pt`` (a flat
-fp32 slice per rank plus its experts). The conversion builds a learner of one rank from the run's config
-(``resolved_config.yaml`` two folders up, unless ``--config`` names one), puts the old weights, value head,
-reference, AdamW moments (stacked per layer in expert order), schedule, counters and RNG states into it,
-and saves it as every learner does (``learner/``, ``learner.json``, ``policy/``): the run then resumes
-from that folder at any world size. ``policy/`` is unchanged in content (same names and values); the old
-files are left beside the new ones.
+Design: docs/design/training.md#rl-checkpoint-convert.
 """
 
 from __future__ import annotations

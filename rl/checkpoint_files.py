@@ -2,14 +2,10 @@
 Ray's object store, checked, and come back the same way on resume. No rank reads or writes the
 checkpoint folder, so nodes that share no file system with the driver save and resume whole.
 
-Saving (`write_rank_files`): each rank DCP-saves into memory and puts each of its files in the object
-store with its size and SHA-256 (`RankFile`); the driver writes them into ``learner/`` (a temporary
-name, fsync, rename), reads each back and checks size and checksum, then writes ``learner.json``. The
-trainer writes ``trainer_state.json`` after that (`rl.checkpoints.write_checkpoint`), so a checkpoint
-whose save failed anywhere (a rank lost, a file cut short) is never taken for a complete one.
+Every file is checked for size and SHA-256 before ``learner.json`` is written, so a failed save is never
+taken for a complete one.
 
-Loading (`put_checkpoint_files`): the driver checks every file against the manifest, puts each in the
-object store, and each rank fetches the ones its shards need (`rl.shard_checkpoint.MemoryReader`).
+Design: docs/design/training.md#rl-checkpoint-files.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """How a `rl.learner.Learner` rank shares the batch with the others (``trainer.learner.world_size``; a
 learner of one rank is the group of size 1, where every share is the whole).
 
-- **Rows**: every rank receives the whole batch (collating it is cheap) and computes the advantages on it;
-  each optimizer step's rows (whole groups, ``algo.minibatches`` of them per batch) are split into
-  ``world_size`` equal runs of whole groups, and a rank forwards only its run (`local_rows`). Per-token
-  tensors the whole batch needs (the pre-update log-probs and values) are gathered back (`gather_rows`).
-- **Loss**: each rank's loss is its share of the global loss (`loss_shares`: its token or sequence
-  count over the global one, as ``algo.loss_aggregation`` weighs them), so the gradients summed over the
-  ranks are the single-rank gradient (FSDP2 sums them, `rl.sharding`).
-- **Weights**: not here: `rl.sharding` shards them.
-- **Balancing**: quantile balancing needs every rank's router scores of the step: they are gathered
-  exactly (`pooled_scores`, one all_gather of [tokens, experts] per MoE layer) and every rank solves the
-  same bias. Exact, at the cost of m x n floats per layer on each rank; a sharded histogram would send
-  ~1000 bins per expert instead, and approximate the quantile.
+Each rank forwards its run of whole groups and its loss is its share of the global loss, so the summed
+gradients equal the single-rank ones; router scores are gathered exactly for quantile balancing.
+
+Design: docs/design/training.md#rl-data-parallel.
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
 """`python -m rl.demonstrations [overrides]`: demonstration episodes of a scripted expert, as JSONL.
 
-The task config's scripted expert (``env.expert``, see ``rl.experts``) plays the task in a real sandbox,
-through ``env.step(action_text)`` like a policy, for ``num_episodes`` episodes; each episode is written as one
-JSON line in the token layout the RL loop produces (``rl.rollout``, ``rl.episode.Episode``)::
+The expert plays the task in a real sandbox like a policy, and each episode is written in the RL loop's token
+layout under the same limits, so SFT trains on exactly what RL produces. Seeded, so a command writes the
+same file every time; written atomically (``overwrite=true`` to replace).
 
-    <|bos|> <|observation|> obs₀ <|end|> <|action|>  act₀ <|end|>  <|observation|> obs₁ <|end|> <|action|>
-    └──────── written by the trainer: mask 0 ───────┘└ policy: 1 ┘└──────────── mask 0 ─────────────┘
-
-The action tokens and their closing ``<|end|>`` (which the policy generates) have ``action_mask`` 1,
-everything else 0; each step's reward sits on the last token of its action. The env is stepped with
-the decoded action tokens, as the RL loop does, and the same limits apply: an action longer than
-``env.max_new_tokens`` or outside ``env.action_vocabulary`` is an error (the policy could never produce
-it), and an episode is cut where ``env.max_episode_tokens`` would cut it. Besides the `Episode` fields,
-a line carries the action texts, the episode reward, the expert's quality and the tokenizer.
-
-The config is the training config (``conf/config.yaml``: env, sandbox, tokenizer, seed) plus
-``conf/demonstrations.yaml``'s own keys (``expert.quality``, ``num_episodes``, ``out``, ``overwrite``).
-Episode seeds come from ``seed`` (a stream of their own, apart from the training seeds), so a command
-writes the same file every time. The file is written next to ``out`` and renamed into place at the
-end: an interrupted run leaves no half-written file, and an existing file is replaced only with
-``overwrite=true``.
-
-Examples::
-
-    python -m rl.demonstrations env=guess_number expert.quality=bisection num_episodes=100 out=demos.jsonl
-    python -m rl.demonstrations env=find_value expert.quality=wasteful num_episodes=50 out=fv.jsonl
+Design: docs/design/training.md#rl-demonstrations.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Where the policy runs (``trainer.device``) and what that asks of Ray and of the tensors.
 
-``auto`` resolves to ``cuda`` when torch sees a GPU, else ``cpu``; ``cuda`` on a host without one is a
-config error (`check_device`, run with the config checks). The driver resolves the setting once
-(`resolve_device`) and hands the actors the resolved value, so the learner and every rollout worker
-agree on it and Ray is asked for GPUs only when they will be used.
+The driver resolves ``auto`` once and hands the actors the result, so every actor agrees and Ray is asked
+for GPUs only when they are used; on CUDA the policy runs in bf16 (rollout) or under bf16 autocast over
+fp32 master weights (learner); on the CPU nothing changes.
 
-On CUDA the actors' GPU shares must fit (`GpuDemand`, checked with the config): Ray places each share on
-one GPU, and a learner of several ranks needs one whole GPU per rank (NCCL refuses two ranks on one GPU).
-
-On CUDA (`Placement`): rollout workers hold the policy in bf16 on the GPU; the learner keeps its fp32
-weights and AdamW state (as on the CPU) on the GPU and runs forward and backward under bf16 autocast.
-The model's ops pick their Triton kernels for CUDA tensors by themselves (`kernels.dispatch`). On the CPU
-nothing changes: fp32, no autocast, no GPU request.
+Design: docs/design/training.md#rl-device.
 """
 
 from __future__ import annotations

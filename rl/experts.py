@@ -1,32 +1,10 @@
 """Scripted experts: hand-written policies for the built-in tasks, used to write demonstration episodes.
 
-An expert plays a task exactly as a learned policy does: it reads the observation texts and answers
-with action texts that go through ``env.step(action)``. It never reads the task's hidden state (the
-number in ``guess.sh``'s state file, the value in the file tree, the tests of the module): what it
-knows is what a competent human player knows about the task's rules and, for FixCode, a catalogue of
-bugs and their fixes, matched against the source the expert has ``cat``-ed.
+An expert plays through ``env.step(action)`` as a policy does and never reads the task's hidden state; its
+``quality`` knob writes demonstrations of different skill. Get one with :func:`expert_for`; a task names
+its expert in ``env.expert``.
 
-Every expert has a ``quality`` knob so that demonstrations of different skill can be written:
-
-================================  ==========================  ============================================
-task                              quality                     play
-================================  ==========================  ============================================
-``agentenv/GuessNumber-v0``       ``bisection`` (default)     the middle of the range the answers allow
-                                  ``linear``                  the smallest number still allowed
-                                  ``random_split``            a random number in the allowed range
-``agentenv/KVLookup-v0``          as GuessNumber              (its first observation ``key K: 0-5``)
-``agentenv/FindValue-v0``         ``grep`` (default)          ``grep -r 'value:' .`` then ``submit``
-                                  ``wasteful``                ``ls`` each folder, ``cat`` file by file
-``agentenv/FixCode-v0``           ``fix`` (default)           ``cat``, the known fix, run tests, submit
-                                  ``partial_fix``             the same with a plausible partial fix
-================================  ==========================  ============================================
-
-Which expert plays a task is the task config's ``env.expert``: ``module:Name`` of an `Expert` subclass
-(as the built-in configs name the classes here) or of a plain function ``observation -> action`` (a
-`FunctionExpert` of one quality, the function's name), so a task of one's own brings its expert along.
-Use :func:`expert_for` to get one: ``expert_for("rl.experts:GuessNumberExpert", quality="linear",
-seed=3)`` (a built-in task's env id works too: `expert_spec` reads it from conf/env/); then
-``expert.start(first_observation)`` and ``expert.act(observation)`` for every turn.
+Design: docs/design/training.md#rl-experts.
 """
 
 from __future__ import annotations

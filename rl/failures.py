@@ -1,17 +1,9 @@
 """Why an episode failed: the kind of infrastructure failure behind an exception, for the metrics.
 
-An episode *fails* when something other than the task's rules ended it (``Episode.error`` set by the
-runner): its reward is not a judgement of the policy, so it is left out of its group's advantage
-statistics and of the loss (``rl.algos.usable_episodes``, ``algo.min_valid_members``). Its ``failure``
-kind is counted per iteration (``failed_<kind>`` metrics):
+A failed episode's reward says nothing of the policy, so it is left out of advantages and loss; its kind
+(``sandbox_lost``, ``exec_timeout``, ``runtime_error``) is counted per iteration as ``failed_<kind>``.
 
-- ``sandbox_lost``: the sandbox (container, checkpoint, shell session, remote host or the runtime under
-  it) went away or refused the operation;
-- ``exec_timeout``: the platform's per-command limit (``command_timeout_s``) killed a command, as
-  opposed to the agent's own command limit inside the task (e.g. FindValue's ``timeout 5``), which is
-  part of the game;
-- ``runtime_error``: any other exception of the task or the runner (a bug, a broken program in the
-  sandbox).
+Design: docs/design/training.md#rl-failures.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
-"""``trainer.eval_every=K``: every K iterations the rollout workers play held-out games with the weights just
-published, and the iteration's metrics get ``eval_success``, ``eval_reward``, ``eval_turns`` and
-``eval_failed_episodes`` beside the training ``success``.
+"""``trainer.eval_every=K``: every K iterations the rollout workers play held-out games with the weights
+just published, and the iteration's metrics get ``eval_success`` and the other ``eval_*`` figures beside
+``success``.
 
-The games are ``trainer.eval_episodes`` task seeds of their own stream (`rl.seeds.eval_seeds`, apart from
-the training seeds), the same games at every evaluation, so the numbers compare across iterations; each
-is played once (a group of one), sampled as in training (``rollout.temperature``), by the same workers
-and `rl.rollout.EpisodeRunner` as the training episodes, between two iterations of sync training. The
-episodes are not trained on.
+The same games at every evaluation (a seed stream of their own), so the numbers compare across
+iterations; the episodes are not trained on.
+
+Design: docs/design/training.md#rl-heldout.
 """
 
 from __future__ import annotations

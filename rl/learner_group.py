@@ -1,23 +1,11 @@
 """The driver's handle on the learner: one `rl.actors.LearnerActor`, or ``trainer.learner.world_size``
 of them placed by one Ray placement group and joined in one ``torch.distributed`` group.
 
-Every call goes to every rank (they run the same collectives) and returns rank 0's answer, except the
-weights and the checkpoints, which every rank has a part of: `train_step` and `publish` gather every
-rank's weight blocks into one `rl.weights.PublishedWeights`; `save` writes every rank's checkpoint files
-into the driver's folder and checks them, then exports ``policy/`` from the published weights, and
-`load` sends a checkpoint's files back (`rl.checkpoint_files`): no rank touches the folder. The ranks'
-bundles each ask for what one learner asks for (``trainer.learner_cpus``, ``learner_resources``, a GPU
-share on CUDA), packed onto as few nodes as fit: one node with room for all of them holds them all; on a
-cluster whose nodes offer ``learner: 1`` each, they land one per node. The process group's address is
-rank 0's node IP and a port free there, asked from rank 0 itself once Ray has placed it.
+Every call goes to every rank and returns rank 0's answer (weights and checkpoints are gathered from all).
+A rank that fails ends the run with `LearnerRankLost` naming the rank whose actor died, so the ranks'
+shards never silently diverge.
 
-A rank that fails (its process or node lost, an exception) ends the call with `LearnerRankLost`, which
-names the rank and its node: the run stops there (a learner rank is never restarted, so the ranks'
-shards cannot silently diverge); the last complete checkpoint is untouched and resumes the run. When a
-rank's process dies, its peers' collectives fail at once, often before Ray has declared the actor dead:
-the first call to fail is then a survivor's. So the rank named is the one whose actor Ray says died (its
-call or a ping fails with `RayActorError`, waited for up to ``DEATH_WAIT_S``), and only when none died
-(an exception in a live rank) the first one whose call failed (`lost_rank`).
+Design: docs/design/training.md#rl-learner-group.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """The learner's rank group: which process of a ``trainer.learner.world_size`` learner this one is, and
 the few collectives the sharded learner needs on top of ``torch.distributed``.
 
-The group is a real ``torch.distributed`` process group: gloo when the learner runs on the CPU, NCCL on
-CUDA (`backend_for`). A collective takes tensors on the device its backend works on, and one function
-says which (`collective_device`: cpu for gloo, cuda for NCCL, which refuses CPU tensors); the group's
-collectives check it (`RankGroup.device`). Its rendezvous address (the IP of rank 0's node and a free port
-there) comes from Ray in `rl.learner_group`; tests spawn plain processes with a loopback address. One
-group per process: the learner is the only user of ``torch.distributed`` in a learner actor. A learner of
-one rank runs in a group of size 1 that it makes itself (`join_single_rank`: an in-memory store, gloo
-bound to the loopback interface), so it takes the sharded learner's path (`rl.sharding`).
+gloo on the CPU, NCCL on CUDA; a learner of one rank joins a group of size 1 of its own, so it takes the
+same sharded path as a larger one.
+
+Design: docs/design/training.md#rl-ranks.
 """
 
 from __future__ import annotations

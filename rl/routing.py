@@ -1,18 +1,10 @@
 """Routing replay (R3) on the learner's side: the rollout's recorded experts as a forward's override, and
 how often the learner's own routing differs from them.
 
-MoE RL drifts apart when the rollout engine and the learner send the same token to different experts:
-the learner then trains a different computation than the one that sampled the token (Megatron-LM's and
-slime's "Rollout Routing Replay"). The rollout engine records, for every generated token, the experts of
-each MoE layer at the position that sampled it (`rl.generation.Generation.routes`); `Batch.routes` lays
-them out on the batch's input positions. With ``algo.routing_replay`` the learner's forward uses them
-(`recorded_routes`); either way the learner logs `routing_mismatch`: the share of generated tokens whose
-own top-k set differs from the record, per MoE layer (``routing_mismatch/layerN``), their mean over the
-layers (``routing_mismatch``) and the share that differ in any layer (``routing_mismatch_any``). With
-replay on, the router's own choice is still computed in the same forward (`RouterStats.own_ids`).
+MoE RL drifts when rollout and learner route a token differently; ``algo.routing_replay`` trains on the
+rollout's routes, and `routing_mismatch` is logged from counts summed over the ranks.
 
-The shares are derived from counts (`mismatch_counts`, then `mismatch_metrics`), so that a sharded learner
-sums its ranks' counts before dividing: the logged figures are the whole batch's, not one rank's rows'.
+Design: docs/design/training.md#rl-routing.
 """
 
 from __future__ import annotations

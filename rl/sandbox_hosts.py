@@ -1,18 +1,10 @@
 """``sandbox.hosts``: the rollout sandboxes on `agentenv serve` hosts instead of this machine's Docker.
 
-The ``sandbox`` group is AgentENV's `SandboxConfig` (conf/sandbox/default.yaml) plus one run setting,
-``hosts`` (set in conf/config.yaml, like ``model.init_from``): a list of server URLs. Empty or null (the
-default) keeps every sandbox local. Set, each task's sandbox is created through ``agentenv.remote`` on
-the host with the most free memory (``SandboxTask(sandbox={"hosts": [...]})``), and the task talks to a
-`RemoteSandbox` with the same methods as a local `Sandbox`: the step path does not change. A sandbox
-found paused when its episode leases it resumes where there is memory for it: moved to another host when
-its own lacks room (`agentenv.factory.RemoteSandboxes.lease`, `agentenv.remote.SandboxHosts.resume`).
+Each sandbox is created on the host with the most free memory and used through a `RemoteSandbox` with the
+same methods as a local one, so the step path does not change; the API key reaches the workers as a
+constructor argument, never through Ray's ``runtime_env`` or the saved config.
 
-Remote sandboxes take their limits (memory, CPUs, ...) from their host's own sandbox config; the run's
-``sandbox`` keys other than ``image`` do not apply to them. The hosts' API key is ``$AGENTENV_API_KEY``
-in the driver's environment; the driver hands it to each rollout worker as a constructor argument
-(`worker_environment`), not through Ray's ``runtime_env`` (whose agent writes it to its log) nor the
-config (which is saved with the run).
+Design: docs/design/training.md#rl-sandbox-hosts.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """``python -m rl.train stage=sft data=demos.jsonl``: the supervised cold start before RL.
 
-The policy is trained with next-token cross-entropy (`rl.algos.sft_loss`) on the action tokens of the
-demonstration episodes that ``python -m rl.demonstrations`` wrote in the RL loop's token layout; the
-observation tokens (``action_mask`` 0) are context only. Hyper-parameters: ``conf/sft/*.yaml``.
+Next-token cross-entropy on the demonstrations' action tokens, with the RL loop's balancing, logging and
+checkpoint layout, so ``model.init_from=RUN_DIR`` starts RL from the result; the data order depends only on
+``(seed, epoch)``, so a resume continues bit for bit.
 
-- A seeded fraction of the episodes (``sft.holdout_fraction``) is held out; at the end the action-token
-  loss and accuracy on it are logged and written to ``sft_result.json``.
-- The batch order of each epoch is a permutation drawn from ``(seed, epoch)``, so the data a step sees
-  depends only on its index: ``trainer.resume=RUN_DIR`` continues bit for bit.
-- After every optimizer step the MoE routers are balanced as in RL (`Learner._balance_experts`).
-- Logging is the RL loop's (`rl.metrics`: console, ``metrics.jsonl``, TensorBoard, the plot), and so is
-  the checkpoint layout (``rl.checkpoints``; a step counts as an iteration): ``model.init_from=RUN_DIR``
-  starts RL from the result.
+Design: docs/design/training.md#rl-sft.
 """
 
 from __future__ import annotations

@@ -2,22 +2,10 @@
 checkpoint written at one world size loads at any other (N -> 1, 1 -> N, 2 -> 4, with or without expert
 parallelism: DCP reshards each DTensor).
 
-A checkpoint folder holds, besides the trainer's own files (`rl.checkpoints`):
+A folder holds ``learner/`` (DCP's files), ``learner.json`` (the verified manifest) and ``policy/`` (full
+weights for ``model.init_from`` and vLLM); written locally or through the driver (`rl.checkpoint_files`).
 
-- ``learner/``: DCP's files, one ``__R_0.distcp`` per rank and ``.metadata``: the policy and the value
-  head (``model.*`` by parameter name, stacked experts included), AdamW's state by parameter name, the
-  KL reference, the schedule with the version and step counters (``trainer``), and each rank's RNG
-  states (``rng.R``);
-- ``learner.json`` (`MANIFEST`): world size and expert parallelism of the writer, version, steps, and
-  every file of ``learner/`` with its size and SHA-256, written once they are verified;
-- ``policy/``: the full weights as ``save_pretrained`` writes them (per-expert names), what
-  ``model.init_from`` and vLLM read; not read on resume.
-
-Two ways to move the bytes: a learner whose ranks share the folder writes it with DCP's file writer
-(`save_local` / `load_local`: tests, SFT); a Ray learner's ranks write into memory (`save_to_memory`),
-and the driver writes every rank's files into its own folder and checks them (`rl.checkpoint_files`),
-so a cluster without a shared file system still gets whole checkpoints; loading goes the other way
-(`MemoryReader`). Either way the layout is the same.
+Design: docs/design/training.md#rl-shard-checkpoint.
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
 """The learner's policy on PyTorch's own sharding: FSDP2 (``fully_shard``) block by block on a device
 mesh whose two dimensions are data and expert parallelism.
 
-- **Mesh** (`LearnerMesh`): ``world_size`` ranks as ``(dp, ep)`` = ``(world_size / expert_parallel,
-  expert_parallel)``; its flattened 1-d view (every rank) is what the backbone is sharded over. A
-  learner of one rank is the mesh of size 1 (same code path; its collectives are local copies).
-- **Units**: every decoder layer is one ``fully_shard`` unit, and so are the embedding and the LM head
-  (untied) and the rest (final norm, AttnRes output mix) as the root; the PPO value head and the KL
-  reference are roots of their own. Each parameter is a DTensor holding 1/N of its rows; a unit's full
-  weights exist only while it runs (forward, then again in backward), the next unit's gather prefetched,
-  so a step's peak is about two units' full weights beside this rank's shards, gradients and AdamW state.
-- **Routed experts**: stacked ``[E, out, in]`` (`model.moe.RoutedExperts`), each layer's experts a unit
-  of their own on the ``dp`` dimension; with ``expert_parallel`` > 1 they are first split over the ``ep``
-  dimension (`model.expert_parallel.shard_experts`: a DTensor sharded on the expert dimension, tokens
-  exchanged by all_to_all in the latent width), so a rank holds its E/ep experts, further cut over dp.
-- **Router bias**: ``e_score_correction_bias`` is ignored by FSDP (``ignored_params``): a plain
-  parameter, whole on every rank, which quantile balancing updates in place from the global statistics.
-- **Gradients**: summed over the ranks (each rank's loss is its share of the global loss; divide factor
-  1, plain SUM reductions, which gloo also has); with ``expert_parallel`` the all_to_all's backward
-  already brings every rank's tokens' contribution to an expert, and FSDP sums the dp replicas.
-- **Mixed precision**: when the policy computes in bf16 (CUDA), each unit gathers bf16 weights and
-  reduce-scatters fp32 gradients (``MixedPrecisionPolicy``); the sharded fp32 weights are the master copy.
+A unit's full weights exist only while it runs, so a step's peak is about two units' weights beside this
+rank's shards; `ShardedPolicy.full_units` publishes weights unit by unit, never a second full copy.
 
-`ShardedPolicy.full_units` hands out the full weights unit by unit (publishing to the rollout workers,
-``save_pretrained``), never a second full copy of the model on a rank.
+Design: docs/design/training.md#rl-sharding.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """What an iteration's episodes say about the task: how many were cut short, and the task's own numbers.
 
-- ``episodes_cut_by_max_turns``: episodes the task truncated at its ``max_turns`` (the turn limit ended
-  them, not the task's rules); ``episodes_cut_by_tokens``: episodes the runner stopped because their next
-  turn would not fit ``env.max_episode_tokens`` (observations and actions count), which the task never
-  sees. Many of the latter mean the limit is too low for the task's observations.
-- ``<Task>/<key>``: every numeric key (bools count 0/1) that the task puts in ``Outcome.info``: per
-  episode, the mean over its steps that reported the key; per iteration, the mean over the episodes that
-  did. ``<Task>`` is the env id's name (``my_tasks:my/CountFiles-v0`` -> ``CountFiles``).
+``episodes_cut_by_max_turns``, ``episodes_cut_by_tokens`` (many mean ``env.max_episode_tokens`` is too
+low) and ``<Task>/<key>`` for every number the task puts in ``Outcome.info``; failed episodes are left out.
 
-Failed episodes are left out, as from the success rate (`rl.trainer`).
+Design: docs/design/training.md#rl-task-metrics.
 """
 
 from __future__ import annotations

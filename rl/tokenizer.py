@@ -1,13 +1,10 @@
 """Tokenizers: a byte-level one with special turn tokens (the default, nothing to download) and a wrapper
 around a Hugging Face tokenizer stored in a local folder.
 
-A multi-turn episode is laid out as::
+Token ids are kept as generated (token in, token out), so earlier turns of an episode are never
+re-tokenised.
 
-    <|bos|> <|observation|> obs₀ <|end|> <|action|> act₀ <|end|> <|observation|> obs₁ <|end|> <|action|> ...
-
-The policy generates the action bytes and the closing ``<|end|>``; everything else is written by the
-trainer from the environment's observations. Token ids are kept as generated (token in, token out),
-so earlier turns are never re-tokenised.
+Design: docs/design/training.md#rl-tokenizer.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """`python -m rl.train [overrides]` (console script `k3rl-train`): the Hydra entry point of k3rl.
 
-Composes ``conf/config.yaml`` (groups ``model/ algo/ env/ sandbox/ rollout/ trainer/``; the user's own
-configs from ``./conf`` and ``--config-dir DIR``, `rl.config.command_line`), checks it against the typed
-schemas of ``rl.config`` and the task's options against its signature, makes, resets and steps one env
-of the task here (`rl.preflight`), then starts Ray and trains. Hydra's run folder
-(``outputs/<date>/<time>/``) receives the resolved config, the log, ``metrics.jsonl``, TensorBoard
-events, checkpoints, the learning-curve plot and, with ``trainer.log_samples``, ``samples.txt``; their
-paths are printed at the end. A config mistake, on the command line or in a file, stops the run before
-anything starts with one line naming the key, where it came from and the nearest valid names (exit 2);
-a task that cannot start stops it with the frames of the task's own files (exit 1). Task modules are
-imported from the working directory, as ``python -m`` does, also through the ``k3rl-train`` script.
+Composes and checks the config, tries one env of the task here (`rl.preflight`), then starts Ray and
+trains into Hydra's run folder. A config mistake stops the run before anything starts with one line (exit
+2); a task that cannot start stops it with its own frames (exit 1).
 
-Examples::
-
-    python -m rl.train                                  # GRPO on GuessNumber with the tiny K3 policy
-    python -m rl.train algo=ppo trainer.iterations=50
-    python -m rl.train env=find_value rollout.num_workers=2
-    python -m rl.train trainer.resume=outputs/2026-11-30/06-00-00
-    python -m rl.train stage=sft data=demos.jsonl       # supervised cold start (conf/sft/)
-    python -m rl.train model.init_from=outputs/2026-11-30/07-00-00   # RL from the SFT run's weights
+Design: docs/design/training.md#rl-train.
 """
 
 from __future__ import annotations

@@ -2,15 +2,10 @@
 """Check the backend seam: only `agentenv.backend` talks to Docker, containerd and CRIU, reading every
 module's imports with `ast` (nothing is run).
 
-Outside `agentenv/backend/` a module may import from it only the seam's types and the engine-neutral
-helpers (`PUBLIC`); the backend object itself comes from `agentenv.runtime.runtime()`, the one module that
-may import the selector. The Docker SDK (`docker`, `docker.*`) is imported nowhere else. Every import
-counts: at module level, inside a function and under ``if TYPE_CHECKING``; relative ones are resolved.
-And the package is a layer: nothing it imports from the rest of AgentENV imports it back (`loops`: the
-import circles of the package taken as one node, as scripts/import_cycles.py reads imports).
+Every import counts, lazy and ``TYPE_CHECKING`` ones too, and the package must be a layer (no import
+circle through it). Usage: python scripts/backend_seam.py [FOLDER ...]; exit 1 on a breach.
 
-    python scripts/backend_seam.py                  # agentenv rl model kernels scripts; exit 1 on a breach
-    python scripts/backend_seam.py bench            # only these folders (a package, or loose scripts)
+Design: docs/design/tooling.md#scripts-backend-seam.
 """
 
 from __future__ import annotations

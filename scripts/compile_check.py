@@ -1,27 +1,10 @@
 """Compile every Triton kernel under ``kernels/`` ahead of time for an NVIDIA GPU, without a GPU.
 
-    python scripts/compile_check.py                          # sm_90 (H100/H200), K = V = 128, bf16
-    python scripts/compile_check.py --arch 80 --head-dim 64
-    python scripts/compile_check.py --kernel state --shared-memory-kib 99   # a smaller part, some kernels
+The interpreter the tests use accepts programs Triton's compiler rejects, so this binds every launch of
+the real entry points as on a GPU and compiles each specialisation to PTX. Must run with
+``TRITON_INTERPRET`` unset. Usage: python scripts/compile_check.py [--arch 90] [--head-dim 128]
 
-The interpreter used by the tests accepts programs that Triton's compiler rejects (layouts, shapes,
-shared-memory overruns), so this lowers every kernel to PTX and runs the bundled ``ptxas``.
-
-Nothing here restates a kernel's arguments. The real host entry points (``chunk_kda_triton`` forward
-and backward, ``fused_recurrent_kda_triton``, ``situ_glu_triton``, ``moe_experts_triton``) run on small
-CPU tensors while Triton's launch is replaced by a recorder, which binds each launch with Triton's own
-binder for the target exactly as ``JITFunction.run`` does on a GPU: argument types, ``tl.constexpr``
-values, alignment/divisibility specialisations and launch options (``num_warps``, ``num_stages``) all
-come from the kernel's signature and the call. The shapes keep what reaches the compiler at its
-benchmark values (head dims, block sizes, multiples of 16) and are otherwise small. Every distinct
-specialisation is then compiled.
-
-Prints one line per specialisation: shared memory, registers per thread and stack (spill) bytes per
-thread (``cuobjdump --dump-resource-usage``). Exits non-zero when a kernel fails to compile, needs more
-shared memory than the target has, or when a ``@triton.jit`` kernel under ``kernels/`` is never launched
-by the entry points above (device functions are compiled inside the kernels that call them).
-Must run with ``TRITON_INTERPRET`` unset (interpreted kernels cannot be compiled). Written against
-Triton 3.9's ``JITFunction.run``.
+Design: docs/design/tooling.md#scripts-compile-check.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The E2B compatibility table of docs/agentenv.md, rendered from the last recorded run of our SDK tests.
 
-Each public method of the `e2b` SDK's sandbox classes is a row: `Sandbox`, `AsyncSandbox` and every class
-their properties and methods return (`sb.files`, `sb.commands`, `sb.pty`, `sb.git`, handles, paginators),
-found by introspection of the installed SDK (`sdk_classes`), so a new method is a new row. The recorded
-run (`RUN_FILE`, written by tests/server/conftest.py) says, per test, which of those methods the test
-itself called (calls the SDK makes inside its own methods do not count) and whether the test passed. A
-row's sync and async cells read `yes (tests)` when a passing test called the method, `refused (tests)`
-when the server refuses it by design (`REFUSED`) and a passing test checks that refusal, `fails (tests)`
-when only failing tests called it, `untested` when no test did (skipped ones do not count), `—` when that
-flavour lacks the method.
-The "HTTP / RPC" and notes columns are this script's (`NOTES`).
+One row per public method of the installed `e2b` SDK (found by introspection, so a new method is a new
+row), each cell read from which passing tests called it. Usage: python scripts/e2b_compat.py [--check]
 
-    E2B_COMPAT_RECORD=1 .venv/bin/pytest tests/server/test_server_e2b.py -p no:cacheprovider  # re-record
-    .venv/bin/python scripts/e2b_compat.py           # rewrite the table of docs/agentenv.md from the run
-    .venv/bin/python scripts/e2b_compat.py --check   # exit 1, with a diff, when the table differs
+Design: docs/design/tooling.md#scripts-e2b-compat.
 """
 
 from __future__ import annotations

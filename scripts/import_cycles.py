@@ -1,16 +1,10 @@
 #!/usr/bin/env python3
 """Find import circles inside the project's packages, reading the imports with `ast` (nothing is run).
 
-Every import counts: at module level, inside a function (a lazy import) and under ``if TYPE_CHECKING``,
-since each says that one module's idea depends on another's. ``from a.b import c`` is an edge to module
-``a.b.c`` when that is a module (a file or a package), else to ``a.b``; relative imports are resolved
-against the importing module's package. Each import is also an edge to the packages Python runs first
-(``import a.b.c`` and ``from a.b import c`` run ``a/__init__.py`` and ``a/b/__init__.py``), except the
-importing module's own packages, which ran before it. A circle is a strongly connected group of two or
-more modules (or a module importing itself); each is printed with one path around it.
+Every import counts (lazy and ``TYPE_CHECKING`` ones too, and the packages Python runs first).
+Usage: python scripts/import_cycles.py [PACKAGE ...]; exit 1 on any circle.
 
-    python scripts/import_cycles.py                 # agentenv rl model kernels; exit 1 on any circle
-    python scripts/import_cycles.py agentenv rl     # only these packages
+Design: docs/design/tooling.md#scripts-import-cycles.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Hand a checkpoint in the store to Docker's own `start --checkpoint` without copying its memory image.
 
-Docker 20.10 restores only from `<docker root>/containers/<id>/checkpoints/<name>/` (`--checkpoint-dir`
-is refused on start), and on every restore it tars that folder into containerd's content store, which
-unpacks it again into a fresh `<containerd tmp>/ctrd-checkpoint*` folder for runc (moby #40644: two full
-copies plus a SHA-256 of the whole memory image). Here the folder Docker sees holds real copies of CRIU's
-small metadata files and *symlinks* for the page images (`pages-*.img`, nearly all bytes), so those
-copies move kilobytes, and N forks of one checkpoint all read the same page images.
+Docker restores only from its own folder and copies it twice on the way; the folder built here holds copies
+of CRIU's small metadata files and links to the page images, so a restore (and N forks of one checkpoint)
+moves kilobytes instead of the whole memory image.
 
-The symlinks are relative and climb far past `/` ("../" x 64, then the absolute path): CRIU opens the
-page images after it has entered the container's mount namespace, where an absolute target would resolve
-inside the container's root; a relative target resolves from the folder CRIU opened beforehand, on the
-host, and extra ".." stop at the host's root. With `link_pages=False` the page images are hard links
-(no copy on disk; Docker's tar and containerd's untar then move every byte).
-
-Each folder carries a restore token (containerd.RESTORE_TOKEN_FILE) so that the unpacked copy containerd
-leaves behind can be found and removed after the restore.
+Design: docs/design/sandboxes.md#agentenv-backend-checkpoint-dir.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Docker's containerd, found rather than assumed: its socket, state dir and temp dir; the `ctr` calls
 the fast path makes; and the one cleanup of the checkpoint copies containerd leaves behind.
 
-Which containerd dockerd talks to (the order dockerd itself follows, Docker 20.10):
-1. `--containerd=PATH` on dockerd's command line;
-2. `"containerd": PATH` in dockerd's config file (`--config-file`, default /etc/docker/daemon.json);
-3. the system containerd, when its socket /run/containerd/containerd.sock exists (dockerd then starts
-   none of its own);
-4. otherwise the containerd dockerd starts itself, at `<exec-root>/containerd/containerd.sock`
-   (`--exec-root` or `exec-root` in the config file, default /var/run/docker).
-The containerd process serving that socket tells where it keeps task bundles (its `state` dir, holding
-CRIU's restore logs) and where it unpacks checkpoints ($TMPDIR, default /tmp).
+Found the way dockerd itself finds it, so the fast path talks to the containerd Docker uses; the copies
+containerd unpacks on every restore and never deletes are removed here (and by `agentenv gc`).
 
-Leftovers: on every restore through Docker, containerd unpacks the checkpoint folder into
-`<its TMPDIR>/ctrd-checkpoint*` and never deletes it (containerd #10166). Every folder AgentENV hands to
-Docker carries a token file (`RESTORE_TOKEN_FILE`); the copy holding this restore's token is deleted
-right after it, and `agentenv gc` deletes any copy with a token older than its stale age.
+Design: docs/design/sandboxes.md#agentenv-backend-containerd.
 """
 
 from __future__ import annotations

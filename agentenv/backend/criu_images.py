@@ -1,12 +1,9 @@
 """The one edit AgentENV makes to CRIU's images: give the dumped init (PID 1) another PID.
 
-A pause dumps the container's whole process tree from its init, so that one CRIU run catches every
-process at one instant with its sessions and process groups. The container's init stays running (it is
-the warm shell a resume restores into), so a restore cannot recreate PID 1: before it, the dumped init
-becomes PID `new_pid` in `pstree.img` (and in the names of its per-task images), CRIU restores that copy
-with the rest of the tree under it, and the runtime kills the copy, whose children then belong to the
-container's real init again. Images are CRIU's own format: a magic header, then one length-prefixed
-protobuf message per entry (`PstreeEntry`: pid, ppid, pgid, sid, threads).
+A pause dumps the whole tree from the container's init, which stays running as the warm shell, so a
+restore cannot recreate PID 1: the dumped init is renumbered in `pstree.img`, restored as a copy, and killed.
+
+Design: docs/design/sandboxes.md#agentenv-backend-criu-images.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""Run commands in a running container through Docker's exec API, with AgentENV's guarantees:
+"""Run commands in a running container through Docker's exec API, with AgentENV's guarantees.
 
-- the command runs under coreutils `timeout`, which makes it a process-group leader and, at the
-  deadline, signals the whole group (TERM, then KILL after a grace period); should even that fail, the
-  host kills every process attached to the exec's pipes and the groups they lead (`kill_attached`);
-- stdout and stderr are read from the multiplexed stream and each capped at `output_limit` bytes (the
-  rest is read and dropped, so the command is never blocked by a full pipe); `truncated` says so;
-- stdin is written by a helper thread, so a command that writes before it reads cannot deadlock.
+A command is always killed at its deadline (its whole process group), its output is capped without ever
+blocking it, and its stdin cannot deadlock it; `DockerShell` is a session's shell, read and killed the
+same way.
 
-Three API calls per exec (create, start, inspect) on the shared client: ~30 ms on an idle machine.
-`DockerShell` is a session's shell (`SandboxBackend.open_shell`): one exec with its stdin open, read the
-same way (`ExecStream`), killed the same way (`kill_attached`).
+Design: docs/design/sandboxes.md#agentenv-backend-docker-exec.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """The two ways a running container's processes get dumped into the checkpoint store.
 
-Both leave the container stopped (no process, no memory) and the CRIU images in the store folder given,
-or raise CheckpointError with CRIU's error lines (the container keeps running); they differ only in who
-asks runc to checkpoint:
+`ContainerdDump` (`fastpath`: containerd's checkpoint RPC, no content-store copies) and `DockerApiDump`
+(`docker-criu`, the fallback: Docker's checkpoint API, which works wherever `dockerd --experimental` runs).
+Both leave the container stopped or raise CheckpointError; dumps through Docker run one at a time.
 
-* `ContainerdDump` (the `fastpath` backend): containerd's own checkpoint RPC with an image path
-  (`ctr tasks checkpoint --exit --image-path`), the call Docker makes minus its content store: no tar,
-  no SHA-256, no second and third copy. dockerd processes the task's exit event as after
-  `docker checkpoint create`: the container is `exited`.
-* `DockerApiDump` (the `docker-criu` backend, the fallback): Docker's experimental checkpoint API
-  (`POST /containers/{id}/checkpoints` with a checkpoint dir in the store), which works wherever
-  `dockerd --experimental` runs, at Docker's cost (moby #40644).
-
-Docker's checkpoint goes through containerd's content store: the dump's tar, the container's spec and an
-index are written as blobs, read back by Docker, and left for containerd's garbage collector (about a
-second later). A second checkpoint of the same container before that collection writes the same spec
-blob, and containerd refuses it ("content sha256:...: already exists") *after* CRIU has dumped and
-stopped the container: Docker never extracts the images and the processes are lost. So dumps through
-Docker run one at a time on the host, and each first has containerd collect what the previous left (a
-lease deleted with ``--sync`` runs the collector) when containerd's CLI reaches Docker's containerd.
+Design: docs/design/sandboxes.md#agentenv-backend-dumpers.
 """
 
 from __future__ import annotations

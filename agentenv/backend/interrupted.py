@@ -1,16 +1,10 @@
-"""What a state move that died halfway (kill -9 of the process that ran it) left behind, read back from
-the container and the checkpoint store, and how it ends (`Settled`): a pause whose dump finished ends
-paused in it, one that did not ends running; a resume whose checkpoint is intact is rolled back, one that
-already dropped it ends running. The runtimes' `settle` methods apply these rules to their formats; the
-helpers here serve both.
+"""What a state move that died halfway (kill -9 of the process that ran it) left behind, and how it ends.
 
-- A dump outlives the process that asked for it: containerd's `ctr`, runc and CRIU are other processes
-  (`dump_running` finds one of a container, `wait_for_dump` waits for it).
-- A Docker-backend dump counts as finished when the backend recorded it (its record file, written once
-  the container stopped) or CRIU's log of it says so; its restore marker is read from the image of the
-  sandbox's runtime dir, which must name the sandbox.
-- `drop_leftovers`: reservations, work dirs and unfinished images a dead pause left in the store, which
-  would count against `disk_cap` until the sandbox is removed.
+Read back from the container and the checkpoint store (`Settled`): a pause whose dump finished ends
+paused, one that did not ends running; a resume whose checkpoint is intact is rolled back. The runtimes'
+`settle` methods apply these rules to their formats, so no sandbox is lost to a crash.
+
+Design: docs/design/sandboxes.md#agentenv-backend-interrupted.
 """
 
 from __future__ import annotations

@@ -3,12 +3,7 @@ processes as its own and a restore puts a process tree back into a container tha
 namespaces, cgroup and mounts stay; CRIU rebuilds none of them), and tar, for the contents of its tmpfs
 mounts.
 
-The chain is `nsenter` into the pid namespace, `setsid` there (the restored tree's sessions must not
-lead outside the container), `nsenter` into the mount, network, IPC, UTS and cgroup namespaces, then
-CRIU. After the mount namespace changes the container's root is `/`, so CRIU's binary, its loader and
-libraries, and the image and work folders are all handed over as open descriptors (`/proc/self/fd/N`).
-The whole chain joins the container's cgroups first (its shell writes its pid into every `cgroup.procs`),
-so what CRIU restores is charged to, and limited by, the container.
+Design: docs/design/sandboxes.md#agentenv-backend-nsexec.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """`CriuRuntime`: the one container runtime behind `SandboxBackend`: Docker containers, CRIU images in
 one checkpoint store, restores through Docker's own `start --checkpoint` fed links to those images.
 
-* pause: a fresh restore marker is written into /run/agentenv (dumped with the processes), the process
-  tree is recorded, room is reserved in the store (`disk_cap`), and the dump strategy of the backend
-  (`dumpers.py`: containerd's RPC for `fastpath`, Docker's API for `docker-criu`) writes the images
-  straight into the store and stops the container. The host clock image is dropped ("Clocks" below).
-* resume: Docker's `start --checkpoint`, fed a folder whose page images are symlinks into the store
-  (`checkpoint_dir.py`): Docker creates the task, so `docker exec`, logs, stats and stop behave as after
-  any Docker restore. containerd's unpacked copy of that folder is deleted right after
-  (`containerd.remove_restore_copies`). A sandbox without a network gets its loopback back up
-  (`netns.py`).
-* fork: a new container with the sandbox's configuration gets copies of the source's work dir (and
-  writable layer with `read_only: false`) and is restored from the *same* images: N forks share one set of
-  page images on disk, and Sandbox.fork runs their restores in parallel.
-* every restore is verified: the restore marker must be back; with `verify_restore` also CRIU's restore
-  log of this very start and the recorded init process (Docker has reported fresh starts as restores).
+Restoring through Docker keeps `docker exec`, logs, stats and stop working as after any Docker restore;
+forks share one set of page images, and every restore is verified by its restore marker.
 
-Clocks: CRIU restores a container into a new time namespace when the dump carries clock values;
-processes `docker exec` starts later stay in the host's (runc 1.1 does not join time namespaces), and the
-next restore of such a tree fails ("Can't restore sub-task in NS"). Without the clock image the restored
-processes stay in the host's time namespace and CLOCK_MONOTONIC advances across a pause.
+Design: docs/design/sandboxes.md#agentenv-backend-runtime.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""The host files every warm-backend container mounts read-only, kept under `runtime_dir`:
+"""The host files every warm-backend container mounts read-only, kept under `runtime_dir`.
 
-- `init`: a copy of the static `catatonit` (its `-P` mode: PID 1 that only reaps orphans), so that an
-  upgrade or removal of the host's package never leaves a stopped sandbox unable to start;
-- `kdat/criu.kdat`: CRIU's cache of kernel facts, which CRIU otherwise recomputes on every run (20-30
-  ms) wherever /run is not a tmpfs; made with /run on a private tmpfs and rewritten in place (existing
-  mounts see it) when the boot id changes. Containers mount the file at /run/criu.kdat; the page
-  daemons run with the folder over /run in a mount namespace of their own;
-- `scratch/`: the work folders of restores in progress (a page daemon's socket and logs);
-- `logs/`: CRIU's log of each container's last restore.
+`init` (a copy of the static `catatonit`, so a host upgrade never strands a stopped sandbox), CRIU's
+kernel-facts cache (saves 20-30 ms per CRIU run), the work folders of restores and CRIU's restore logs.
+
+Design: docs/design/sandboxes.md#agentenv-backend-shell-files.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """`CheckpointStore`: every sandbox's CRIU images on local disk, with a disk-usage cap (both backends).
 
-Layout: `<store_dir>/<container id>/<checkpoint name>/` holds one checkpoint's CRIU images plus
-`k3rl-checkpoint.json` (what was checkpointed, to verify the restore); `<name>.work/` beside it keeps
-CRIU's log while the checkpoint is written. A pause first *reserves* its expected size
-(`<name>.reserved`), under a file lock shared by all processes, so that concurrent pauses cannot
-together overshoot the cap; the reservation is replaced by the real images when the dump ends.
+A pause reserves its expected size under a lock shared by all processes, so concurrent pauses cannot
+together overshoot the cap; a deleted checkpoint is forgotten at once and its images freed in the
+background, so a resume never waits for the unlink.
 
-Deleting a checkpoint forgets it at once (its record file goes first) and frees its images on a
-background thread: unlinking a few hundred MiB of page images takes tens of milliseconds that a resume
-need not wait for. `usage` (and so the cap check) waits for the deletions in progress; a process that
-dies before one finishes leaves a folder without a record, which goes with its container.
+Design: docs/design/sandboxes.md#agentenv-backend-store.
 """
 
 from __future__ import annotations

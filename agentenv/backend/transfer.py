@@ -1,16 +1,10 @@
 """The stream a paused sandbox moves in: one ustar archive (`tar tvf` lists it) of regular files.
 
-    manifest.json       what the sandbox is (registry row, checkpoint record, the host's CRIU and
-                        kernel, and every part's name and size), first so that the destination can refuse
-                        or prepare before the bytes arrive
-    images/<file>       the checkpoint's CRIU images and `tmpfs-<i>.tar` archives
-    workdir.tar         the work-dir volume (GNU tar: owners, modes, xattrs, hard links, sparse files)
-    rootfs.tar          the writable root layer (only with `read_only: false`): whiteouts and opaque dirs
-    SHA256SUMS          sha256 of every member above, computed while sending, checked on arrival
+A manifest first (so the destination can refuse before the bytes arrive), then the checkpoint images,
+the work dir, the writable layer and a SHA256SUMS hashed in the same pass; `Unpacker` accepts only the
+declared members and raises `BadStream` naming a corrupted, missing, extra or truncated one.
 
-Both ends hash in the one pass that reads or writes the bytes. The destination (`Unpacker`) accepts
-only the members the manifest declares, with their declared sizes, and raises `BadStream` naming the
-file on a corrupted, missing, extra or truncated member: the caller then drops what it unpacked.
+Design: docs/design/sandboxes.md#agentenv-backend-transfer.
 """
 
 from __future__ import annotations

@@ -2,17 +2,9 @@
 running with nothing but its init (a warm shell); a resume restores the tree into that shell, its memory
 arriving lazily. docs/agentenv.md, "How pause, resume and fork work", tells the whole story.
 
-* Every container runs `catatonit -P` as its init: a static binary that only reaps orphans.
-* pause: CRIU, run inside the container's namespaces (`nsexec`), dumps the tree from the init and leaves
-  it stopped; the contents of the tmpfs mounts are archived beside the images; every process but the
-  init is killed. The shell keeps the namespaces, cgroup, mounts and tmpfs contents, so a resume has
-  nothing to rebuild; `warm_shells` and `warm_tmpfs_limit` bound how many stay up (the others are
-  stopped: no process at all, and a resume starts them first).
-* resume: the dumped init was renumbered (`criu_images`), so CRIU restores the tree under a copy of the
-  init, which is then killed; `criu lazy-pages` serves the memory (`page_daemon`). A stopped shell is
-  started and its tmpfs contents unpacked first. Forks restore the same images into new shells, their
-  pages made KSM-mergeable (`ksm`).
-* Checkpoints made by the Docker backends (format "container") are still restored through Docker.
+The shell keeps namespaces, cgroup, mounts and tmpfs contents, so a resume has nothing to rebuild.
+
+Design: docs/design/sandboxes.md#agentenv-backend-warm.
 """
 
 from __future__ import annotations

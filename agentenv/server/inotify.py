@@ -1,18 +1,11 @@
 """Directory watchers on Linux inotify (through libc, no dependency), optionally recursive.
 
-`agentenv serve` watches a sandbox's directory from the host, on the work-dir volume's own directory
-(`watch.py`): inotify sees every change a process of the sandbox makes there, with no process of ours
-inside it. The host allows few inotify instances per user (`fs.inotify.max_user_instances`, 128 by
-default), so every watcher of the process shares one (`Inotify`): its reader thread reads the kernel's
-queue as events arrive and hands each to the watchers of its watch descriptor.
+Every watcher of the process shares one inotify instance (the host allows few per user), and a recursive
+watch counts its directories against a budget (`DirBudget`), so one sandbox cannot exhaust the host's
+watches; directories created under a recursive watch are watched at once.
 
-A recursive watch adds one kernel watch per directory, host-wide resources: the directories one group
-of watchers (a sandbox's) may watch together are bounded (`DirBudget`), and a watch that would pass the
-bound, or the host's `fs.inotify.max_user_watches`, is refused at creation, or later ends with
-`WatchLimitReached` once its queued events are read. A directory created in a recursive watch is
-watched at once, and what it already holds then is reported as created (events synthesised from a scan,
-as fsnotify-based tools do), so `mkdir -p a/b/c` reports `a`, `a/b` and `a/b/c`; an entry made during
-the scan may be reported twice."""
+Design: docs/design/sandboxes.md#agentenv-server-inotify.
+"""
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
 """`GET /sandboxes/{id}/metrics` (the SDK's `get_metrics`): one sample of a sandbox's resource use, read
 when asked from its cgroup and its work dir (`SandboxBackend.usage` and `sample`).
 
-E2B keeps a time series sampled every few seconds; this server keeps none: each call returns the sample
-taken now when now lies in the asked range (`start`/`end`, default: the sandbox's start until now), else
-nothing. `cpu_used_pct` is the CPU used since the previous call for that sandbox (the first: since its
-container started) over the wall time between, as a share of its CPU quota. A paused sandbox has no
-cgroup: its sample shows zeros. Disk: bytes of the files in the work dir and the size of the filesystem
-holding it (sandboxes have no disk quota of their own); a paused one shows zeros there too."""
+Unlike E2B this server keeps no time series: a call returns the sample taken now when now lies in the
+asked range; a paused sandbox shows zeros.
+
+Design: docs/design/sandboxes.md#agentenv-server-metrics.
+"""
 
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
 """AgentENV's routes for moving paused sandboxes between `agentenv serve` hosts (`agentenv.moves` on the
 source, `agentenv.imports` on the destination; docs/agentenv.md, "Moving a paused sandbox").
 
-- `POST /sandboxes/{id}/agentenv/move` (source): move a served, paused sandbox to the host `to`; answers
-  with its id and envd access token there once it runs there.
-- `POST /agentenv/imports/check` (destination): can this host take the sandbox a manifest describes?
-- `POST /agentenv/imports` (destination): the stream itself (a tar archive, `application/octet-stream`);
-  answers once the sandbox runs here, served like one made here (its E2B metadata travels in its labels).
-- `GET /agentenv/imports/{move_id}` (destination): what became of a move (`done`, `failed`, `absent`, ...).
+The stream's body is exempt from `max_body_bytes` (the store's `disk_cap` bounds it) and reaches the
+import's worker thread through a bounded queue.
 
-The stream's body is exempt from `max_body_bytes` (its size is bounded by the store's `disk_cap`); it is
-read on the event loop and handed to the import, which runs in a worker thread, through a bounded queue.
+Design: docs/design/sandboxes.md#agentenv-server-moves.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Long-running processes in a sandbox that survive pause, resume and fork: envd's `process.Process`.
 
-A process started through the API must keep running while its sandbox is checkpointed, so nothing of
-it may lead out of the container (CRIU cannot dump a process whose stdio are pipes to the Docker daemon,
-see docs/agentenv.md "Limits"). Each process therefore lives entirely inside the sandbox:
+CRIU cannot dump a process whose stdio lead out of the container, so each process lives entirely inside
+the sandbox (a detached wrapper, output in files on a dumped tmpfs, stdin a FIFO); the host reads and
+writes those files, and a paused sandbox holds no host-side handle of its processes.
 
-* one short `Sandbox.exec` runs a launcher that starts a detached wrapper (`setsid`, stdio on
-  /dev/null) and prints the command's PID; the wrapper runs the command in its own process group with
-  stdout/stderr redirected to files under `PROC_ROOT` (a tmpfs, dumped with the sandbox), waits for it
-  and writes its exit code to a file;
-* stdin, when asked for, is a named FIFO whose write end a `sleep infinity` keeper holds open, so the
-  command sees EOF only when CloseStdin kills the keeper;
-* the host follows output by reading those files (no exec per read), writes stdin into the FIFO the same
-  way, and signals with one `Sandbox.exec` of `kill`. It reaches a container's files through
-  `/proc/<container init>/root` (`RootFiles`); a backend whose sandboxes the host cannot see into (the
-  microVMs) gives them through `SandboxBackend.live_files`.
-
-So a paused sandbox holds no host-side handle of its processes; after a resume (or in a fork) the same
-files continue. Needs root on the host, as the checkpoint backends do.
+Design: docs/design/sandboxes.md#agentenv-server-procs.
 """
 
 from __future__ import annotations

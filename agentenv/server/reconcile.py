@@ -1,33 +1,10 @@
 """Keep the server's sandboxes in line with Docker when something died: the server itself (kill -9), a
 sandbox's container (killed, OOM, removed), or dockerd (a restart stops every running container).
 
-- `recover` runs once at start-up, before the first request: what a dead server left half-done is
-  finished or undone (a create or fork it left half made is removed; a pause whose dump finished is
-  recorded, the sandbox paused, else it runs on; a resume that ran on after it died is rolled back to the
-  paused state while its checkpoint is intact, else recorded; a record whose container is gone is
-  forgotten), and the E2B row of every sandbox the server owns is made again from its labels when
-  missing (a lost or emptied `e2b.sqlite3`, or a create it never answered);
-- `sweep` runs in the reaper's thread every `liveness_check_interval_s`: a running sandbox whose
-  container stopped is forgotten (unless a dead pause left it paused: the runtime's `settle`),
-  so that listing no longer shows it;
-- both also settle moves to other hosts (`agentenv.moves`): a sandbox left `moving` by a dead server (or
-  whose destination did not answer) is removed once its destination says it arrived there, else paused
-  here again; and `recover` first removes what unfinished imports from other hosts left here
-  (`agentenv.imports.recover`);
-- `settle` checks one sandbox when a request reaches it (marked broken, or its container stopped);
-- `forget` removes a gone sandbox (container, volume, checkpoints, E2B row) and keeps why in the
-  registry's row, which `gone_reason` reads back: every later request on it is told why, not just
-  "not found".
+`recover` at start-up, `sweep` periodically and `settle` per request; `forget` keeps why a sandbox went.
+Only what the server provably made is removed, and every change holds the sandbox's registry lock.
 
-Only what the server provably made is ever removed: a sandbox labelled with this home's server id
-(`agentenv.server.store`), or one with a row in its store. A fork made outside the server (`agentenv fork`
-of a served sandbox) is neither, and is never touched. An empty or missing store removes nothing: the
-rows are rebuilt from the labels, which carry every fact a row holds but the envd access token (a new one
-is issued: the token opens the data plane and stays out of labels), so a rebuild keeps all that refusing
-to start would have kept, and serves the sandboxes again.
-
-Every change to a sandbox holds its registry lock (`agentenv.locks`), so nothing here races a pause,
-resume or kill in progress: a sandbox whose lock is busy is left for the next round.
+Design: docs/design/sandboxes.md#agentenv-server-reconcile.
 """
 
 from __future__ import annotations

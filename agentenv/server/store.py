@@ -1,15 +1,10 @@
 """What E2B's API knows about a sandbox and AgentENV's registry does not: template name, envd access
 token, metadata, environment variables, time to live and `autoPause`.
 
-A table of its own in `$AGENTENV_HOME/e2b.sqlite3` (WAL, one connection per thread, like the
-registry), keyed by the registry's sandbox id; the registry stays the truth about state.
+A table in `$AGENTENV_HOME/e2b.sqlite3`; every served sandbox also carries its row's facts in labels, so a
+lost file is rebuilt from them (`row_from_labels`) rather than anything being removed.
 
-Ownership: the home has a server id (`$AGENTENV_HOME/server-id`, random, made at the first start), and
-every sandbox the server makes carries it in the label `SERVED_LABEL`, with the facts of its row (template,
-metadata, environment, `autoPause`; snapshots: source and name) in labels below it (`served_labels`,
-`snapshot_labels`). Forks made outside the server do not inherit them (`agentenv.sandbox.inherited_labels`).
-So the labels say which sandboxes are this server's even when this file is lost, and `row_from_labels`
-rebuilds their rows (`agentenv.server.reconcile.recover`) rather than anything being removed.
+Design: docs/design/sandboxes.md#agentenv-server-store.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Which user a data-plane call asks for, and the one answer this server has: the sandbox user `user`.
 
-E2B's SDK names a user per call (`commands.run(user=...)` as `Authorization: Basic base64("<user>:")`,
-the file calls as `?username=`), `user` by default. Every AgentENV sandbox process runs as its one
-sandbox user (named `user` in the base image: uid 1000, or uid 0 where the host's CRIU cannot dump
-another uid), confined by its config (by default every capability dropped, no-new-privileges, a
-read-only root filesystem), so `user` is served and anything else, E2B's `root` included, is refused
-with a message saying what the sandbox's processes run with, instead of being run with other rights
-than asked for."""
+Every sandbox process runs as its one confined sandbox user, so any other user (E2B's `root` included) is
+refused with a message saying what the processes run with, rather than run with other rights than asked.
+
+Design: docs/design/sandboxes.md#agentenv-server-users.
+"""
 
 from __future__ import annotations
 

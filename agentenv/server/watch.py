@@ -1,14 +1,11 @@
 """`files.watch_dir`: envd's watcher calls (CreateWatcher, GetWatcherEvents, RemoveWatcher: the sync
 SDK polls them) and the WatchDir stream (the async SDK), on host-side inotify watchers (`inotify.py`).
 
-A sandbox path is watched on the work-dir volume's directory on the host (the container's mount of
-the work dir): the path is confined and resolved inside the sandbox first (`fsops.stat`), and the host
-directory must lie below the volume's. Watchers live in the server's memory: they end with
-RemoveWatcher, with the stream, when their sandbox is paused or killed (a call then says so). At most
-`MAX_PER_SANDBOX` exist per sandbox (checked and claimed in one locked step, so concurrent creates
-cannot pass it), and together they watch at most `MAX_DIRS_PER_SANDBOX` directories (`inotify.DirBudget`:
-a recursive watch holds one kernel watch per directory). All of them share the process's one inotify
-instance (`inotify.shared`)."""
+Watching on the host needs no process inside the sandbox; watchers per sandbox and their directories are
+bounded, so one sandbox cannot use up the host's inotify watches.
+
+Design: docs/design/sandboxes.md#agentenv-server-watch.
+"""
 
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """Chunkwise-parallel KDA in Triton: the autograd Function and the public entry ``chunk_kda_triton``.
 
-The maths is ``kernels.kda.reference.chunk_kda_reference`` (read its docstring first); these files run
-it with every piece of per-chunk work in Triton. Every sequence of the batch is packed into one token
-axis (``[T_total, H, D]``), cut into chunks of ``C = 64`` tokens that never straddle two sequences.
-As in flash-linear-attention's ``fla/ops/kda/``:
+The maths is ``kernels.kda.reference.chunk_kda_reference``; these files run every piece of per-chunk work in
+Triton on a packed token axis cut into 64-token chunks, as flash-linear-attention's ``fla/ops/kda/`` does.
+Head dims ``K``, ``V``: powers of two in [16, 128]. Verified under ``TRITON_INTERPRET=1``, not tuned on a GPU.
 
-* ``chunk_fwd.py``: the forward kernels (scores, WY/UT transform, state pass, outputs), ``chunk_kda_fwd``;
-* ``chunk_bwd.py``: the backward kernels (reverse state pass, per-chunk gradients, score gradients),
-  ``chunk_kda_bwd``;
-* ``cumsum.py``: the in-chunk cumulative decay (forward) and its reverse (backward);
-* ``chunk_utils.py``: chunk table, block sizes, launch options, the parameters every kernel shares;
-* this file: ``ChunkKDAFunction`` and ``chunk_kda_triton`` (checks, batch packing, dtypes).
-
-Shapes: head dims ``K`` and ``V`` must be powers of two in [16, 128]. All intermediates are fp32.
-Performance note: written and verified under ``TRITON_INTERPRET=1`` on CPU; no GPU was available to
-tune block sizes, warps or stages (see ``bench/kernels.py`` for the GPU benchmark, ready to run).
+Design: docs/design/model.md#kernels-kda-chunk.
 """
 
 from __future__ import annotations

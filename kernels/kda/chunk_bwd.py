@@ -1,14 +1,9 @@
 """Backward of chunkwise KDA in Triton (torch only allocates; ``kernels.kda.chunk`` holds the algorithm).
 
-1. ``_state_bwd_kernel`` (sequential, reverse): ``du`` and the state gradient at every chunk end,
-   and the initial-state gradient.
-2. ``_chunk_bwd_keys_kernel`` (one program per chunk and block of 64 key channels) then
-   ``_chunk_bwd_values_kernel`` (one per chunk): gradients through the output, the WY products and
-   the triangular inverse (``dA = −Mᵀ dM Mᵀ``), giving ``dv``, ``dβ`` and partial ``dq, dk, dG``, plus
-   the score gradients ``dAqk``, ``dAkk``.
-3. ``_intra_scores_bwd_kernel`` (per 16-token sub-tile): the gradients of the decayed scores into
-   ``q, k, G`` (same sub-tile scheme as the forward).
-4. ``cumsum.chunk_local_cumsum`` (reverse): ``dg`` from ``dG``.
+Four steps: the reverse state pass, per-chunk gradients through the output and WY products, the score
+gradients into ``q, k, G`` per 16-token sub-tile, and the reverse cumulative sum for ``dg``.
+
+Design: docs/design/model.md#kernels-kda-chunk-bwd.
 """
 
 from __future__ import annotations

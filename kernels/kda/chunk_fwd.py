@@ -1,18 +1,10 @@
 """Forward of chunkwise KDA in Triton: scores, WY/UT transform, state pass, outputs.
 
-The maths is ``kernels.kda.reference.chunk_kda_reference``; ``kernels.kda.chunk`` documents the
-algorithm and the packed layout. Steps (after ``cumsum.chunk_local_cumsum`` gives the in-chunk
-cumulative log decay ``G``):
+The maths is ``kernels.kda.reference.chunk_kda_reference``; ``kernels.kda.chunk`` documents the algorithm
+and the packed layout. Only the state pass is sequential; the scores use a sub-tile reference point so that
+no exponent is ever positive.
 
-1. ``_intra_scores_fwd_kernel`` (one program per 16-token row sub-tile): the key-key scores ``Akk``
-   (strictly lower) and query-key scores ``Aqk`` (lower, diagonal included), exact pairwise decay on
-   the diagonal sub-tile, a reference point at the sub-tile's first token off the diagonal, so no
-   exponent is ever positive.
-2. ``_solve_wy_kernel`` (one program per chunk): ``M = (I + diag(β) Akk)⁻¹`` by forward substitution,
-   then the WY/UT products ``U = M (β v)``, ``W = M (β k ⊙ exp(G))``.
-3. ``_state_fwd_kernel`` (one program per sequence, head and V block; the only sequential loop):
-   stores the state at every chunk start, ``u = U − W S`` and the final state.
-4. ``_output_fwd_kernel`` (one program per chunk and V block): ``o = (q ⊙ exp(G)) S + Aqk u``.
+Design: docs/design/model.md#kernels-kda-chunk-fwd.
 """
 
 from __future__ import annotations

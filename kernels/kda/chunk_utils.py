@@ -2,11 +2,9 @@
 common kernel parameters (``ChunkArgs``), defined once for ``chunk_fwd.py``, ``chunk_bwd.py`` and
 ``cumsum.py``.
 
-Every sequence of a batch is packed into one token axis (``[T_total, H, D]``) and cut into chunks of
-``CHUNK`` tokens that never straddle two sequences; ``ChunkTable`` says where each chunk and sequence
-lies. A kernel lists its own tensors first, then the subset of the shared parameters it reads, under
-the names of ``ChunkArgs.values``; ``ChunkArgs.launch`` fills that subset by name, so the shared part of
-a launch is written once here rather than at every call site.
+``ChunkArgs.launch`` fills each kernel's shared parameters by name, so they are written once here.
+
+Design: docs/design/model.md#kernels-kda-chunk-utils.
 """
 
 from __future__ import annotations

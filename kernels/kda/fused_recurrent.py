@@ -1,13 +1,9 @@
 """Fused recurrent KDA in Triton: the decoding path (T usually 1), state kept in registers.
 
-One program per (sequence, head, V block) walks the tokens of its sequence, holding the ``[K, BV]``
-slice of the state in registers, and applies the recurrence of ``kernels.kda.reference.kda_step``:
-decay by ``exp(g_t)`` per key channel, delta-rule correction with ``β_t``, read-out with ``scale·q_t``.
-Everything per token is Triton; torch only flattens the batch and allocates.
+Forward-only (decoding needs no gradient): when autograd records and an input requires a gradient, the
+call goes to ``chunk_kda_triton``. Verified under ``TRITON_INTERPRET=1``; not tuned on a GPU.
 
-It is forward-only (decoding needs no gradient). When autograd is recording and an input requires a
-gradient, the call goes to ``chunk_kda_triton``, which computes the same function with a backward.
-Verified under ``TRITON_INTERPRET=1``; not tuned on a GPU (none was available).
+Design: docs/design/model.md#kernels-kda-fused-recurrent.
 """
 
 from __future__ import annotations

@@ -1,38 +1,10 @@
 """PyTorch references for KDA (Kimi Delta Attention): the gated delta rule with per-channel decay.
 
-Per head, with state ``S ∈ R^{K×V}`` and every token ``t``::
+Plain PyTorch (autograd, any device): :func:`naive_recurrent_kda`, the token-by-token recurrence and the
+oracle of every other implementation, and :func:`chunk_kda_reference`, the chunkwise algorithm the Triton
+kernels run, evaluated without overflow for any decay.
 
-    S ← S ⊙ exp(g_t)[:, None]          # decay per key channel (g_t ≤ 0)
-    v̂ = Sᵀ k_t                          # what the state predicts for k_t
-    S ← S + β_t k_t (v_t − v̂)ᵀ          # delta-rule correction
-    o_t = Sᵀ (scale · q_t)
-
-Three forms live here, all plain PyTorch (so autograd works and they run on any device):
-
-* :func:`kda_step` / :func:`naive_recurrent_kda`: the token-by-token recurrence above, slow and
-  obviously right; the oracle of every other implementation.
-* :func:`chunk_kda_reference`: the chunkwise-parallel algorithm (the same maths the Triton kernels
-  run), vectorised over groups of ``CHUNKS_PER_GROUP`` chunks (small enough to stay in cache) with one
-  short loop of two matmuls per chunk that carries the state between chunks.
-
-Chunk algorithm (chunk of C tokens, ``G_t = Σ_{s≤t} g_s`` the in-chunk cumulative log decay)::
-
-    A[t, i]   = β_t Σ_c k_tc k_ic exp(G_tc − G_ic)            (i < t)     # key-key interaction
-    Aqk[t, i] =     Σ_c q_tc k_ic exp(G_tc − G_ic)            (i ≤ t)
-    (I + A) [U | W] = [β v | β k ⊙ exp(G)]                    # UT transform: unit-lower solve
-    u = U − W S₀                                                # "pseudo values" of the chunk
-    o = (q ⊙ exp(G)) S₀ + Aqk u
-    S₁ = exp(G_C) ⊙ S₀ + (k ⊙ exp(G_C − G))ᵀ u
-
-``(I + A)⁻¹`` is formed by 2×2 block recursion (:func:`unit_lower_inverse`), as matmuls.
-
-Every exponent above is ≤ 0 except inside ``exp(G_t − G_i)``. :func:`intra_chunk_decayed_scores`
-evaluates it without overflow for any decay, as the Triton kernels do, by splitting the chunk into
-16-token sub-tiles: a diagonal sub-tile takes the exact pairwise differences, an off-diagonal one
-factors through the cumulative decay at the first token ``r`` of the row sub-tile,
-``exp(G_t − G_i) = exp(G_t − G_r) · exp(G_r − G_i)``, both factors ≤ 1 because ``i < r ≤ t``.
-:func:`intra_chunk_scores` first tries a cheaper factoring through each sub-tile's middle token (one
-matmul per sub-tile), taken only when no factor exceeds ``exp(SAFE_EXPONENT)``.
+Design: docs/design/model.md#kernels-kda-reference.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """LatentMoE routed experts in Triton: permute by expert, grouped GEMMs with SiTU-GLU, combine.
 
-Forward:
+One grouped GEMM per projection over tiles of each expert's tokens (SiTU-GLU in the epilogue) instead of a
+loop over experts; the backward runs grouped GEMMs too. Verified under ``TRITON_INTERPRET=1`` on CPU; block
+sizes are not tuned (no GPU was available).
 
-1. (torch) sort the ``M·k`` (token, slot) pairs by expert id, gather the token rows into that order
-   (``xs``) and cut every expert's segment into tiles of ``BM`` rows (the tile schedule);
-2. (Triton) ``_grouped_mm_kernel`` in dual mode: one pass over ``xs`` computes the gate and up
-   projections of every tile with its expert's weights and applies SiTU-GLU in the epilogue (``h``);
-3. (Triton) the same kernel in single mode: ``ys = h @ w_down[e]ᵀ``;
-4. (torch) un-permute and combine: ``y[token] += weight · ys`` (``index_add``).
-
-Backward: ``dh = dys @ w_down[e]`` (grouped GEMM), SiTU-GLU backward (Triton elementwise),
-``dxs = dgate @ w_gate[e] + dup @ w_up[e]`` (grouped GEMM, accumulating), the per-expert weight
-gradients ``dW[e] = A_segᵀ B_seg`` (``_grouped_wgrad_kernel``), router-weight gradients as row dot
-products, and an ``index_add`` back to token order.
-
-Verified under ``TRITON_INTERPRET=1`` on CPU; block sizes are not tuned (no GPU was available).
+Design: docs/design/model.md#kernels-moe-grouped.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """LatentMoE routed experts on PyTorch's own grouped GEMM (``torch.nn.functional.grouped_mm``).
 
-The (token, slot) pairs are sorted by expert; one ``grouped_mm`` per projection runs every expert's
-segment against its slice of the stacked weights ([E, I, L] / [E, L, I], as `model.moe.RoutedExperts`
-stores them), and autograd differentiates through it. Same contract as ``kernels.moe_experts``.
+One ``grouped_mm`` per projection over the expert-sorted pairs, differentiated by autograd; same contract
+as ``kernels.moe_experts``. `grouped_mm_supported` says where it runs.
 
-`grouped_mm_supported` says where it runs: on CUDA in bf16 (its kernels need SM >= 80), on the CPU in
-fp32 and bf16 (torch 2.13's CPU fallback, exact against the per-expert loop). Where to use it is
-``kernels.moe.moe_experts``'s choice.
+Design: docs/design/model.md#kernels-moe-torch-grouped.
 """
 
 from __future__ import annotations

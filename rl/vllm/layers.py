@@ -1,24 +1,10 @@
 """K3's attention layers as vLLM 0.32 layers: the `model/` modules with vLLM's per-request state.
 
-`VllmKDA` is `model.kda.KimiDeltaAttention` (same parameters, same projections, gates, short convs and
-output norm, through its `short_convs` / `kernel_inputs` / `output` steps) that keeps each request's
-recurrent state and conv tails in the state slot vLLM assigns the request: it is a vLLM "mamba" layer
-(`MambaBase`) using the gated-delta-net state machinery (`GDN_ATTN` metadata: decodes first, then the
-prefills with their start offsets and whether they continue a state). Decodes run
-`kernels.fused_recurrent_kda` on the batch of one-token steps; prefills run `kernels.chunk_kda` over all
-prefill tokens packed (``cu_seqlens``). Both dispatch through `kernels.dispatch`: the PyTorch references
-on the CPU, the project's Triton kernels on CUDA (not runnable on this CPU-only machine, untested here).
-vLLM's own Kimi KDA layer cannot be used: in vLLM 0.32 it is CUDA/XPU only (Triton kernels, an
-``assert state.is_cuda``).
+`VllmKDA` keeps each request's recurrent state in vLLM's state slots (vLLM's own Kimi KDA layer is
+CUDA/XPU only in 0.32); `VllmMLA` runs MLA as ordinary attention on vLLM's paged cache, zero-padding heads
+to a size vLLM's CPU backend accepts.
 
-`VllmMLA` is `model.mla.MultiHeadLatentAttention` run as ordinary multi-head attention on vLLM's
-`Attention` layer: keys and values are expanded from the latents per token (`expanded_keys_values`) and
-vLLM's paged KV cache holds the expanded K/V (more memory per token than the latent cache of the torch
-engine). Workaround for vLLM 0.32 on CPU: its CPU_MLA backend accepts only head size 576 (kv_lora 512 +
-64) and KV blocks of 16 while hybrid models force blocks of 128; CPU_ATTN accepts head sizes
-32, 64, 80, ..., 512 only, so q/k/v are zero-padded to the next accepted size (`attention_head_size`; the
-zeros change no score, and the padded value dims are dropped from the output). NoPE: no rotary anywhere,
-so vLLM's positions are not used.
+Design: docs/design/training.md#rl-vllm-layers.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """`K3VllmForCausalLM`: the K3 policy as a vLLM 0.32 model class (registered by `rl.vllm.plugin`).
 
-The module tree is `model.k3.K3Model` itself (embedding, decoder layers with their dense FFN or LatentMoE
-with SiTU-GLU, Block AttnRes depth mixtures, final norm) plus `lm_head`, so the parameter names are the
-checkpoint's and `K3Model.forward` runs unchanged: each decoder layer's ``self_attn`` is swapped for its
-vLLM-aware subclass (`rl.vllm.layers`), and the step's tokens, which vLLM packs without padding, go
-through as one batch row [1, N]. The MoE experts stay the stacked parameters of `model.moe.RoutedExperts`
-(vLLM's fused CPU MoE prepacks its experts, which then cannot be reloaded), and every linear layer is a plain
-`torch.nn.Linear`, so vLLM never repacks (and empties) a weight after loading: `load_weights` copies in
-place, at start-up from the ``save_pretrained`` folder and later for every pushed version.
+The module tree is `model.k3.K3Model` itself with vLLM-aware attention, and every weight stays a plain
+parameter, so names are the checkpoint's and `load_weights` copies in place for every pushed version.
 
-Side buffers the worker extension (`rl.vllm.worker`) reads: ``weights_version`` (the learner's counter of
-the weights held), the expert loads per MoE layer of the real (non-profiling) forwards and, once
-`record_routes` is on, the experts chosen at the last token of each request in each step (routing replay:
-the position whose logits sample the request's next token), keyed by request id and token position.
-
-Config: vLLM reads the folder's ``config.json`` (``model_type: kimi_linear``); the engine overrides a few
-of its keys for vLLM's own bookkeeping (`vllm_config_overrides`); the model itself is built from the same
-``config.json`` read by `model.checkpoint.read_config`.
+Design: docs/design/training.md#rl-vllm-model.
 """
 
 from __future__ import annotations

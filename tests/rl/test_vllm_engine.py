@@ -16,7 +16,7 @@ from model import K3Config
 from model.moe import parameter_names
 from rl.config.schema import VllmEngineConfig
 from rl.errors import StaleWeights
-from rl.generation import MASKED_LOGIT, disallowed_tokens
+from rl.generation import MASKED_LOGIT, Sampling, disallowed_tokens
 from rl.policy import build_policy
 from rl.tokenizer import ByteTokenizer
 from rl.vllm.plugin import ARCHITECTURE, MODEL_CLASS
@@ -156,6 +156,26 @@ def test_sampling_log_probs_and_routes_match_the_torch_model_and_replay(engine, 
     loads = engine.take_expert_loads()
     assert sorted(loads) == [1, 2, 3] and all(t.shape == (cfg.num_experts,) for t in loads.values())
     assert engine.take_expert_loads() == {}  # taken: reset
+
+
+def test_per_context_sampling_sets_each_requests_temperature_top_p_and_token_limit(engine, policy, cfg):
+    """The gateway's per-call parameters reach vLLM: a context's own temperature gives the torch model's
+    log-probs at that temperature, a tiny top-p keeps only the most likely allowed token, and each
+    context stops at its own token limit."""
+    prompts = contexts()[:3]
+    sampling = [Sampling(1.5, 1.0, 10), Sampling(0.8, 1e-6, 10), Sampling(0.8, 1.0, 2)]
+    mask = disallowed_tokens(TOK, DIGITS, cfg.vocab_size)
+    hot, narrow, short = engine.generate(prompts, 10, torch.Generator().manual_seed(5), sampling)
+    expected, _ = teacher_forced(policy, prompts[0], hot.token_ids, 1.5, mask)
+    assert float((expected - torch.tensor(hot.logprobs)).abs().max()) < LOGPROB_TOLERANCE
+    with torch.no_grad():
+        logits = policy(torch.tensor([prompts[1] + narrow.token_ids])).logits[0]
+    at = range(len(prompts[1]) - 1, len(prompts[1]) + len(narrow.token_ids) - 1)
+    top = [int(logits[i].masked_fill(mask, MASKED_LOGIT).argmax()) for i in at]
+    assert narrow.token_ids == top
+    assert 1 <= len(short.token_ids) <= 2
+    with pytest.raises(ValueError, match="2 sampling parameters for 3 contexts"):
+        engine.generate(prompts, 4, torch.Generator(), sampling[:2])
 
 
 def test_prompts_longer_than_one_engine_step_sample_as_the_torch_model(engine, policy, cfg):

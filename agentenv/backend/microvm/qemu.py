@@ -1,16 +1,10 @@
 """A sandbox VM's QEMU: the machine (`Machine`: what a snapshot must be restored into, kept in every VM's
 and snapshot's record), its command line, and its process.
 
-* `-M microvm` with ACPI (Debian's kernel finds the virtio-mmio devices in the DSDT), guest RAM a
-  `memory-backend-file`: `share=on` maps the sandbox's RAM file in place, `share=off` maps a snapshot's
-  copy-on-write (a fork; the file is never written).
-* devices: the serial console (kernel log, appended to `console.log`), one read-only virtio-blk disk (the
-  root file system image) and a virtio-serial device whose ports (`agentenv.<n>`) are unix sockets of QEMU
-  (`ch<n>.sock`): the agent's channels. No network device, no other disk, no shared folder.
-* QEMU runs detached from its starter (a shell that starts it in the background and exits, so it outlives
-  the starter and is nobody's zombie), its errors in `qemu.log`, under `-sandbox on` (seccomp: no new
-  processes, no privilege changes; QEMU's own `-daemonize` forks, which that forbids), and never dumps
-  guest memory into a core file.
+The VM gets only what a sandbox needs (a read-only root disk, a serial console, the agent's ports; no
+network device), and QEMU runs detached under its seccomp sandbox, so it outlives its starter safely.
+
+Design: docs/design/sandboxes.md#agentenv-backend-microvm-qemu.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """`MicroVMRuntime` (the `microvm` backend): sandboxes as QEMU microVMs behind `SandboxBackend`.
 
-* create: the sandbox's machine (its image's root file system, guest RAM = `memory` + overhead rounded up
-  to 512 MiB, vCPUs from `cpus`, the accelerator) has a golden snapshot (`golden.py`); the new VM's RAM
-  file is a sparse copy of it, QEMU loads its state and the guest agent applies the sandbox's config
-  (user, tmpfs mounts, read-only root, limits in the guest's cgroup, capabilities, identity, RNG seed).
-* pause: the agent ends session shells (as every backend does); QEMU stops,
-  saves its device state (`snapshots.save`) and quits; the RAM file is synced and dropped from the page
-  cache. A VM whose RAM is a snapshot mapped copy-on-write (a fork) saves its RAM into the stream.
-* resume: a new QEMU maps the RAM file in place and loads the state (or a stream into a fresh file);
-  forks: n QEMUs map one snapshot's RAM file copy-on-write (`share=off`; a hard link keeps it while any
-  fork maps it, and a source whose file is linked so resumes copy-on-write too). After each, the agent
-  reports the marker it held (the restore is verified: the host gave it at the last resume) and takes the
-  new identity, clock, entropy and the marker of its next snapshot.
+Create copies a golden snapshot's RAM file, pause saves QEMU's device state and drops the RAM from the page
+cache, resume maps the RAM file back in a new QEMU, and forks map one snapshot copy-on-write; every
+restore is verified by the marker the guest agent reports.
+
+Design: docs/design/sandboxes.md#agentenv-backend-microvm-runtime.
 """
 
 from __future__ import annotations

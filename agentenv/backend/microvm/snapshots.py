@@ -1,12 +1,9 @@
-"""Moving a VM's state through QEMU's migration, to and from files:
+"""Moving a VM's state through QEMU's migration, to and from files.
 
-* `save`: stop the guest, write QEMU's device state to a file (with `x-ignore-shared` the RAM block, mapped
-  `share=on` from the VM's RAM file, is left out: the file already holds it; without it the RAM goes into
-  the stream too); `quit` then ends QEMU;
-* `load`: a QEMU started with `-incoming defer` reads such a file (the RAM it maps must be the snapshot's
-  file, or a fresh one that the stream fills), and the guest goes on (`cont`);
-* `settle_ram`: a paused VM's RAM file synced to disk and dropped from the page cache (no host memory);
-* `copy_sparse`: a RAM file copied without its holes (pages the guest never touched).
+`save` and `load` of QEMU's device state (the RAM stays in the VM's RAM file), `settle_ram` (sync the RAM
+file and drop it from the page cache: no host memory while paused) and `copy_sparse`.
+
+Design: docs/design/sandboxes.md#agentenv-backend-microvm-snapshots.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Where a sandbox VM lives on the host: one folder `<microvm_dir>/vms/<name>/` (the `container` of its
-`ContainerRef`) holding
+`ContainerRef`) holding its record, its RAM file, its snapshots, QEMU's sockets and logs.
 
-* `meta.json`: the registry it belongs to (`home`), its sandbox id, its machine (`qemu.Machine`) and how
-  its RAM is mapped now (`private`: a snapshot's RAM file mapped copy-on-write, `base.ram`);
-* `ram`: the guest's RAM file while the VM maps it in place (sparse: only pages the guest touched);
-* `ck-<id>/`: a snapshot (`state`: QEMU's device state, and the RAM too for a `stream` snapshot;
-  `record.json`, written last: the snapshot is whole once it exists); `resumed` in it once a resume let the
-  guest run on its RAM (an in-place snapshot's RAM is then no longer the snapshot's);
-* QEMU's sockets (`qmp.sock`, `ch<n>.sock`), pid file and `console.log` (the guest's kernel log);
-* `pausing`: the pid of a process that is saving a snapshot now.
+`meta.json` says which registry owns the VM and how its RAM is mapped; a snapshot is whole once its
+`record.json` exists.
+
+Design: docs/design/sandboxes.md#agentenv-backend-microvm-vmdir.
 """
 
 from __future__ import annotations

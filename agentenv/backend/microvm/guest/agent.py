@@ -1,23 +1,10 @@
 """AgentENV's guest agent: what the host talks to inside a sandbox's microVM.
 
-It runs as PID 1 of the sandbox's PID namespace (the guest's init, `init.sh`, starts it through util-linux's
-`unshare --pid --fork --mount-proc`), as root, with the guest's python3 and nothing but the standard
-library (this file is not imported by AgentENV on the host; it is copied into the initramfs). Its commands
-run in the same namespace and in the cgroup `sandbox`, which carries the sandbox's limits.
+It runs as PID 1 of the sandbox's PID namespace with the guest's python3 and the standard library only
+(copied into the initramfs, never imported on the host), outside the sandbox's cgroup so a command at its
+limits cannot stall it. The host speaks a small framed protocol to it over virtio-serial ports.
 
-The agent itself stays out of that cgroup (a command at the memory or pids limit cannot stall it); each
-command joins it in its child process before the exec. The host reaches the agent through virtio-serial
-ports named `agentenv.<n>` (one request or session at a time per port; several ports serve in parallel). A
-port's host side is a unix socket of QEMU: a host process connects, sends one request and reads the
-answer, or keeps the port for a session's shell. A port whose host side disconnects reads as EOF here;
-the kernel signals (re)connections with SIGIO, which the main thread turns into a wake-up of the port's
-thread (a port cannot be polled for a connection).
-
-A connection starts with the line `HELLO <nonce>`, answered `WELCOME <nonce>` (see the constants): each
-side skips whatever an earlier connection left in flight up to that line; one request per connection.
-Then frames both ways: a 5-byte header (payload length, big-endian u32; kind, one byte) and the payload.
-Kinds: 0 stdin (host -> guest; an empty one is the end of input), 1 stdout, 2 stderr, 3 a JSON object. A
-request is a JSON frame with `op`; every answer ends with a JSON frame (`error` names a failure).
+Design: docs/design/sandboxes.md#agentenv-backend-microvm-guest-agent.
 """
 
 import ctypes
