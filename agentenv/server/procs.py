@@ -267,6 +267,8 @@ class ProcessManager:
             started = files.start_detached(PROC_ROOT, tag_dir, [cmd, *args], env, workdir, stdin)
         except (FileNotFoundError, NotADirectoryError, PermissionError) as e:
             raise AgentEnvError(f"cannot start {cmd!r} in {workdir!r}: {e}") from None
+        except ContainerNotRunning as e:  # it died behind our back (a killed VM): gone, as a failed exec
+            raise sb._container_lost(str(e)) from None
         if started is not None:
             pid = started
         else:
