@@ -62,7 +62,8 @@ def v1_cgroup(quota_us: int, inner_quota_us: int) -> Iterator[Path]:
     """A v1 cpu cgroup with ``quota_us`` per 100 ms and a child with ``inner_quota_us`` (-1: none); yields
     the child; both are removed after (their processes have exited by then)."""
     if not (V1_CPU / "cpu.cfs_quota_us").exists() or not os.access(V1_CPU, os.W_OK):
-        pytest.skip("needs a writable cgroup v1 cpu hierarchy at /sys/fs/cgroup/cpu (as root)")
+        pytest.fail("no writable cgroup v1 cpu hierarchy at /sys/fs/cgroup/cpu: the tests run as root on a "
+                    "cgroup v1 host (the bootstrap's target); this host lacks it")
     outer = V1_CPU / f"k3rl-test-{uuid.uuid4().hex[:8]}"
     inner = outer / "inner"
     outer.mkdir()
