@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP API of a `Gateway` (FastAPI, served by uvicorn).
 
-``POST /v1/chat/completions`` and ``POST /v1/completions``, ``GET /v1/models``. With ``stream``, the
+``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models[/{id}]``. With ``stream``, the
 reply is server-sent events in OpenAI's chunk shapes, sent as the tokens are sampled: for a chat a
 ``role`` chunk of each choice first, then its content deltas (with their tokens' log-probs when asked),
 its tool calls once it is done, a chunk with its ``finish_reason``, and ``data: [DONE]`` at the end; a
@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from rl.gateway.bodies import chat_request, completion_request
-from rl.gateway.errors import ApiError
+from rl.gateway.errors import ApiError, unknown_model
 from rl.gateway.service import Choice, Delta, Gateway
 from rl.tokenizer import Tokenizer
 
@@ -135,6 +135,12 @@ def create_app(gateway: Gateway) -> FastAPI:
             {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "k3rl"}]}
         )
 
+    @app.get("/v1/models/{model}")
+    async def model(model: str) -> JSONResponse:
+        if model != name:
+            raise unknown_model(model, name)
+        return JSONResponse({"id": name, "object": "model", "created": 0, "owned_by": "k3rl"})
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         key = gateway.authorize(_bearer(request))
@@ -145,7 +151,12 @@ def create_app(gateway: Gateway) -> FastAPI:
             return _chat_logprobs(ids, lps, tok) if req.sampling.logprobs else None
 
         if req.sampling.stream:
-            return _streaming(_chat_chunks(gateway.stream_chat(req, key), req.sampling.n, head, logprobs))
+            done: list[Choice] = []
+            n = req.sampling.n
+            chunks = _chat_chunks(_finished(gateway.stream_chat(req, key), done), n, head, logprobs)
+            if req.sampling.include_usage:
+                chunks = _with_usage(chunks, done, n, {**head, "object": "chat.completion.chunk"})
+            return _streaming(chunks)
         choices = await gateway.chat(req, key)
 
         def message(choice: Choice) -> dict:
@@ -186,7 +197,11 @@ def create_app(gateway: Gateway) -> FastAPI:
             return _completion_logprobs(ids, lps, tok, offset) if req.sampling.logprobs else None
 
         if req.sampling.stream:
-            return _streaming(_completion_chunks(gateway.stream_completions(req, key), head, logprobs))
+            done = []
+            chunks = _completion_chunks(_finished(gateway.stream_completions(req, key), done), head, logprobs)
+            if req.sampling.include_usage:
+                chunks = _with_usage(chunks, done, req.sampling.n, head)
+            return _streaming(chunks)
         choices = await gateway.complete(req, key)
         return JSONResponse(
             {
@@ -232,6 +247,27 @@ async def _chat_chunks(
         if item.tool_calls:
             yield one(item.index, {"tool_calls": _tool_calls(item)})
         yield one(item.index, {}, item.finish_reason)
+
+
+Items = AsyncIterator[Delta | Choice]
+
+
+async def _finished(stream: Items, done: list[Choice]) -> Items:
+    """``stream`` as it is, keeping each finished choice in ``done``."""
+    async for item in stream:
+        if isinstance(item, Choice):
+            done.append(item)
+        yield item
+
+
+async def _with_usage(
+    chunks: AsyncIterator[dict], done: list[Choice], n: int, head: dict
+) -> AsyncIterator[dict]:
+    """With ``stream_options.include_usage``: each chunk with ``usage: null``, then one with no choices and
+    the call's usage, as OpenAI sends them."""
+    async for chunk in chunks:
+        yield {**chunk, "usage": None}
+    yield {**head, "choices": [], "usage": _usage(sorted(done, key=lambda c: c.index), n)}
 
 
 async def _completion_chunks(

@@ -1,8 +1,9 @@
 """Checking the JSON bodies of the OpenAI endpoints into typed requests.
 
-Every refusal is an `ApiError` (400) whose ``param`` names the field at fault, e.g. ``messages[1].role``.
-Fields of OpenAI's API that change nothing here (``user``, ``seed``, ``stream_options`` ...) are accepted
-and ignored; the ones the gateway cannot honour (``top_logprobs`` > 0, ``echo``) are refused by name.
+Every refusal is an `ApiError` (400; 404 for a model not served) whose ``param`` names the field at
+fault, e.g. ``messages[1].role``.
+Fields of OpenAI's API that change nothing here (``user``, ``seed`` ...) are accepted and ignored;
+the ones the gateway cannot honour (``top_logprobs`` > 0, ``echo``) are refused by name.
 A temperature of 0 asks for greedy decoding: it samples at `GREEDY_TEMPERATURE`.
 """
 
@@ -32,6 +33,7 @@ class SamplingRequest:
     n: int
     logprobs: bool
     stream: bool
+    include_usage: bool = False  # a stream ends with a chunk of the call's usage (``stream_options``)
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ def _sampling(body: Any, max_n: int, logprobs: bool, max_tokens_field: str) -> S
     if not isinstance(model, str) or not model:
         raise ApiError("model is required: the name of the served policy (GET /v1/models)", "model")
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    stream = _flag(body, "stream")
     return SamplingRequest(
         model=model,
         temperature=temperature or GREEDY_TEMPERATURE,
@@ -107,8 +110,25 @@ def _sampling(body: Any, max_n: int, logprobs: bool, max_tokens_field: str) -> S
         stop=_stop(body),
         n=_integer(body, "n", 1, max_n) or 1,
         logprobs=logprobs,
-        stream=_flag(body, "stream"),
+        stream=stream,
+        include_usage=_stream_options(body, stream),
     )
+
+
+def _stream_options(body: dict, stream: bool) -> bool:
+    """``stream_options``' ``include_usage``; as OpenAI's, the options are refused without ``stream``."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise ApiError("stream_options is only allowed when stream is true", "stream_options")
+    if not isinstance(options, dict):
+        raise ApiError(f"stream_options must be an object, got {options!r}", "stream_options")
+    include = options.get("include_usage")
+    if include is not None and not isinstance(include, bool):
+        raise ApiError(f"stream_options.include_usage must be true or false, got {include!r}",
+                       "stream_options.include_usage")  # fmt: skip
+    return bool(include)
 
 
 def _object(body: Any) -> dict:

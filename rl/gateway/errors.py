@@ -29,3 +29,9 @@ class ApiError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status)
+
+
+def unknown_model(asked: str, served: str) -> ApiError:
+    """A 404 as OpenAI's for a model it does not have (``code`` model_not_found)."""
+    return ApiError(f"the model {asked!r} does not exist here; the served policy is {served!r}", "model",
+                    status=404, code="model_not_found")  # fmt: skip

@@ -55,11 +55,17 @@ def closing(app):
 
 def unreachable(reason: str) -> bytes:
     """A 502 in OpenAI's error shape: the gateway's server could not be reached."""
-    error = ApiError(f"the policy gateway is not reachable: {reason}", status=502, type="server_error",
-                     code="gateway_unreachable")
+    error = ApiError(
+        f"the policy gateway is not reachable: {reason}",
+        status=502,
+        type="server_error",
+        code="gateway_unreachable",
+    )
     body = json.dumps(error.body()).encode()
-    head = (f"HTTP/1.1 502 Bad Gateway\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n").encode()
+    head = (
+        f"HTTP/1.1 502 Bad Gateway\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    ).encode()
     return head + body
 
 
@@ -107,8 +113,9 @@ class SandboxLink:
         self._upstream = str(self.socket_path)
         listener.bind(self._upstream)
         server = uvicorn.Server(uvicorn.Config(closing(create_app(self.gateway)), log_level="warning"))
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True,
-                                  name="gateway-sandbox-link")
+        thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [listener]}, daemon=True, name="gateway-sandbox-link"
+        )
         thread.start()
         deadline = time.monotonic() + START_TIMEOUT_S
         while not server.started:
@@ -154,12 +161,14 @@ class SandboxLink:
         if self._loop is None:
             raise RuntimeError("the link is not started")
         if not isinstance(sandbox, Sandbox):
-            raise ConfigError(f"the link listens in local sandboxes (agentenv.Sandbox), not in a "
-                              f"{type(sandbox).__name__}")
+            raise ConfigError(
+                f"the link listens in local sandboxes (agentenv.Sandbox), not in a {type(sandbox).__name__}"
+            )
         namespace = sandbox.network_namespace()
         if namespace is None:
-            raise SandboxStateError(f"sandbox {sandbox.id} is {sandbox.status}: the link reaches running "
-                                    "sandboxes only")
+            raise SandboxStateError(
+                f"sandbox {sandbox.id} is {sandbox.status}: the link reaches running sandboxes only"
+            )
         with self._attaching:  # one listener per sandbox, also when two threads link it at once
             with self._lock:
                 known = self._listeners.get(sandbox.id)
@@ -169,7 +178,8 @@ class SandboxLink:
             listener = sandbox.loopback_listener(self.port)
             try:
                 future = asyncio.run_coroutine_threadsafe(
-                    asyncio.start_server(self._relay, sock=listener), self._loop)
+                    asyncio.start_server(self._relay, sock=listener), self._loop
+                )
                 server = future.result(START_TIMEOUT_S)
             except BaseException:
                 listener.close()
@@ -224,4 +234,3 @@ async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> Non
     while data := await source.read(CHUNK_BYTES):
         sink.write(data)
         await sink.drain()
-

@@ -19,7 +19,7 @@ from rl.gateway.batcher import Batcher
 from rl.gateway.bodies import ChatRequest, CompletionRequest, SamplingRequest
 from rl.gateway.capture import CallRecord, EpisodeKeys
 from rl.gateway.chat_format import TOOL_CALL_OPEN, ToolCall, parse_completion, render_chat
-from rl.gateway.errors import ApiError
+from rl.gateway.errors import ApiError, unknown_model
 from rl.gateway.settings import GatewaySettings
 from rl.gateway.streaming import TextDeltas
 from rl.generation import Generation, Sampling
@@ -82,8 +82,7 @@ class Gateway:
         """The tokens a completion of ``prompt`` may sample; a 400 naming the field at fault."""
         cfg = self.settings
         if sampling.model != cfg.model_name:
-            raise ApiError(f"model {sampling.model!r} is not served here; use {cfg.model_name!r}", "model",
-                           code="model_not_found")  # fmt: skip
+            raise unknown_model(sampling.model, cfg.model_name)
         if sampling.max_tokens is not None and sampling.max_tokens > cfg.max_tokens:
             raise ApiError(f"max_tokens is at most {cfg.max_tokens}, got {sampling.max_tokens}", "max_tokens")
         room = cfg.context_tokens - len(prompt)

@@ -154,7 +154,11 @@ def test_a_pause_and_resume_are_charged_the_runtimes_cpu_read_in_its_own_cgroup(
     sandbox.pause()
     sandbox.resume()
     os.waitid(os.P_PID, burner.pid, os.WEXITED | os.WNOWAIT)  # its burn inside the window, not reaped
-    restored = sandbox.stats().cpu_seconds_since_start  # CRIU's copies back, inside the restored processes
+    # CRIU's copies back, inside the restored processes: a lazy resume charges them as the processes run
+    # again, so read once the counter has run (within 5 s: a busy host can schedule it late)
+    deadline = time.monotonic() + 5
+    while (restored := sandbox.stats().cpu_seconds_since_start) == 0.0 and time.monotonic() < deadline:
+        time.sleep(0.05)
     charged, host = meter.stop(token, restored_cpu_s=restored), host_cpu_seconds() - host0
     _pid, _status, usage = os.wait4(burner.pid, 0)  # reaped after the stop: not a waited-for child in it
     burned = usage.ru_utime + usage.ru_stime

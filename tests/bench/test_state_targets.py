@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -169,11 +170,23 @@ def test_ksmd_cpu_is_read_from_its_stat_line():
 
 
 def test_pss_counts_live_processes_and_skips_gone_ones():
-    mine = pss_bytes([os.getpid()])
-    assert mine > 1 << 20
-    assert pss_bytes([2**22 + 1]) == 0  # no such pid: counts 0, no error
-    # a PSS moves as other processes map and unmap the pages it shares (libraries): close, not equal
-    assert abs(pss_bytes([os.getpid(), 2**22 + 1]) - mine) < 1 << 20
+    # a child that holds 16 MiB of its own written pages and then only sleeps: its PSS stays put (the test
+    # process's own moves by MiBs as the suite imports and allocates, so it is no fixed yardstick)
+    child = subprocess.Popen([sys.executable, "-c", HOLD_16_MIB], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"ready\n"
+        held = pss_bytes([child.pid])
+        assert held > 16 << 20
+        assert pss_bytes([2**22 + 1]) == 0  # no such pid: counts 0, no error
+        # a PSS moves as other processes map and unmap the libraries it shares: close, not equal
+        assert abs(pss_bytes([child.pid, 2**22 + 1]) - held) < 1 << 20
+    finally:
+        child.kill()
+        child.wait()
+
+
+HOLD_16_MIB = ("import time; b = bytearray(16 << 20); b[::4096] = b'x' * 4096; "
+               "print('ready', flush=True); time.sleep(60)")
 
 
 def test_variants_get_the_configured_backend_file_with_their_settings(tmp_path, monkeypatch):

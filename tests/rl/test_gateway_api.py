@@ -33,6 +33,39 @@ def test_models_lists_the_served_policy(client):
     assert [m.id for m in client.models.list()] == [MODEL]
 
 
+def test_an_unknown_model_is_openais_404_on_every_route(client):
+    assert client.models.retrieve(MODEL).id == MODEL
+    calls = [
+        lambda: client.models.retrieve("gpt-4o"),
+        lambda: client.chat.completions.create(model="gpt-4o", messages=ONE),
+        lambda: client.completions.create(model="gpt-4o", prompt="x", stream=True),
+    ]
+    for call in calls:
+        with pytest.raises(openai.NotFoundError) as caught:
+            call()
+        error = caught.value.body
+        assert (error["code"], error["param"]) == ("model_not_found", "model")
+        assert error["type"] == "invalid_request_error"
+        assert "gpt-4o" in error["message"] and MODEL in error["message"]
+
+
+def test_a_stream_with_include_usage_ends_with_the_calls_usage(client):
+    asked = {"model": MODEL, "max_tokens": 5, "temperature": 0, "n": 2}
+    usage = {"stream": True, "stream_options": {"include_usage": True}}
+    chat = client.chat.completions
+    chunks = list(chat.create(messages=ONE, **asked, **usage))
+    assert all(c.usage is None and c.choices for c in chunks[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage == chat.create(messages=ONE, **asked).usage  # greedy
+    assert all(c.usage is None for c in chat.create(messages=ONE, stream=True, **asked))  # not asked: none
+    whole = client.completions.create(prompt=["ab", "cde"], logprobs=0, **asked)
+    done = list(client.completions.create(prompt=["ab", "cde"], **asked, **usage))
+    assert done[-1].choices == [] and done[-1].usage == whole.usage
+    assert whole.usage.prompt_tokens == 2 + 3
+
+
+ONE = [{"role": "user", "content": "x"}]
+
+
 def test_chat_completion_returns_the_sampled_tokens_with_their_logprobs(client):
     reply = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8, logprobs=True
@@ -93,13 +126,14 @@ def test_a_stop_sequence_cuts_the_completion_before_it(served, client):
     assert cut.choices[0].finish_reason == "stop"
 
 
-ONE = [{"role": "user", "content": "x"}]
 
 
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"model": "gpt-4o", "messages": ONE}, "model"),
+        ({"model": MODEL, "messages": ONE, "stream_options": {"include_usage": True}}, "stream_options"),
+        ({"model": MODEL, "messages": ONE, "stream": True, "stream_options": {"include_usage": 1}},
+         "stream_options.include_usage"),  # fmt: skip
         ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
         ({"model": MODEL, "messages": [{"role": "user"}]}, "messages[0].content"),
         ({"model": MODEL, "messages": []}, "messages"),

@@ -125,9 +125,9 @@ def test_ppo_trains_on_the_wrapped_env_and_balances_every_optimizer_step(ppo_run
 
 
 def test_grpo_resume_continues_exactly(grpo_run, tmp_path):
-    """4 iterations == the 2 of `grpo_run` + resume + 2 (whose retried batch was replayed identically)."""
-    straight = run(tmp_path, "straight", "trainer.iterations=4")
-    resumed = run(tmp_path, "resumed", "trainer.iterations=4", f"trainer.resume={grpo_run.run_dir}")
+    """3 iterations == the 2 of `grpo_run` (whose retried batch was replayed identically) + resume + 1."""
+    straight = run(tmp_path, "straight", "trainer.iterations=3")
+    resumed = run(tmp_path, "resumed", "trainer.iterations=3", f"trainer.resume={grpo_run.run_dir}")
     assert_same_run(straight, resumed)
 
 
