@@ -18,10 +18,10 @@ import numpy as np
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from rl.episode import Outcome
+from rl.episode import EpisodeSummary
 from rl.inflight import InFlightRecord, kept_sandboxes, remove_record, save_record
 from rl.seeds import async_group_seeds, async_sampling_seed
-from rl.sources import Batch, FinishedGroup, finished_groups
+from rl.sources import FinishedGroup, StepBatch, finished_groups
 from rl.weights import PublishedWeights
 from rl.workers import RolloutWorkers, worker_lost
 
@@ -40,7 +40,7 @@ def split_stale(
     return kept, dropped
 
 
-def staleness_metrics(batch: Batch, dropped: int, continued: int) -> dict[str, float]:
+def staleness_metrics(batch: StepBatch, dropped: int, continued: int) -> dict[str, float]:
     """Staleness of a batch's episodes (versions behind the learner), partial rollouts, drops."""
     outcomes = batch.outcomes
     lags = [batch.version - o.oldest_version if o.oldest_version is not None else 0 for o in outcomes]
@@ -111,9 +111,9 @@ class AsyncRollouts:
         self.workers.offer(version, weights)
         self.since = time.perf_counter()
 
-    def next_batch(self, version: int) -> Batch:
+    def next_batch(self, version: int) -> StepBatch:
         """Block until ``num_groups`` groups within the staleness bound of ``version`` are finished."""
-        batch = Batch(version=version, since=self.since)
+        batch = StepBatch(version=version, since=self.since)
         dropped = 0
         while True:
             self.ready, stale = split_stale(self.ready, version, self.max_staleness)
@@ -130,7 +130,7 @@ class AsyncRollouts:
         batch.metrics = staleness_metrics(batch, dropped, continued)
         return batch
 
-    def _collect(self, summary: ray.ObjectRef, batch: Batch) -> None:
+    def _collect(self, summary: ray.ObjectRef, batch: StepBatch) -> None:
         """One finished call: queue the worker's next call, keep its groups (or retry a lost worker)."""
         w, groups, call = self.calls.pop(summary)
         try:
@@ -206,7 +206,8 @@ class AsyncRollouts:
         closes the sandboxes ``keeper`` kept."""
         node_ips = [node["ip"] for node in self.workers.nodes]
         for episodes in record.ready:
-            self.ready.append(FinishedGroup(ray.put(episodes), [Outcome.of(e) for e in episodes], RESTORED))
+            summaries = [EpisodeSummary.of(e) for e in episodes]
+            self.ready.append(FinishedGroup(ray.put(episodes), summaries, RESTORED))
         for n, recorded in enumerate(record.rollouts):
             on_node = [w for w, ip in enumerate(node_ips) if ip == recorded.node_ip]
             w = on_node[n % len(on_node)] if on_node else n % len(self.workers)

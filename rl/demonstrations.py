@@ -85,7 +85,7 @@ class Recorder:
     def __init__(self, env_cfg: EnvConfig, tokenizer: Tokenizer, tokenizer_name: str) -> None:
         self.env_id = env_cfg.id
         self.max_new_tokens = env_cfg.max_new_tokens
-        self.max_episode_tokens = env_cfg.max_episode_tokens
+        self.action_room = env_cfg.max_episode_tokens - env_cfg.max_new_tokens  # tokens before an action
         self.vocabulary = set(env_cfg.action_vocabulary) if env_cfg.action_vocabulary else None
         self.tok = tokenizer
         self.tokenizer_name = tokenizer_name
@@ -120,30 +120,19 @@ class Recorder:
             episode.fail(exc)
             return demo
         expert.start(observation)
-        episode.observations.append(observation)
-        episode.append(
-            [tok.bos_id, tok.observation_id, *tok.encode(observation), tok.end_id, tok.action_id], False
-        )
+        episode.begin(observation, tok)
         while True:
-            ids = self.action_ids(expert.act(observation))
+            ids = self.action_ids(expert.act(episode.observations[-1]))
             episode.append(ids, trained=True)
             action = tok.decode(ids)  # what the RL loop would step the env with
             actions.append(action)
             try:
-                observation, reward, terminated, truncated, info = env.step(action)
+                result = env.step(action)
             except Exception as exc:
                 episode.fail(exc)
                 return demo
-            episode.observations.append(observation)
-            episode.turns += 1
-            episode.step_rewards.append((len(episode.tokens) - 1, float(reward)))
-            episode.success = episode.success or bool(info.get("success", False))
-            if terminated or truncated:
-                episode.truncated = bool(truncated)
-                return demo
-            episode.append([tok.observation_id, *tok.encode(observation), tok.end_id, tok.action_id], False)
-            if len(episode.tokens) + self.max_new_tokens > self.max_episode_tokens:
-                episode.truncated = True  # where the RL loop stops an episode too
+            # recorded as the RL loop records a step, and stopped where it stops an episode
+            if not episode.stepped(result, len(episode.tokens) - 1, tok, None, self.action_room):
                 return demo
 
 

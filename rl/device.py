@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from agentenv.errors import ConfigError
+
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -118,6 +120,25 @@ class GpuDemand:
                     f"{self.worker_gpus:g} GPU need {self.gpus} GPUs (Ray places each share on one GPU) "
                     f"but this host has {available}")
         return None
+
+
+def check_device(cfg: Any, cuda_available: bool | None = None, device_count: int | None = None) -> None:
+    """``trainer.device=cuda``: torch sees a GPU here, each learner rank of several gets a whole GPU, and
+    with local Ray the learner's and the workers' shares fit the host's GPUs (`GpuDemand`); a one-line
+    `ConfigError` naming the key. ``cuda_available`` / ``device_count`` default to torch's answers
+    (``auto`` resolves in the trainer, which runs this check again with the resolved device)."""
+    trainer = cfg.trainer
+    if trainer.device != "cuda":
+        return
+    try:
+        resolve_device("cuda", cuda_available)
+    except DeviceUnavailable as exc:
+        raise ConfigError(f"trainer.device: {exc}") from None
+    have = torch.cuda.device_count() if device_count is None else device_count
+    problem = GpuDemand.of(cfg).problem(have if trainer.ray_address is None else None)
+    if problem is not None:
+        key, message = problem
+        raise ConfigError(f"{key}: {message}")
 
 
 def actor_gpu_options(device: str, gpus: float) -> dict[str, Any]:

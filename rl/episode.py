@@ -22,7 +22,7 @@ files in the exception's traceback (`agentenv.tracebacks`), so the error names t
 Routing replay: ``routes`` holds, for every action token in order, the experts the engine's routers chose
 where that token was sampled (`rl.generation.Generation.routes`: ``[n_action_tokens, n_moe_layers,
 top_k]``), or None when no engine recorded any. Action tokens appended without a record get rows of -1
-(no record). `collate` lays them out beside the log-probs (`Batch.routes`). An episode pickled before
+(no record). `collate` lays them out beside the log-probs (`TensorBatch.routes`). An episode pickled before
 the field existed (an older in-flight checkpoint) reads back with ``routes`` None.
 
 A leaf of a tree rollout (Tree-GRPO, `rl.tree_rollout`) is an ordinary episode holding its whole path
@@ -41,6 +41,7 @@ import torch
 
 from agentenv.tracebacks import frames_text
 from rl.failures import failure_kind
+from rl.tokenizer import Tokenizer, observation_turn
 
 
 @dataclass
@@ -132,6 +133,33 @@ class Episode:
             raise ValueError(f"routes of shape {list(routes.shape[1:])} after {list(self.routes.shape[1:])}")
         self.routes = torch.cat([self.routes, routes.to(self.routes.dtype)])
 
+    def begin(self, observation: str, tok: Tokenizer, version: int | None = None) -> None:
+        """The reset's observation: kept, and framed as the start of the sequence."""
+        self.observations.append(observation)
+        self.append(observation_turn(tok, observation, first=True), trained=False, version=version)
+
+    def stepped(self, result: tuple, reward_at: int, tok: Tokenizer, version: int | None, room: int) -> bool:
+        """One env step's ``(observation, reward, terminated, truncated, info)``: the turn counted, its
+        reward on token ``reward_at`` (the action's last). True when the episode goes on, its observation
+        framed; False when the task ended it or fewer than ``room`` tokens are left for an action
+        (``cut`` says which limit: ``max_turns`` or ``tokens``)."""
+        observation, reward, terminated, truncated, info = result
+        self.observations.append(observation)
+        self.turns += 1
+        self.step_rewards.append((reward_at, float(reward)))
+        self.success = self.success or bool(info.get("success", False))
+        self.record_info(info)
+        if terminated or truncated:
+            self.truncated = bool(truncated)
+            self.cut = "max_turns" if truncated and not terminated else None
+            return False
+        self.append(observation_turn(tok, observation), trained=False, version=version)
+        if len(self.tokens) > room:
+            self.truncated = True
+            self.cut = "tokens"  # the task did not end it: env.max_episode_tokens did
+            return False
+        return True
+
     def fail(self, error: BaseException | str, kind: str | None = None) -> None:
         """Mark the episode failed by ``error``; ``kind`` (default: `rl.failures.failure_kind` of the
         exception, ``runtime_error`` for a message) says which infrastructure failure it was."""
@@ -153,7 +181,7 @@ class Episode:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class EpisodeSummary:
     """What the driver needs of one episode for its metrics (the episode itself goes to the learner)."""
 
     success: bool
@@ -169,7 +197,7 @@ class Outcome:
     task_info: tuple[tuple[str, float], ...] = ()
 
     @classmethod
-    def of(cls, episode: Episode) -> Outcome:
+    def of(cls, episode: Episode) -> EpisodeSummary:
         info = episode.task_info or {}
         return cls(
             episode.success,
@@ -186,7 +214,7 @@ class Outcome:
 
 
 @dataclass
-class Batch:
+class TensorBatch:
     """Right-padded tensors of a list of episodes, aligned on the *predicted* token (``[:, 1:]``)."""
 
     input_ids: torch.Tensor  # [B, T]
@@ -200,16 +228,16 @@ class Batch:
     # of input position t for entry t), -1 where none was recorded; None when no episode has a record
     routes: torch.Tensor | None = None
 
-    def to(self, device: torch.device) -> Batch:
+    def to(self, device: torch.device) -> TensorBatch:
         """The same batch with every tensor on ``device`` (itself when they are there already)."""
         if self.input_ids.device == device:
             return self
         moved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return Batch(**{k: v if v is None else v.to(device) for k, v in moved.items()})
+        return TensorBatch(**{k: v if v is None else v.to(device) for k, v in moved.items()})
 
 
-def collate(episodes: list[Episode], pad_id: int) -> Batch:
-    """Pack episodes into a `Batch` (right padding; causal models ignore what follows a token)."""
+def collate(episodes: list[Episode], pad_id: int) -> TensorBatch:
+    """Pack episodes into a `TensorBatch` (right padding; causal models ignore what follows a token)."""
     if not episodes:
         raise ValueError("cannot collate an empty list of episodes")
     width = max(2, max(len(e.tokens) for e in episodes))
@@ -228,7 +256,7 @@ def collate(episodes: list[Episode], pad_id: int) -> Batch:
             logp[row, :length] = torch.tensor(ep.logprobs, dtype=torch.float)
         for index, reward in ep.step_rewards:
             tok_rew[row, index] += reward
-    return Batch(
+    return TensorBatch(
         input_ids=ids,
         attention_mask=attn,
         action_mask=act[:, 1:],
@@ -241,7 +269,7 @@ def collate(episodes: list[Episode], pad_id: int) -> Batch:
 
 
 def collate_routes(episodes: list[Episode], width: int) -> torch.Tensor | None:
-    """`Batch.routes` of ``episodes`` padded to ``width`` tokens, or None when none has a record."""
+    """`TensorBatch.routes` of ``episodes`` padded to ``width`` tokens, or None when none has a record."""
     recorded = [e.routes for e in episodes if e.routes is not None]
     if not recorded:
         return None

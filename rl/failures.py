@@ -24,7 +24,7 @@ FAILURE_KINDS = ("sandbox_lost", "exec_timeout", "runtime_error")
 
 
 class Failed(Protocol):
-    """What `failure_metrics` reads of an episode's outcome (`rl.episode.Outcome`)."""
+    """What `failure_metrics` reads of an episode's outcome (`rl.episode.EpisodeSummary`)."""
 
     failed: bool
     failure: str | None

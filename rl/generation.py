@@ -72,6 +72,7 @@ class EpisodeState:
     cache: K3Cache
     logits: torch.Tensor | None = None  # [vocab], after the last read token (None while tokens are pending)
     pending: list[int] = field(default_factory=list)
+    routes: torch.Tensor | None = None  # [n_moe_layers, top_k]: the experts of the last read token
 
     def branch(self, width: int) -> list[EpisodeState]:
         """``width`` independent copies (each child's later tokens change only its own)."""
@@ -246,6 +247,7 @@ class TorchEngine:
         out = self.model(torch.tensor([new], dtype=torch.long, device=device), cache=state.cache)
         self._record_loads(out.router_stats)
         state.logits, state.pending = out.logits[0, -1], []
+        state.routes = last_token_routes(out.router_stats, torch.tensor([len(new)]), self.route_dtype)[0]
         return state
 
     @torch.inference_mode()
@@ -260,21 +262,27 @@ class TorchEngine:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self.model.eval()
         device = next(self.model.parameters()).device
-        logits, end = state.logits, self.tokenizer.end_id
+        logits, step_routes, end = state.logits, state.routes, self.tokenizer.end_id
         tokens: list[int] = []
         logprobs: list[float] = []
+        routes: list[torch.Tensor] = []  # each sampled token's: the experts of the position that sampled it
+        one = torch.ones(1, dtype=torch.long)
         for step in range(max_new_tokens):
             logp = self._action_logp(logits[None], self.temperature)
             sampled = torch.multinomial(logp.exp(), 1, generator=generator)
             tokens.append(int(sampled))
             logprobs.append(float(logp[0, tokens[-1]]))
+            if step_routes is not None:
+                routes.append(step_routes)
             if tokens[-1] == end or step == max_new_tokens - 1:
                 break
             out = self.model(sampled.to(device), cache=state.cache)
             self._record_loads(out.router_stats)
             logits = out.logits[0, -1]
-        state.logits, state.pending = None, [tokens[-1]]
-        return Generation(tokens, logprobs, tokens[-1] == end)
+            step_routes = last_token_routes(out.router_stats, one, self.route_dtype)[0]
+        state.logits, state.pending, state.routes = None, [tokens[-1]], None
+        recorded = torch.stack(routes) if len(routes) == len(tokens) else None
+        return Generation(tokens, logprobs, tokens[-1] == end, recorded)
 
     def _record_loads(self, router_stats) -> None:
         for stats in router_stats:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rl.episode import Outcome
+from rl.episode import EpisodeSummary
 from rl.seeds import eval_seeds, sampling_seed
 from rl.sources import split
 from rl.workers import RolloutWorkers
@@ -38,7 +38,7 @@ class HeldOutEval:
                 self.workers.actors[w].rollout.options(num_returns=1 + len(chunk))
                 .remote(chunk, 1, offset, sample_seed, version)[0]
             )
-        outcomes: list[Outcome] = []
+        outcomes: list[EpisodeSummary] = []
         for w, ref in enumerate(calls):
             _, stats, _ = self.workers.summary(w, ref)
             outcomes += stats.outcomes

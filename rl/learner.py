@@ -58,7 +58,7 @@ from rl.checkpoints import POLICY
 from rl.config import AlgoConfig, RunConfig
 from rl.data_parallel import DataParallel
 from rl.device import Placement
-from rl.episode import Batch, Episode, collate
+from rl.episode import Episode, TensorBatch, collate
 from rl.generation import MASKED_LOGIT, disallowed_tokens
 from rl.init_weights import load_init_weights
 from rl.optim import build_optimizer, optimizer_step
@@ -155,7 +155,7 @@ class Learner:
 
     # ------------------------------------------------------------------ training
     def advantages(
-        self, batch: Batch, values: torch.Tensor | None
+        self, batch: TensorBatch, values: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token advantages ``[B, T-1]`` (and PPO returns)."""
         kind, group = self.algo.advantage, self.algo.group_size
@@ -189,7 +189,7 @@ class Learner:
         where = action_mask.bool()[..., None] & self.disallowed.to(logits.device)
         return logits.masked_fill(where, MASKED_LOGIT)
 
-    def _forward(self, batch: Batch, rows: torch.Tensor | slice = slice(None)):
+    def _forward(self, batch: TensorBatch, rows: torch.Tensor | slice = slice(None)):
         """Policy log-probs, values (PPO), logits and router stats of ``batch[rows]`` (with the rollout's
         routing replayed where recorded, under ``algo.routing_replay``)."""
         mask = batch.action_mask[rows]
@@ -208,7 +208,7 @@ class Learner:
         logp = token_log_probs(logits, batch.input_ids[rows][:, 1:])
         return logp, values, logits, out.router_stats
 
-    def _batch(self, episodes: list[Episode]) -> Batch:
+    def _batch(self, episodes: list[Episode]) -> TensorBatch:
         """`collate` of ``episodes``, on the learner's device."""
         return collate(episodes, self.pad_id).to(self.placement.device)
 
@@ -360,7 +360,7 @@ class Learner:
         return self.parallel.global_metrics(metrics, float(shares[1]))
 
     def _tree_samples(
-        self, episodes: list[Episode], batch: Batch, valid: torch.Tensor, keep: torch.Tensor, chunks
+        self, episodes: list[Episode], batch: TensorBatch, valid: torch.Tensor, keep: torch.Tensor, chunks
     ) -> TreeSamples:
         """The learner rows of a tree_grpo batch (leaves of `rl.tree_rollout` trees, one row each, as
         collated): `rl.algos.tree_grpo.tree_samples` of each minibatch's trees (each minibatch's loss
@@ -402,7 +402,7 @@ class Learner:
             )
         return loss, stats
 
-    def _maxvio_floor(self, batch: Batch, rows: torch.Tensor | slice) -> float:
+    def _maxvio_floor(self, batch: TensorBatch, rows: torch.Tensor | slice) -> float:
         """`model.balancing.maxvio_floor` of this optimizer step's tokens: the MaxVio a perfectly balanced
         router would show on them, given that tokens with one shared prefix route together. Drawn from
         its own generator (seeded by run seed and step), so logging it leaves the run's RNG alone."""

@@ -1,4 +1,5 @@
-"""Before Ray starts: the task's options against its signature, and one env of it made, reset and stepped.
+"""Before Ray starts: what the config asks of this host, the task's options against its signature, and
+one env of it made, reset and stepped.
 
 A mistake in a task's options or code would otherwise surface only inside a Ray worker, tens of seconds
 later and under platform frames: `check_task_options` names the nearest parameters, `try_task` raises
@@ -21,6 +22,28 @@ from rl.config.names import did_you_mean
 
 # what the runner itself passes to every task (rl.rollout.task_kwargs, rl.wrappers.make_env)
 PLATFORM_KWARGS = ("sandbox", "sandboxes")
+
+
+def check_runtime(run: RunConfig) -> None:
+    """The config's demands on the code and the host, which its own checks (`rl.config.checks`, pure)
+    leave here: the wrappers import, vLLM imports, ``trainer.device=cuda`` has its GPUs. A one-line
+    `ConfigError` naming the key."""
+    if run.env.wrappers:
+        from rl.wrappers import wrapper_spec
+
+        for i, entry in enumerate(run.env.wrappers):
+            wrapper_spec(entry, f"env.wrappers[{i}]")
+    if run.rollout.engine == "vllm":
+        from rl.engines import EngineUnavailable, check_vllm_available
+
+        try:
+            check_vllm_available()
+        except EngineUnavailable as exc:
+            raise ConfigError(f"rollout.engine: {exc}") from None
+    if run.trainer.device == "cuda":  # torch is imported for this setting only (`auto` resolves later)
+        from rl.device import check_device
+
+        check_device(run)
 
 
 class TaskFailed(RuntimeError):

@@ -70,7 +70,7 @@ kept by the checkpoint, the run going on in a fork of it); `EpisodeRunner.resume
 recorded run after a restart, from restores of the kept sandboxes.
 
 `RolloutWorker` (in ``rl.actors``) is the Ray actor around a runner and a policy copy; the driver reads
-only its `RolloutStats` (counters and one `Outcome` per episode), the episodes go on to the learner.
+only its `RolloutStats` (counters and one `EpisodeSummary` per episode), the episodes go on to the learner.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ from agentenv.owner import keeper_labels, owner_labels
 from agentenv.pool import PauseCostModel, PauseDecision, PoolMetrics, SandboxPool
 from rl.admission import SandboxGate, Slot
 from rl.config import EnvConfig, RolloutConfig, SandboxPoolConfig
-from rl.episode import Episode, Outcome
+from rl.episode import Episode, EpisodeSummary
 from rl.generation import TorchEngine
 from rl.inflight import InFlightEpisode, env_state, restore_env_state
 from rl.program_rollout import ProgramEpisodes, runs_program
@@ -153,6 +153,7 @@ class EpisodeRunner:
         self.group_start = env_cfg.group_start
         self.max_new_tokens = env_cfg.max_new_tokens
         self.max_episode_tokens = env_cfg.max_episode_tokens
+        self.action_room = env_cfg.max_episode_tokens - env_cfg.max_new_tokens  # tokens before an action
         self.engine = engine
         self.tokenizer = tokenizer
         self.remote = "hosts" in (self.env_kwargs.get("sandbox") or {})
@@ -516,7 +517,7 @@ class EpisodeRunner:
         # each error's first line says what failed; the task-file frames of its traceback follow
         stats.errors = [f"seed {e.seed}: {e.error}" + (f"\n{e.trace}" if e.trace else "")
                         for e in episodes if e.error]
-        stats.outcomes = [Outcome.of(e) for e in episodes]
+        stats.outcomes = [EpisodeSummary.of(e) for e in episodes]
         stats.generated_tokens = (
             sum(sum(e.action_mask) for e in episodes) if self.trees is None else self.trees.sampled(episodes)
         )
@@ -606,13 +607,7 @@ class EpisodeRunner:
         if error is not None:
             episode.fail(error)
             return
-        tok = self.tokenizer
-        episode.observations.append(observation)
-        episode.append(
-            [tok.bos_id, tok.observation_id, *tok.encode(observation), tok.end_id, tok.action_id],
-            trained=False,
-            version=self._policy_version(),
-        )
+        episode.begin(observation, self.tokenizer, self._policy_version())
 
     def _play(
         self,
@@ -681,26 +676,8 @@ class EpisodeRunner:
                 if error is not None:
                     episode.fail(error)
                     continue
-                observation, reward, terminated, truncated, info = result
-                episode.observations.append(observation)
-                episode.turns += 1
-                episode.step_rewards.append((last_action_token[i], float(reward)))
-                episode.success = episode.success or bool(info.get("success", False))
-                episode.record_info(info)
-                if terminated or truncated:
-                    episode.truncated = bool(truncated)
-                    episode.cut = "max_turns" if truncated and not terminated else None
-                    continue
-                episode.append(
-                    [tok.observation_id, *tok.encode(observation), tok.end_id, tok.action_id],
-                    trained=False,
-                    version=version,
-                )
-                if len(episode.tokens) + self.max_new_tokens > self.max_episode_tokens:
-                    episode.truncated = True
-                    episode.cut = "tokens"  # the task did not end it: env.max_episode_tokens did
-                    continue
-                still_active.append(i)
+                if episode.stepped(result, last_action_token[i], tok, version, self.action_room):
+                    still_active.append(i)
             active = still_active
             if self.trees is not None:  # leaves at a branch turn fork into their children
                 active = self.trees.branch(episodes, envs, active, owned, stats)

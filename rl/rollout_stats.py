@@ -10,7 +10,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from rl.episode import Outcome
+from rl.episode import EpisodeSummary
 
 
 @dataclass
@@ -39,7 +39,7 @@ class RolloutStats:
     close_errors: int = 0  # envs whose close raised (logged; the sandbox may be left behind)
     errors: list[str] = field(default_factory=list)
     pool: list[dict] = field(default_factory=list)  # `PoolMetrics.to_dict()` of each worker's pool
-    outcomes: list[Outcome] = field(default_factory=list)  # one per episode, in the episodes' order
+    outcomes: list[EpisodeSummary] = field(default_factory=list)  # one per episode, in the episodes' order
 
     def merge(self, other: RolloutStats) -> None:
         for name, value in vars(other).items():

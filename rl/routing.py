@@ -23,7 +23,7 @@ def recorded_mask(routes: torch.Tensor) -> torch.Tensor:
 
 
 def recorded_routes(routes: torch.Tensor) -> RecordedRoutes:
-    """The forward override of input ids [B, T] from `Batch.routes` [B, T-1, L, k] (records of input
+    """The forward override of input ids [B, T] from `TensorBatch.routes` [B, T-1, L, k] (records of input
     positions 0..T-2; the last position predicts nothing and routes by itself)."""
     last = torch.full_like(routes[:, :1], -1)
     ids = torch.cat([routes, last], dim=1)
@@ -46,7 +46,7 @@ def own_routing(router_stats: list[RouterStats], attention_mask: torch.Tensor) -
 def mismatch_counts(
     router_stats: list[RouterStats], attention_mask: torch.Tensor, routes: torch.Tensor
 ) -> tuple[list[int], torch.Tensor]:
-    """(the MoE layers, counts) of one forward over a batch with `Batch.routes` ``routes``: counts is
+    """(the MoE layers, counts) of one forward over a batch with `TensorBatch.routes` ``routes``: counts is
     float64 ``[n_layers + 2]`` on the batch's device: per layer the recorded tokens whose own top-k set
     differs from the record, then the tokens that differ in any layer, then the recorded tokens. Counts
     add up over the ranks of a sharded learner; they are zeros when no token here has a record."""

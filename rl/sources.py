@@ -1,5 +1,5 @@
-"""Where the learner's batches come from: a `RolloutSource` hands the driver loop (``rl.trainer``) a `Batch`
-for the learner's current weights version and takes each new version back.
+"""Where the learner's batches come from: a `RolloutSource` hands the driver loop (``rl.trainer``) a
+`StepBatch` for the learner's current weights version and takes each new version back.
 
 ``trainer.mode=sync`` is `SyncRollouts`: nothing in flight between batches; each batch is one iteration
 rolled out for exactly the current version, its task and sampling seeds a function of ``(seed,
@@ -19,7 +19,7 @@ import ray
 import torch
 from ray.exceptions import RayActorError, RayTaskError
 
-from rl.episode import Outcome
+from rl.episode import EpisodeSummary
 from rl.rollout_stats import RolloutStats
 from rl.seeds import group_seeds, sampling_seed
 from rl.weights import PublishedWeights
@@ -31,7 +31,7 @@ class FinishedGroup:
     """One finished GRPO group as the driver holds it: its episodes stay in the object store."""
 
     ref: ray.ObjectRef
-    outcomes: list[Outcome]
+    outcomes: list[EpisodeSummary]
     call: int | None = None  # async: the rollout call that played it (RESTORED: read from a checkpoint)
 
     @property
@@ -46,7 +46,7 @@ class FinishedGroup:
 
 
 def finished_groups(
-    refs: list[ray.ObjectRef], outcomes: list[Outcome], group_size: int, call: int | None = None
+    refs: list[ray.ObjectRef], outcomes: list[EpisodeSummary], group_size: int, call: int | None = None
 ) -> list[FinishedGroup]:
     """The groups of one rollout call: its group references and its outcomes, ``group_size`` per group."""
     size = group_size
@@ -54,7 +54,7 @@ def finished_groups(
 
 
 @dataclass
-class Batch:
+class StepBatch:
     """What the learner trains on next, and what the driver logs about it."""
 
     version: int  # the learner's version the batch was formed for
@@ -71,7 +71,7 @@ class Batch:
         return [g.ref for g in self.groups]
 
     @property
-    def outcomes(self) -> list[Outcome]:
+    def outcomes(self) -> list[EpisodeSummary]:
         return [o for g in self.groups for o in g.outcomes]
 
     def add(self, stats: RolloutStats, expert_loads: dict[int, torch.Tensor]) -> None:
@@ -86,7 +86,7 @@ class RolloutSource(Protocol):
 
     concurrent: ClassVar[bool]  # rollouts run while the learner steps: episodes are in flight between batches
 
-    def next_batch(self, version: int) -> Batch:
+    def next_batch(self, version: int) -> StepBatch:
         """Block until the learner's next batch, for weights ``version``, is there."""
         ...
 
@@ -130,10 +130,10 @@ class SyncRollouts:
         self.seed, self.iteration = seed, iteration  # the iteration the next batch is for
         self.group_size, self.num_groups = group_size, num_groups
 
-    def next_batch(self, version: int) -> Batch:
+    def next_batch(self, version: int) -> StepBatch:
         if version != self.workers.version:  # `publish` loads every version; a mismatch here is a bug
             raise RuntimeError(f"a batch for v{version} was asked; the workers hold v{self.workers.version}")
-        batch = Batch(version=version, since=time.perf_counter())
+        batch = StepBatch(version=version, since=time.perf_counter())
         shares = split(group_seeds(self.seed, self.iteration, self.num_groups), len(self.workers))
         results: dict[int, tuple[list[ray.ObjectRef], RolloutStats, dict[int, torch.Tensor]]] = {}
         while len(results) < len(shares):

@@ -13,7 +13,7 @@ from typing import Protocol
 
 
 class TaskOutcome(Protocol):
-    """What these metrics read of an episode's outcome (`rl.episode.Outcome`)."""
+    """What these metrics read of an episode's outcome (`rl.episode.EpisodeSummary`)."""
 
     failed: bool
     cut: str | None

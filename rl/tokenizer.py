@@ -36,6 +36,13 @@ class Tokenizer(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
 
+def observation_turn(tok: Tokenizer, observation: str, first: bool = False) -> list[int]:
+    """An observation framed as the policy reads it: its turn (``observation_id``, text, ``end_id``), then
+    the opener of the action turn that answers it; ``first``: the sequence's start (``bos_id``) before."""
+    return [*([tok.bos_id] if first else []), tok.observation_id, *tok.encode(observation), tok.end_id,
+            tok.action_id]  # fmt: skip
+
+
 @dataclass(frozen=True)
 class ByteTokenizer:
     """UTF-8 bytes are ids 0..255; the special turn tokens follow (see :data:`SPECIAL_TOKENS`)."""

@@ -23,12 +23,13 @@ from agentenv.paths import conf_dir
 from rl.config import ConfigError, RunConfig
 from rl.config.command_line import prepare
 from rl.config.load import load, with_origin
-from rl.preflight import TaskFailed, check_task_options, try_task
+from rl.preflight import TaskFailed, check_runtime, check_task_options, try_task
 
 
 def resolve_config(cfg: DictConfig) -> RunConfig:
     """The composed config as a checked `RunConfig` (raises a one-line `ConfigError`): the schema's
-    checks, then ``model.init_from`` (its checkpoint's model config must match) and ``data``."""
+    checks, then ``model.init_from`` (its checkpoint's model config must match), ``data``, and what the
+    config asks of this host and of the task's code (`rl.preflight`)."""
     from rl.init_weights import check_init_from
 
     run = load(cfg)
@@ -39,6 +40,7 @@ def resolve_config(cfg: DictConfig) -> RunConfig:
             f"got {run.data!r}"
         )
     try:
+        check_runtime(run)
         check_task_options(run)
     except ConfigError as exc:
         raise with_origin(cfg, exc) from None

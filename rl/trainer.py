@@ -27,8 +27,7 @@ from model.balancing import max_violation
 from rl.async_rollout import AsyncRollouts
 from rl.checkpoints import TrainerState, read_checkpoint, write_checkpoint
 from rl.config import RunConfig
-from rl.config.checks import check_device
-from rl.device import resolve_device
+from rl.device import check_device, resolve_device
 from rl.errors import TooManyFailures
 from rl.failures import failure_metrics
 from rl.heldout import HeldOutEval
@@ -38,7 +37,7 @@ from rl.metrics import MetricsLogger
 from rl.rollout_stats import RolloutStats
 from rl.samples import SampleLog
 from rl.sandbox_hosts import split_hosts
-from rl.sources import Batch, RolloutSource, SyncRollouts
+from rl.sources import RolloutSource, StepBatch, SyncRollouts
 from rl.task_metrics import cut_metrics, cut_warning, info_metrics, task_name
 from rl.tokenizer import build_tokenizer
 from rl.weights import PublishedWeights
@@ -171,7 +170,7 @@ class Trainer:
         record = self._record(batch, timings, learner_metrics, started)
         return {**record, **self._watch(iteration, batch)}
 
-    def _watch(self, iteration: int, batch: Batch) -> dict[str, Any]:
+    def _watch(self, iteration: int, batch: StepBatch) -> dict[str, Any]:
         """What the user asked to see of an iteration: ``trainer.log_samples`` episodes written to the run
         folder, and every ``trainer.eval_every`` iterations the held-out games' metrics."""
         if self.samples is not None:
@@ -357,7 +356,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ metrics
     def _record(
-        self, batch: Batch, timings: dict[str, float], learner_metrics: dict[str, Any], started: float
+        self, batch: StepBatch, timings: dict[str, float], learner_metrics: dict[str, Any], started: float
     ) -> dict[str, Any]:
         """One iteration's metrics: the trained episodes' outcomes, the rollouts' counters, timings."""
         outcomes, stats = batch.outcomes, batch.stats

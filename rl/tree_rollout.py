@@ -1,10 +1,11 @@
 """Tree rollouts for Tree-GRPO (`rl.algos.tree_grpo`): episodes that share a prefix and branch later.
 
 ``rollout.tree`` gives the turns a path branches at (``branch_at``), the children of a branch
-(``width``), the branchings along one path (``depth``) and the leaves of a tree (``budget``). The shape
-is fixed by the config (`tree_shape`): a path branches at the first ``depth`` turns of ``branch_at``
-while the tree's leaves stay within the budget, paths taken in order. A group (one prompt) holds
-``algo.group_size`` leaves: ``group_size / leaves`` trees, each laid out as its leaves in order.
+(``width``), the branchings along one path (``depth``) and the leaves of a tree (``budget``). The
+shape is fixed by the config (`TreeRolloutConfig.leaf_paths`): a path branches at the first ``depth``
+turns of ``branch_at`` while the tree's leaves stay within the budget, paths taken in order. A group
+(one prompt) holds ``algo.group_size`` leaves: ``group_size / leaves`` trees, each laid out as its
+leaves in order.
 
 `TreeGrower` (the runner's ``trees``) plays them. Only the first leaf of each tree starts (the root);
 after a step that ends a branch turn, the leaf's env is forked ``width - 1`` times through the runner's
@@ -47,22 +48,6 @@ from rl.wrappers import task
 EpisodeRunner = Any  # the `rl.rollout.EpisodeRunner` that owns this part (it imports this module)
 
 
-def tree_shape(cfg: TreeRolloutConfig) -> list[tuple[int, ...]]:
-    """The leaves of one tree, in order: each the child index taken at each branch on its path."""
-    paths: list[tuple[int, ...]] = [()]
-    for _turn in cfg.branch_at[: cfg.depth]:
-        grown: list[tuple[int, ...]] = []
-        leaves = len(paths)
-        for path in paths:
-            if leaves + cfg.width - 1 <= cfg.budget:
-                grown += [(*path, c) for c in range(cfg.width)]
-                leaves += cfg.width - 1
-            else:
-                grown.append(path)
-        paths = grown
-    return paths
-
-
 def child_seed(seed: int, tree: int, path: tuple[int, ...]) -> int:
     """The seed of a child's task randomness: a function of its episode seed, tree and path."""
     return int(np.random.SeedSequence([seed, tree, *path]).generate_state(1)[0])
@@ -78,7 +63,7 @@ class TreeGrower:
         self.runner = runner
         self.width = cfg.width
         self.turns = list(cfg.branch_at[: cfg.depth])
-        self.shape = tree_shape(cfg)
+        self.shape = cfg.leaf_paths()
         self.leaves = len(self.shape)
         self._first = {}  # path prefix -> the first leaf (its index in the tree) under it
         for k, path in reversed(list(enumerate(self.shape))):

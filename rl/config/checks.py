@@ -85,7 +85,7 @@ def check_optim(optim, prefix: str) -> None:
 
 
 def check_env(env) -> None:
-    """The task is registered with gymnasium, the wrappers import, the token limits agree."""
+    """The task is registered with gymnasium and the token limits agree."""
     env_id = env.id
     if ":" in env_id:  # gymnasium's import-then-lookup form
         module, env_id = env_id.split(":", 1)
@@ -101,23 +101,12 @@ def check_env(env) -> None:
         )
     if env.max_episode_tokens <= env.max_new_tokens:
         _fail("env.max_episode_tokens", f"must be larger than env.max_new_tokens ({env.max_new_tokens})")
-    for i, entry in enumerate(env.wrappers or []):
-        from rl.wrappers import wrapper_spec
-
-        wrapper_spec(entry, f"env.wrappers[{i}]")
 
 
 def check_rollout(rollout) -> None:
-    """The engine can run here and the pool overrides are valid `PoolSettings` keys."""
-    if rollout.engine == "vllm":
-        from rl.engines import EngineUnavailable, check_vllm_available
-
-        try:
-            check_vllm_available()
-        except EngineUnavailable as exc:
-            raise ConfigError(f"rollout.engine: {exc}") from None
-        if rollout.vllm is None:
-            _fail("rollout.vllm", "rollout.engine=vllm needs the vllm block of conf/rollout/vllm.yaml")
+    """vLLM has its block and the pool overrides are valid `PoolSettings` keys."""
+    if rollout.engine == "vllm" and rollout.vllm is None:
+        _fail("rollout.vllm", "rollout.engine=vllm needs the vllm block of conf/rollout/vllm.yaml")
     from agentenv.pool import PoolSettings
 
     try:
@@ -191,28 +180,6 @@ def check_resources(cfg) -> None:
             "model.vocab_size",
             f"{cfg.model.vocab_size} is smaller than the tokenizer's vocabulary ({tokenizer.vocab_size})",
         )
-
-
-def check_device(cfg, cuda_available: bool | None = None, device_count: int | None = None) -> None:
-    """``trainer.device=cuda``: torch sees a GPU here, each learner rank of several gets a whole GPU, and
-    with local Ray the learner's and the workers' shares fit the host's GPUs (`rl.device.GpuDemand`).
-    ``cuda_available`` / ``device_count`` default to torch's answers. Torch is imported only for that
-    setting (``auto`` resolves in the trainer, which runs this check again with the resolved device)."""
-    trainer = cfg.trainer
-    if trainer.device != "cuda":
-        return
-    import torch
-
-    from rl.device import DeviceUnavailable, GpuDemand, resolve_device
-
-    try:
-        resolve_device("cuda", cuda_available)
-    except DeviceUnavailable as exc:
-        raise ConfigError(f"trainer.device: {exc}") from None
-    have = torch.cuda.device_count() if device_count is None else device_count
-    problem = GpuDemand.of(cfg).problem(have if trainer.ray_address is None else None)
-    if problem is not None:
-        _fail(*problem)
 
 
 def check_vllm_lengths(cfg) -> None:
@@ -296,9 +263,7 @@ def check_tree(cfg) -> None:
         _fail("rollout.tree", "branching rollouts carry each episode's policy state across a branch, "
               f"which only the torch engine keeps; got rollout.engine={cfg.rollout.engine}: "
               "use rollout=torch")  # fmt: skip
-    from rl.tree_rollout import tree_shape
-
-    leaves = len(tree_shape(tree))
+    leaves = len(tree.leaf_paths())
     if algo.group_size % leaves:
         _fail("algo.group_size", f"{algo.group_size} leaves per prompt are not whole trees: a tree of "
               f"rollout.tree has {leaves} leaves, so set a multiple of {leaves}")  # fmt: skip
@@ -363,7 +328,6 @@ def check_run(cfg) -> None:
     check_vllm_lengths(cfg)
     check_sandbox_hosts(cfg)
     check_resources(cfg)
-    check_device(cfg)
     check_trainer(cfg)
     check_learner_ranks(cfg)
     check_optim(cfg.sft.optim, "sft.optim")

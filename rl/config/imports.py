@@ -1,7 +1,6 @@
 """``module:Name`` config values (``env.wrappers``) resolved to objects, with errors that name the key.
 
-A leaf module: ``rl.config.checks`` and ``rl.wrappers`` both import it, and neither imports the other
-through it.
+A leaf module: ``rl.wrappers`` and ``rl.experts`` import it.
 """
 
 from __future__ import annotations

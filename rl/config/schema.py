@@ -130,6 +130,21 @@ class TreeRolloutConfig:
     depth: int = required(ge=1)  # branch nodes along one root-to-leaf path, at most len(branch_at)
     budget: int = required(ge=2)  # leaves of one tree at most
 
+    def leaf_paths(self) -> list[tuple[int, ...]]:
+        """The leaves of one tree, in order: each the child index taken at each branch on its path."""
+        paths: list[tuple[int, ...]] = [()]
+        for _turn in self.branch_at[: self.depth]:
+            grown: list[tuple[int, ...]] = []
+            leaves = len(paths)
+            for path in paths:
+                if leaves + self.width - 1 <= self.budget:
+                    grown += [(*path, c) for c in range(self.width)]
+                    leaves += self.width - 1
+                else:
+                    grown.append(path)
+            paths = grown
+        return paths
+
 
 @dataclass
 class RolloutConfig:

@@ -138,7 +138,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     @app.get("/v1/models/{model}")
     async def model(model: str) -> JSONResponse:
         if model != name:
-            raise unknown_model(model, name)
+            raise unknown_model(model, name, status=404)
         return JSONResponse({"id": name, "object": "model", "created": 0, "owned_by": "k3rl"})
 
     @app.post("/v1/chat/completions")

@@ -1,7 +1,7 @@
 """Checking the JSON bodies of the OpenAI endpoints into typed requests.
 
-Every refusal is an `ApiError` (400; 404 for a model not served) whose ``param`` names the field at
-fault, e.g. ``messages[1].role``.
+Every refusal is an `ApiError` (400) whose ``param`` names the field at fault, e.g.
+``messages[1].role``.
 Fields of OpenAI's API that change nothing here (``user``, ``seed`` ...) are accepted and ignored;
 the ones the gateway cannot honour (``top_logprobs`` > 0, ``echo``) are refused by name.
 A temperature of 0 asks for greedy decoding: it samples at `GREEDY_TEMPERATURE`.

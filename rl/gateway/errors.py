@@ -31,7 +31,8 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status)
 
 
-def unknown_model(asked: str, served: str) -> ApiError:
-    """A 404 as OpenAI's for a model it does not have (``code`` model_not_found)."""
-    return ApiError(f"the model {asked!r} does not exist here; the served policy is {served!r}", "model",
-                    status=404, code="model_not_found")  # fmt: skip
+def unknown_model(asked: str, served: str, status: int = 400) -> ApiError:
+    """A model the gateway does not serve (``code`` model_not_found): a bad field of a request body is a
+    400 naming ``model``; ``GET /v1/models/{id}`` of an unknown one is a 404, as OpenAI's."""
+    return ApiError(f"the model {asked!r} is not served here; the served policy is {served!r}", "model",
+                    status=status, code="model_not_found")  # fmt: skip

@@ -10,7 +10,7 @@ from rl_testutil import compose
 from rl.actors import RolloutWorker
 from rl.algos import clipped_policy_loss, truncated_is_weights
 from rl.async_rollout import AsyncRollouts, split_stale
-from rl.episode import Episode, Outcome, collate
+from rl.episode import Episode, EpisodeSummary, collate
 from rl.generation import TorchEngine
 from rl.learner import Learner
 from rl.policy import build_policy_shell
@@ -22,7 +22,7 @@ TOK = ByteTokenizer()
 
 
 def group(oldest, size=2, newest=None):
-    outcome = Outcome(False, 0.0, 1, 10, False, oldest, oldest if newest is None else newest)
+    outcome = EpisodeSummary(False, 0.0, 1, 10, False, oldest, oldest if newest is None else newest)
     return FinishedGroup(ref=f"group-{oldest}", outcomes=[outcome] * size)
 
 
@@ -65,7 +65,7 @@ def test_tokens_record_their_version_and_collate_ignores_it():
     e.append([259, 261, 260], trained=False, version=4)
     e.append([49, 261], trained=True, logprobs=[-2.0, -0.1], version=4)
     assert e.versions == [3] * 6 + [4] * 5 and (e.oldest_version, e.newest_version) == (3, 4)
-    assert (Outcome.of(e).oldest_version, Outcome.of(e).newest_version) == (3, 4)
+    assert (EpisodeSummary.of(e).oldest_version, EpisodeSummary.of(e).newest_version) == (3, 4)
     same = Episode(e.env_id, 0, 0, tokens=e.tokens, action_mask=e.action_mask, logprobs=e.logprobs)
     assert same.oldest_version is None
     a, b = collate([e], TOK.pad_id), collate([same], TOK.pad_id)

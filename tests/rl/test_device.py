@@ -10,11 +10,11 @@ from rl_testutil import compose
 
 from agentenv.errors import ConfigError
 from kernels.dispatch import use_triton
-from rl.config.checks import check_device
 from rl.device import (
     DeviceUnavailable,
     GpuDemand,
     Placement,
+    check_device,
     learner_options,
     resolve_device,
     worker_options,

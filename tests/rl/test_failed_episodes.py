@@ -11,7 +11,7 @@ from rl_testutil import compose
 
 from agentenv.errors import ExecTimeout, SandboxNotFound, SessionError
 from rl.algos import grpo_advantages, rloo_advantages, usable_episodes, zero_variance_groups
-from rl.episode import Episode, Outcome
+from rl.episode import Episode, EpisodeSummary
 from rl.failures import failure_kind, failure_metrics
 from rl.learner import Learner
 
@@ -67,15 +67,15 @@ def test_exceptions_are_classified_by_kind():
     assert failure_kind(ValueError("task bug")) == "runtime_error"
     e = Episode("x", 0, 0)
     e.fail(ExecTimeout("platform limit"))
-    assert (e.failure, e.weight, Outcome.of(e).failure) == ("exec_timeout", 0.0, "exec_timeout")
+    assert (e.failure, e.weight, EpisodeSummary.of(e).failure) == ("exec_timeout", 0.0, "exec_timeout")
     e.fail("could not restore", "sandbox_lost")
     assert e.failure == "sandbox_lost"
 
 
 def test_the_driver_counts_failures_by_kind_and_excluded_groups():
-    ok = Outcome(False, 0.0, 1, 5, False)
-    lost = Outcome(False, 0.0, 1, 5, True, failure="sandbox_lost")
-    timeout = Outcome(False, 0.0, 1, 5, True, failure="exec_timeout")
+    ok = EpisodeSummary(False, 0.0, 1, 5, False)
+    lost = EpisodeSummary(False, 0.0, 1, 5, True, failure="sandbox_lost")
+    timeout = EpisodeSummary(False, 0.0, 1, 5, True, failure="exec_timeout")
     metrics = failure_metrics([[ok, ok, ok, lost], [ok, lost, timeout, timeout]], min_valid=2)
     assert metrics == {"failed_sandbox_lost": 2.0, "failed_exec_timeout": 2.0, "failed_runtime_error": 0.0,
                        "excluded_groups": 1.0, "excluded_episodes": 5.0}

@@ -33,15 +33,17 @@ def test_models_lists_the_served_policy(client):
     assert [m.id for m in client.models.list()] == [MODEL]
 
 
-def test_an_unknown_model_is_openais_404_on_every_route(client):
+def test_an_unknown_model_is_a_400_naming_the_field_and_a_404_as_a_resource(client):
     assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("gpt-4o")
+    assert caught.value.body["code"] == "model_not_found"
     calls = [
-        lambda: client.models.retrieve("gpt-4o"),
         lambda: client.chat.completions.create(model="gpt-4o", messages=ONE),
         lambda: client.completions.create(model="gpt-4o", prompt="x", stream=True),
     ]
     for call in calls:
-        with pytest.raises(openai.NotFoundError) as caught:
+        with pytest.raises(openai.BadRequestError) as caught:
             call()
         error = caught.value.body
         assert (error["code"], error["param"]) == ("model_not_found", "model")

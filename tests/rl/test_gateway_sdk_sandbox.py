@@ -152,7 +152,7 @@ def test_the_sdk_in_the_sandbox_chats_streams_and_uses_tools_under_the_episode_k
 def test_an_unknown_model_is_the_sdks_own_error_with_openais_body(link, sandbox):
     key = link.gateway.keys.open()
     error = run_client(link, sandbox, key, "unknown-model", "gpt-nonexistent")["error"]
-    assert error["class"] == "NotFoundError" and error["status"] == 404
+    assert error["class"] == "BadRequestError" and error["status"] == 400
     body = error["body"]
     assert set(body) == {"message", "type", "param", "code"}, body
     assert body["code"] == "model_not_found" and body["param"] == "model"

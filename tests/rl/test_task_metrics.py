@@ -10,7 +10,7 @@ import json
 import pytest
 
 from agentenv.tracebacks import describe, frames_text, is_task_file
-from rl.episode import Episode, Outcome
+from rl.episode import Episode, EpisodeSummary
 from rl.experts import ExpertError, FunctionExpert, GuessNumberExpert, expert_for, qualities
 from rl.metrics import run_table
 from rl.samples import actions_of, format_episode, pick
@@ -21,8 +21,9 @@ from rl.trainer import failure_summary
 TOK = ByteTokenizer()
 
 
-def outcome(cut=None, info=(), failed=False) -> Outcome:
-    return Outcome(success=False, reward=0.0, turns=1, tokens=10, failed=failed, cut=cut, task_info=info)
+def outcome(cut=None, info=(), failed=False) -> EpisodeSummary:
+    return EpisodeSummary(success=False, reward=0.0, turns=1, tokens=10, failed=failed, cut=cut,
+                          task_info=info)
 
 
 def test_task_names_come_from_the_env_id():
@@ -44,7 +45,7 @@ def test_an_episode_keeps_the_numeric_info_of_its_steps_and_the_iteration_averag
     episode.record_info({"turn": 1, "success": False, "looked": True, "note": "text", "cost": 0.5})
     episode.record_info({"turn": 2, "success": True, "looked": False, "looks": 3, "bad": float("nan")})
     assert episode.task_info == {"looked": [1.0, 0.0], "cost": [0.5], "looks": [3.0]}
-    first = Outcome.of(episode)
+    first = EpisodeSummary.of(episode)
     assert dict(first.task_info) == {"cost": 0.5, "looked": 0.5, "looks": 3.0}  # per episode: mean of steps
     other = outcome(info=(("looked", 1.0),))
     failed = outcome(info=(("looked", 0.0),), failed=True)

@@ -194,9 +194,9 @@ def test_two_learner_ranks_on_nodes_that_share_no_folder_checkpoint_whole_and_a_
     run_dir = cluster.runs / tmp_path.name
     overrides = (*TINY, "algo.minibatches=1", "trainer.checkpoint_every=1", "trainer.learner.world_size=2",
                  f"+trainer.learner_resources.{LEARNER_RANK}=1", "~trainer.learner_resources.learner")
-    first, _placement = train(cluster, run_dir, *overrides, "trainer.iterations=2")
-    assert [r["iteration"] for r in first] == [0, 1]
-    for iteration in (0, 1):
+    first, _placement = train(cluster, run_dir, *overrides, "trainer.iterations=1")
+    assert [r["iteration"] for r in first] == [0]
+    for iteration in (0,):
         folder = run_dir / "checkpoints" / f"iter_{iteration:05d}"
         saved = read_manifest(folder)
         assert saved["world_size"] == 2
@@ -214,7 +214,7 @@ def test_two_learner_ranks_on_nodes_that_share_no_folder_checkpoint_whole_and_a_
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
-        own = run_dir / "checkpoints" / "iter_00002" / "trainer_state.json"  # the resumed run's first
+        own = run_dir / "checkpoints" / "iter_00001" / "trainer_state.json"  # the resumed run's first
         while not own.exists() and run.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         if not own.exists():
@@ -236,6 +236,6 @@ def test_two_learner_ranks_on_nodes_that_share_no_folder_checkpoint_whole_and_a_
     assert f"learner rank {rank} of 2 (node {nodes[rank]}) failed" in err, err[-3000:]
     assert "k3rl-train: training stopped: " in err
     folder, state = read_checkpoint(run_dir, stage="rl")  # the newest complete checkpoint
-    assert state.iteration >= 2
+    assert state.iteration >= 1
     check_files(folder, read_manifest(folder), checksums=True)
     Learner(compose(*overrides[:-3], "trainer.num_cpus=3")).load(folder)  # written by 2 ranks, read by 1

@@ -8,9 +8,20 @@ from rl_testutil import TINY, compose
 
 from rl.generation import TorchEngine
 from rl.policy import build_policy
+from rl.routing import own_routing
 from rl.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
+
+
+def _full_routes(model, context: list[int], tokens: list[int]) -> torch.Tensor:
+    """The experts of the positions that sampled ``tokens`` after ``context`` ([n, n_moe_layers, top_k]),
+    reading the whole sequence at once: what routing replay gives the learner."""
+    ids = torch.tensor([context + tokens])
+    with torch.inference_mode():
+        out = model(ids, attention_mask=torch.ones_like(ids))
+    own = own_routing(out.router_stats, torch.ones_like(ids))[0, :-1]
+    return own[len(context) - 1 :].sort(-1).values
 
 
 def _full_logprobs(model, context: list[int], tokens: list[int]) -> torch.Tensor:
@@ -38,6 +49,9 @@ def test_children_continue_from_the_carried_state_as_if_they_reread_the_prefix()
     for turn in turns:
         want = _full_logprobs(model, shared, turn.token_ids)
         torch.testing.assert_close(torch.tensor(turn.logprobs), want, atol=1e-5, rtol=0)
+        # each sampled token's experts are recorded as a reread forward routes it (routing replay)
+        assert turn.routes is not None and turn.routes.shape[0] == len(turn.token_ids)
+        assert torch.equal(turn.routes.long().sort(-1).values, _full_routes(model, shared, turn.token_ids))
 
     # a child's later turns go on from its own state; its sibling's tokens never entered it
     again = TOK.encode("\nobs: too high\n")

@@ -2,7 +2,7 @@
 sandbox and the policy state, siblings share the prefix and nothing after it, a path that ends early stands
 for its leaves, the budget bounds the shape, a failed child is masked like a failed chain member, a tree
 survives an in-flight checkpoint; the learner trains a shared turn once, as the expanded chains would, and
-``algo=tree_grpo`` trains end to end (sync and async)."""
+``algo=tree_grpo`` trains end to end; routes recorded on tree paths replay in the learner."""
 
 from __future__ import annotations
 
@@ -120,6 +120,13 @@ def test_children_start_from_the_branch_and_never_see_their_siblings(policy, san
     logp = logp.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
     mask = batch.action_mask.bool()
     torch.testing.assert_close(logp[mask], batch.rollout_logprobs[mask], atol=2e-4, rtol=0)
+    # routing replay on tree paths: each leaf holds the experts of each of its action tokens, those of the
+    # shared turn (sampled once) the same in both
+    shared = sum(leaves[0].action_mask[:offset])
+    assert all(e.routes is not None and e.routes.shape[0] == sum(e.action_mask) for e in leaves)
+    assert shared > 0 and torch.equal(leaves[0].routes[:shared], leaves[1].routes[:shared])
+    assert not torch.equal(leaves[0].routes[shared:], leaves[1].routes[shared:])
+    assert batch.routes is not None and (batch.routes[mask] >= 0).all()
 
 
 @pytest.mark.docker
@@ -167,13 +174,16 @@ def test_a_failed_child_is_masked_like_a_failed_chain_member(policy, sandbox_con
 @pytest.mark.docker
 @pytest.mark.slow
 def test_tree_grpo_trains_end_to_end_in_async_mode(local_ray, tmp_path):
-    """Async (the sync driver plays the same runner hooks, exercised by the tests above)."""
-    cfg = compose(*TINY, *TREE_GRPO, "trainer.iterations=1", "env.group_start=fork", "trainer.mode=async")
+    """Async, with routing replay (the sync driver plays the same runner hooks, exercised above)."""
+    cfg = compose(*TINY, *TREE_GRPO, "trainer.iterations=1", "env.group_start=fork", "trainer.mode=async",
+                  "algo.routing_replay=true")
     result = Trainer(cfg, tmp_path / "tree").run()
     records = result.history
     assert len(records) == 1 and records[0]["episodes"] == 8 and records[0]["failed_episodes"] == 0
     assert math.isfinite(records[0]["loss"]) and records[0]["weights_version"] == 1
     assert records[0]["trained_tokens"] > 0
+    # the leaves' routes (the shared turns' in each leaf) replayed: the learner routed as the rollout did
+    assert records[0]["routing_recorded_tokens"] > 0 and records[0]["routing_mismatch"] == 0.0
 
 
 def hand_leaves(rewards: list[float]) -> list[Episode]:

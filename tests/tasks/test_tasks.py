@@ -3,6 +3,8 @@
 Real sandboxes (Docker + the base image); each test creates one or two.
 """
 
+import warnings
+
 import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env
@@ -15,8 +17,12 @@ pytestmark = pytest.mark.docker
 
 @pytest.mark.parametrize("env_id", sorted(TASKS))
 def test_every_builtin_task_passes_gymnasiums_env_checker(make_task, env_id):
+    """gymnasium's full `check_env` (spaces, reset seeding and determinism, step API) on each task, its
+    warnings as errors (the checker reports most problems as warnings)."""
     env = make_task(env_id)
-    check_env(env, skip_render_check=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(env, skip_render_check=True)
     assert env_id in gymnasium.registry
 
 

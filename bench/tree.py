@@ -1,0 +1,200 @@
+"""Chain GRPO against tree GRPO (`rl.tree_rollout`): success against generated tokens, sandbox-seconds and
+wall time on FindValue and StoreRecall, seeds 0-2, the trainer otherwise the same.
+
+Each (task, method, seed) is one ``python -m rl.train`` for ``--minutes`` (no stop rule), one after the
+other; chain = ``algo=grpo``, tree = ``algo=tree_grpo`` with the task's `TREES` shape. Writes the ``tree``
+section of docs/benchmarks.md and a plot per task. Usage: python bench/tree.py [--minutes M] [--seeds N]
+
+Design: docs/design/benchmarks.md#bench-tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_report import ROOT, busy_cores_before, other_load_text, training_machine, write_section
+
+SECTION = "tree"
+# task -> (conf/env name, the tree of its tree runs): branch where the early, shared turns are done
+TREES = {
+    "FindValue": ("find_value", "{branch_at: [2, 4], width: 2, depth: 2, budget: 4}"),
+    "StoreRecall": ("store_recall", "{branch_at: [2, 3], width: 2, depth: 2, budget: 4}"),
+}
+GROUP = ("algo.group_size=8", "algo.episodes_per_step=32")  # 8 leaves per prompt: 2 trees of 4 leaves
+TOKENS_TARGET, SANDBOX_TARGET = 0.67, 0.8  # tree's cost to reach chain's final success, as a share of chain's
+WINDOW = 3  # iterations a success figure is the mean of
+
+
+def run(task: str, method: str, seed: int, minutes: float, folder: Path, extra: list[str]) -> dict:
+    """One training run: its per-iteration records, or its error."""
+    env, tree = TREES[task]
+    algo = ["algo=grpo"] if method == "chain" else ["algo=tree_grpo", f"rollout.tree={tree}"]
+    command = [sys.executable, "-m", "rl.train", f"env={env}", *algo, *GROUP, f"seed={seed}",
+               "trainer.iterations=100000", "trainer.stop_at_success=null",
+               f"trainer.time_limit_s={minutes * 60:g}", "trainer.progress_bar=false", "trainer.eval_every=0",
+               f"hydra.run.dir={folder}", *extra]
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    wall = time.monotonic() - started
+    metrics = folder / "metrics.jsonl"
+    history = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    error = None if done.returncode == 0 else (done.stderr or done.stdout)[-2000:]
+    return {"task": task, "method": method, "seed": seed, "history": history, "wall_s": wall, "error": error}
+
+
+def curve(history: list[dict]) -> list[tuple[float, float, float, float]]:
+    """(cumulative generated tokens, cumulative sandbox-seconds, wall minutes, success of the last WINDOW
+    iterations) after each iteration."""
+    out, tokens, sandbox = [], 0.0, 0.0
+    for i, record in enumerate(history):
+        tokens += record["generated_tokens"]
+        sandbox += record.get("sandbox_running_s", 0.0)
+        recent = history[max(0, i - WINDOW + 1) : i + 1]
+        success = statistics.fmean(r["success"] for r in recent)
+        out.append((tokens, sandbox, record["elapsed_s"] / 60, success))
+    return out
+
+
+def cost_to_reach(points: list[tuple], success: float) -> tuple[float, float] | None:
+    """(tokens, sandbox-seconds) at the first point whose windowed success is at least ``success``."""
+    return next(((t, s) for t, s, _m, ok in points if ok >= success), None)
+
+
+def success_at(points: list[tuple], tokens: float) -> float:
+    """Windowed success at the last point within ``tokens`` generated tokens (0 before the first)."""
+    within = [ok for t, _s, _m, ok in points if t <= tokens]
+    return within[-1] if within else 0.0
+
+
+def seed_verdict(chain: list[tuple], tree: list[tuple]) -> dict:
+    """Tree against chain on one seed (the module docstring's targets)."""
+    final = chain[-1][3]
+    reached = cost_to_reach(tree, final)
+    chain_cost = cost_to_reach(chain, final)
+    budget = min(chain[-1][0], tree[-1][0])
+    out = {"chain_final": final, "tree_final": tree[-1][3], "tokens_ratio": None, "sandbox_ratio": None,
+           "equal_budget": (success_at(tree, budget), success_at(chain, budget)), "budget": budget}
+    if reached is not None and chain_cost is not None and chain_cost[0] > 0 and chain_cost[1] > 0:
+        out["tokens_ratio"] = reached[0] / chain_cost[0]
+        out["sandbox_ratio"] = reached[1] / chain_cost[1]
+    return out
+
+
+def plot(runs: list[dict], task: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for r in runs:
+        points = curve(r["history"])
+        if not points:
+            continue
+        style = {"color": "tab:blue" if r["method"] == "chain" else "tab:orange", "lw": 1.2,
+                 "ls": ["-", "--", ":"][r["seed"] % 3], "label": f"{r['method']} seed {r['seed']}"}
+        for ax, column in zip(axes, range(3), strict=True):
+            ax.plot([p[column] for p in points], [p[3] for p in points], **style)
+    for ax, label in zip(axes, ("generated tokens", "sandbox-seconds (running)", "wall time (min)"),
+                         strict=True):
+        ax.set(xlabel=label, ylabel=f"success (mean of {WINDOW} iterations)", ylim=(-0.02, 1.02))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{task}: chain GRPO vs tree GRPO")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def section(runs: list[dict], tasks: list[str], args: argparse.Namespace, machine: str, busy: float,
+            started: str) -> str:
+    command = f"python bench/tree.py --minutes {args.minutes:g} --seeds {args.seeds}" + "".join(
+        f" {o}" for o in args.overrides)
+    lines = [
+        "## Chain GRPO vs tree GRPO (`bench/tree.py`)",
+        "",
+        f"Measured {started}. Command: `{command}`. {machine}; {other_load_text(busy)}",
+        "",
+        f"Each run: `python -m rl.train env=TASK seed=S` for {args.minutes:g} min (`trainer.time_limit_s`, "
+        f"no stop rule), {' '.join(GROUP)}; chain = `algo=grpo`, tree = `algo=tree_grpo` with "
+        + ", ".join(f"{t}: `rollout.tree={TREES[t][1]}`" for t in tasks)
+        + f". Success is the mean of the last {WINDOW} iterations. Sandbox-seconds: the seconds the rollout "
+        "pool's sandboxes ran (`sandbox_running_s`), summed over iterations. Targets, per seed: tree reaches "
+        f"chain's final success with <= {TOKENS_TARGET}x its generated tokens and <= {SANDBOX_TARGET}x its "
+        "sandbox-seconds; at the tokens both runs generated, tree's success >= chain's.",
+        "",
+        "| task | seed | chain final | tree final | tree tokens to chain's final | tree sandbox-s to chain's "
+        "final | at equal tokens: tree / chain | branch: fork per child p50 | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for task in tasks:
+        for seed in range(args.seeds):
+            pair = {r["method"]: r for r in runs if r["task"] == task and r["seed"] == seed}
+            broken = [f"{m} failed: {pair[m]['error'].strip().splitlines()[-1]}" for m in pair
+                      if pair[m]["error"] or not pair[m]["history"]]
+            if broken:
+                lines.append(f"| {task} | {seed} | - | - | - | - | - | - | {'; '.join(broken)} |")
+                continue
+            v = seed_verdict(curve(pair["chain"]["history"]), curve(pair["tree"]["history"]))
+            forks = [r["sandbox_fork_latency_s"] for r in pair["tree"]["history"] if r.get("sandbox_forks")]
+            fork = f"{statistics.median(forks) * 1000:.0f} ms" if forks else "-"
+            met = (v["tokens_ratio"] is not None and v["tokens_ratio"] <= TOKENS_TARGET
+                   and v["sandbox_ratio"] <= SANDBOX_TARGET and v["equal_budget"][0] >= v["equal_budget"][1])
+            reach = "not reached" if v["tokens_ratio"] is None else None
+            tokens = reach or fmt(v["tokens_ratio"], ".2f", "x")
+            sandbox = reach or fmt(v["sandbox_ratio"], ".2f", "x")
+            tree_at, chain_at = v["equal_budget"]
+            lines.append(
+                f"| {task} | {seed} | {v['chain_final']:.2f} | {v['tree_final']:.2f} | {tokens} | {sandbox} "
+                f"| {tree_at:.2f} / {chain_at:.2f} ({v['budget']:.0f} tokens) | {fork} "
+                f"| {'**met**' if met else '**missed**'} |"
+            )
+    lines += ["", *[f"![{task}](img/tree_{task.lower()}.png)" for task in tasks]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=20.0, help="wall time of each training run")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 of each task and method")
+    parser.add_argument("--tasks", nargs="+", choices=list(TREES), default=list(TREES))
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
+    args = parser.parse_args(argv)
+    if args.minutes <= 0 or args.seeds < 1:
+        parser.error("--minutes must be above 0 and --seeds at least 1")
+    tasks = [t for t in TREES if t in args.tasks]
+    busy = busy_cores_before()
+    machine = training_machine()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="k3rl-bench-tree-") as tmp:
+        for task in tasks:
+            for seed in range(args.seeds):
+                for method in ("chain", "tree"):
+                    print(f"{task} {method} seed {seed} ...", flush=True)
+                    runs.append(run(task, method, seed, args.minutes, Path(tmp) / f"{task}-{method}-{seed}",
+                                    args.overrides))  # fmt: skip
+    text = section(runs, tasks, args, machine, busy, started)
+    print(text)
+    if not args.no_write:
+        for task in tasks:
+            image = ROOT / "docs" / "img" / f"tree_{task.lower()}.png"
+            plot([r for r in runs if r["task"] == task], task, image)
+        write_section(SECTION, text)
+
+
+if __name__ == "__main__":
+    main()
