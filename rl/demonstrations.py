@@ -132,7 +132,7 @@ class Recorder:
                 episode.fail(exc)
                 return demo
             # recorded as the RL loop records a step, and stopped where it stops an episode
-            if not episode.stepped(result, len(episode.tokens) - 1, tok, None, self.action_room):
+            if not episode.stepped(result, len(episode.tokens) - 1, tok, 0, self.action_room):
                 return demo
 
 

@@ -133,16 +133,16 @@ class Episode:
             raise ValueError(f"routes of shape {list(routes.shape[1:])} after {list(self.routes.shape[1:])}")
         self.routes = torch.cat([self.routes, routes.to(self.routes.dtype)])
 
-    def begin(self, observation: str, tok: Tokenizer, version: int | None = None) -> None:
+    def begin(self, observation: str, tok: Tokenizer, version: int = 0) -> None:
         """The reset's observation: kept, and framed as the start of the sequence."""
         self.observations.append(observation)
         self.append(observation_turn(tok, observation, first=True), trained=False, version=version)
 
-    def stepped(self, result: tuple, reward_at: int, tok: Tokenizer, version: int | None, room: int) -> bool:
+    def stepped(self, result: tuple, reward_at: int, tok: Tokenizer, version: int, room: int) -> bool:
         """One env step's ``(observation, reward, terminated, truncated, info)``: the turn counted, its
         reward on token ``reward_at`` (the action's last). True when the episode goes on, its observation
-        framed; False when the task ended it or fewer than ``room`` tokens are left for an action
-        (``cut`` says which limit: ``max_turns`` or ``tokens``)."""
+        framed; False when the task ended it or its tokens then pass ``room`` (the most that still leaves
+        room for an action); ``cut`` says which limit ended it: ``max_turns`` or ``tokens``."""
         observation, reward, terminated, truncated, info = result
         self.observations.append(observation)
         self.turns += 1

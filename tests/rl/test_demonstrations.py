@@ -66,6 +66,7 @@ def test_bisection_writes_rl_episodes_that_always_win(task_home, tmp_path):
         assert demo.episode.success and demo.reward == 1.0 and demo.episode.error is None
         assert demo.episode.observations[-1] == "correct" and 1 <= demo.episode.turns <= 3
         assert_rl_layout(demo, tok)
+        assert demo.episode.versions == [0] * len(demo.episode.tokens)  # an expert's play: no policy version
     assert len({d.episode.seed for d in demos}) == 12
 
 
