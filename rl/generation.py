@@ -251,6 +251,15 @@ class TorchEngine:
         return state
 
     @torch.inference_mode()
+    def entropy(self, state: EpisodeState) -> float:
+        """The entropy (nats) of the distribution the next action token of ``state`` is drawn from
+        (temperature and action vocabulary applied): how unsure the policy is at this point."""
+        if state.logits is None:
+            raise ValueError("the state has pending tokens: read the next observation first")
+        logp = self._action_logp(state.logits[None], self.temperature)[0]
+        return float(-(logp.exp() * logp).sum())
+
+    @torch.inference_mode()
     def continue_from(
         self, state: EpisodeState, max_new_tokens: int, generator: torch.Generator
     ) -> Generation:

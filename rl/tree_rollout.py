@@ -2,8 +2,11 @@
 
 ``rollout.tree`` gives the turns a path branches at (``branch_at``), the children of a branch
 (``width``), the branchings along one path (``depth``) and the leaves of a tree (``budget``). The
-shape is fixed by the config (`TreeRolloutConfig.leaf_paths`): a path branches at the first ``depth``
-turns of ``branch_at`` while the tree's leaves stay within the budget, paths taken in order. A group
+shape is fixed by the config (`TreeRolloutConfig.leaf_paths`): a path branches up to ``depth`` times
+while the tree's leaves stay within the budget, paths taken in order. Where: at the first ``depth``
+turns of ``branch_at``; or, with ``entropy_rise``, at those turns of ``branch_at`` where the policy's
+next-action entropy exceeds that of its first action by at least ``entropy_rise`` (ARPO, Dong et al.
+2025: branch where the policy grows unsure after a tool's answer). A group
 (one prompt) holds ``algo.group_size`` leaves: ``group_size / leaves`` trees, each laid out as its
 leaves in order.
 
@@ -25,8 +28,8 @@ where the branch node ends and its child index (``branches``); `episode_trees` r
 A tree run plays all its groups at once (no waves). In-flight checkpoints record its leaves as any
 episodes (an unborn leaf as one that has not started); a resumed leaf reads its tokens once, then goes
 on from its state. An async weights update between turns leaves a carried state as the older weights
-read the prefix (the sampled tokens' log-probs are those they were drawn with). Branch turns are fixed
-by the config (no entropy-chosen branch points), and only the torch engine keeps per-episode states.
+read the prefix (the sampled tokens' log-probs are those they were drawn with). Only the torch engine
+keeps per-episode states.
 """
 
 from __future__ import annotations
@@ -62,7 +65,9 @@ class TreeGrower:
                              "per-episode state")  # fmt: skip
         self.runner = runner
         self.width = cfg.width
-        self.turns = list(cfg.branch_at[: cfg.depth])
+        self.entropy_rise = cfg.entropy_rise
+        # the turns a path may branch at: fixed, the d-th branch at turns[d]; by entropy, any of them
+        self.turns = list(cfg.branch_at[: cfg.depth] if cfg.entropy_rise is None else cfg.branch_at)
         self.shape = cfg.leaf_paths()
         self.leaves = len(self.shape)
         self._first = {}  # path prefix -> the first leaf (its index in the tree) under it
@@ -70,6 +75,7 @@ class TreeGrower:
             for d in range(len(path) + 1):
                 self._first[path[:d]] = k
         self._states: dict[int, tuple[EpisodeState, int]] = {}  # id(episode) -> (its state, tokens read)
+        self._first_entropy: dict[int, float] = {}  # id(episode) -> entropy at its first action (by entropy)
 
     def trees_per_group(self, group_size: int) -> int:
         if group_size % self.leaves:
@@ -100,7 +106,7 @@ class TreeGrower:
                 runner._play(episodes, envs, stats, active, owned)
                 runner._return_envs(envs, episodes, owned)
         finally:
-            self._states.clear()
+            self._forget()
         return episodes
 
     def start_groups(
@@ -123,12 +129,31 @@ class TreeGrower:
         runner = self.runner
         out = []
         for episode in episodes:
-            state, read = self._states.get(id(episode), (None, 0))
-            state = runner.engine.read(episode.tokens[read:], state)
+            state = self._read(episode)
             generation = runner.engine.continue_from(state, runner.max_new_tokens, runner._generator)
             self._states[id(episode)] = (state, len(episode.tokens) + len(generation.token_ids))
             out.append(generation)
         return out
+
+    def _read(self, episode: Episode) -> EpisodeState:
+        """The episode's policy state read up to its last token (its first action's entropy noted, when
+        branching by entropy; a resumed episode reads its prompt, then the rest)."""
+        engine, key = self.runner.engine, id(episode)
+        state, read = self._states.get(key, (None, 0))
+        if state is None and self.entropy_rise is not None and episode.turns:
+            first_action = episode.action_mask.index(1)  # the prompt: what its first action was drawn after
+            state, read = engine.read(episode.tokens[:first_action]), first_action
+            self._first_entropy[key] = engine.entropy(state)
+        if state is None or state.pending or episode.tokens[read:]:
+            state = engine.read(episode.tokens[read:], state)
+        if self.entropy_rise is not None and key not in self._first_entropy:
+            self._first_entropy[key] = engine.entropy(state)
+        self._states[key] = (state, len(episode.tokens))
+        return state
+
+    def _forget(self) -> None:
+        self._states.clear()
+        self._first_entropy.clear()
 
     # ------------------------------------------------------------------ branching (`_play`'s hook)
     def branch(
@@ -181,13 +206,22 @@ class TreeGrower:
                 owned.add(id(envs[j]))
                 self._reseed(envs[j], child, (*prefix, c))
                 self._states[id(child)] = (copies[c - 1], read)
+                if id(parent) in self._first_entropy:
+                    self._first_entropy[id(child)] = self._first_entropy[id(parent)]
                 playing.append(j)
         return playing
 
     def _due(self, episode: Episode, i: int) -> bool:
+        """Does leaf ``i`` branch now, after its last turn? (By entropy this reads its observation.)"""
         done = len(episode.branches or [])
-        path = self.shape[i % self.leaves]
-        return done < len(path) and episode.turns == self.turns[done]
+        if done >= len(self.shape[i % self.leaves]):
+            return False
+        if self.entropy_rise is None:
+            return episode.turns == self.turns[done]
+        if episode.turns not in self.turns:
+            return False
+        rise = self.runner.engine.entropy(self._read(episode)) - self._first_entropy[id(episode)]
+        return rise >= self.entropy_rise
 
     @staticmethod
     def _reseed(env: gymnasium.Env, episode: Episode, path: tuple[int, ...]) -> None:
@@ -198,7 +232,7 @@ class TreeGrower:
         """The end of a run (or of a resumed one): every leaf a path did not reach is a copy of the path
         that ended before the branch (see the module docstring), every leaf's ``branches`` is filled up
         to its path (``episodes`` in place), and the policy states are dropped."""
-        self._states.clear()
+        self._forget()
         self.trees_per_group(len(episodes))
         for i, episode in enumerate(episodes):
             k = i % self.leaves

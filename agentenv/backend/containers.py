@@ -284,9 +284,10 @@ class DockerContainers(SandboxBackend):
     @docker_errors
     def end_shells(self, ref: ContainerRef) -> int:
         try:
-            exec_ids = self.api.inspect_container(ref.container).get("ExecIDs") or []
+            info = self.api.inspect_container(ref.container)
         except docker.errors.NotFound:
             return 0
+        exec_ids, init_pid = info.get("ExecIDs") or [], int(info["State"].get("Pid") or 0)
         pids = []
         for exec_id in exec_ids:
             try:
@@ -298,7 +299,7 @@ class DockerContainers(SandboxBackend):
                 pids.append(int(info.get("Pid") or 0))
         pids = [p for p in pids if p > 0]
         if pids:
-            kill_attached(pids)
+            kill_attached(pids, init_pid)
         return len(pids)
 
     @docker_errors

@@ -120,9 +120,9 @@ class DockerShell(ShellStream):
         return self._stream.ready()
 
     def kill(self) -> None:
-        pid = exec_pid(docker_client.api(), self.exec_id)
+        pid, init_pid = exec_pids(docker_client.api(), self.exec_id)
         if pid > 0:
-            kill_attached([pid])
+            kill_attached([pid], init_pid)
 
     def exit_code(self) -> int:
         try:
@@ -167,22 +167,39 @@ def attached_processes(pid: int) -> list[int]:
     return [p for p in cgroup_pids(pid) if _holds_any(p, pipes)]
 
 
-def kill_attached(pids: Sequence[int], wait_s: float = 5.0) -> None:
+def kill_attached(pids: Sequence[int], init_pid: int, wait_s: float = 5.0) -> None:
     """SIGKILL the processes attached to these execs' pipes and the process groups they lead (a
     `timeout` leads its command's group); wait up to `wait_s` until they are gone. Needs root on the
-    Docker host (it signals host pids)."""
+    Docker host (it signals host pids).
+
+    Only processes of the container whose init is `init_pid` are signalled, never the init itself: an
+    exec's pid comes from Docker, which may still report an exec running after it exited, and the host
+    reuses pids (pid_max can be 32768), so the pid may by now name a process of another container or of
+    the host."""
+    members = set(cgroup_pids(init_pid)) - {init_pid}
+    init_group = _pgid(init_pid)
     victims: set[int] = set()
     for pid in pids:
-        victims.update(attached_processes(pid) or [pid])
+        if pid in members:
+            victims.update(p for p in attached_processes(pid) if p in members)
+            victims.add(pid)
     for p in victims:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if os.getpgid(p) == p:
+        if _pgid(p) == p and p != init_group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(p, signal.SIGKILL)
     deadline = time.monotonic() + wait_s
     while any(_alive(p) for p in victims) and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def _pgid(pid: int) -> int:
+    """The process group of `pid`; 0 when it is gone or unknown."""
+    try:
+        return os.getpgid(pid) if pid > 0 else 0
+    except (ProcessLookupError, PermissionError):
+        return 0
 
 
 def _alive(pid: int) -> bool:
@@ -201,11 +218,14 @@ def _feed_stdin(raw: socket.socket, data: bytes) -> None:
         raw.shutdown(socket.SHUT_WR)  # the daemon closes the command's stdin
 
 
-def exec_pid(api: docker.APIClient, exec_id: str) -> int:
-    """The host pid of an exec's process (0 when unknown)."""
+def exec_pids(api: docker.APIClient, exec_id: str) -> tuple[int, int]:
+    """(the host pid of an exec's process, the host pid of its container's init); 0 for what is unknown."""
     with contextlib.suppress(Exception):
-        return int(api.exec_inspect(exec_id).get("Pid") or 0)
-    return 0
+        info = api.exec_inspect(exec_id)
+        pid = int(info.get("Pid") or 0)
+        init = int(api.inspect_container(info["ContainerID"])["State"].get("Pid") or 0)
+        return pid, init
+    return 0, 0
 
 
 def _exit_code(api: docker.APIClient, exec_id: str) -> int:
@@ -238,9 +258,9 @@ def run_exec(api: docker.APIClient, container: str, argv: Sequence[str], *, user
                 outs[kind - 1].add(payload)
     except (TimeoutError, OSError):
         killed_by_host = True
-        pid = exec_pid(api, exec_id)
+        pid, init_pid = exec_pids(api, exec_id)
         if pid > 0:
-            kill_attached([pid])
+            kill_attached([pid], init_pid)
     finally:
         stream.close()
     exit_code = _exit_code(api, exec_id)

@@ -129,6 +129,9 @@ class TreeRolloutConfig:
     width: int = required(ge=2)  # children of each branch node
     depth: int = required(ge=1)  # branch nodes along one root-to-leaf path, at most len(branch_at)
     budget: int = required(ge=2)  # leaves of one tree at most
+    # None: a path branches at the turns of branch_at; a number (nats): at those of them where the policy's
+    # next-action entropy exceeds that of its first action by at least this much (ARPO's entropy rise)
+    entropy_rise: float | None = optional(ge=0)
 
     def leaf_paths(self) -> list[tuple[int, ...]]:
         """The leaves of one tree, in order: each the child index taken at each branch on its path."""

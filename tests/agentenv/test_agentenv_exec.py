@@ -3,12 +3,16 @@ parallel use from threads, and the typed errors of bad input."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from agentenv import ExecTimeout, Sandbox, SandboxNotFound, SandboxStateError
+from agentenv.backend import docker_client
+from agentenv.backend.docker_exec import exec_pids, kill_attached, start_exec
 from agentenv.errors import AgentEnvError
 
 pytestmark = pytest.mark.docker
@@ -97,3 +101,27 @@ def test_exec_on_a_closed_sandbox_is_refused(make_sandbox):
     assert sb.status == "closed"
     with pytest.raises(SandboxStateError, match="closed"):
         sb.exec("true")
+
+
+def test_the_host_kill_signals_only_the_sandbox_s_own_processes_never_its_init(sandbox):
+    """Docker can report an exec running after it exited, and host pids are reused: a stale exec pid
+    that now names a host process (or the init) must not be killed."""
+    api = docker_client.api()
+    init_pid = int(api.inspect_container(sandbox.container_id)["State"]["Pid"])
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        exec_id, stream = start_exec(api, sandbox.container_id, ["sleep", "60"], user="root", stdin=False)
+        deadline = time.monotonic() + 10
+        while (ids := exec_pids(api, exec_id))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pid, init = ids
+        assert init == init_pid and pid > 0
+        kill_attached([bystander.pid, init_pid, pid], init_pid, wait_s=5.0)
+        assert bystander.poll() is None, "a host process outside the sandbox was killed"
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        stream.close()
+        assert sandbox.exec("echo alive").stdout == "alive\n"
+        assert api.inspect_container(sandbox.container_id)["State"]["Pid"] == init_pid
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -1,18 +1,17 @@
 """The handle conformance cases (`test_handle_conformance.py`: exec results and timeouts, bad arguments,
 files, a missing file, state errors, a fork with labels, close twice, sessions) on the microvm backend, for
-a local `Sandbox` and a `RemoteSandbox` of an `agentenv serve` whose sandboxes are microVMs. The cases are
-the conformance module's own functions; only the fixtures differ. (A pool member is a local sandbox behind
-the pool's bookkeeping, which the container run covers; the trainer's run on microVMs goes through it.)"""
+a local `Sandbox`. The cases are the conformance module's own functions; only the fixture differs. (The
+remote handle is backend-blind and runs these cases on containers; `tests/server/test_microvm_server.py`
+drives a server of microVMs through E2B's SDK. A pool member is a local sandbox behind the pool's
+bookkeeping; the trainer's run on microVMs goes through it.)"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-import yaml
 from agentenv_testutil import SMALL
 from microvm_env import microvm_home
-from netns_hosts import loopback_server
 from test_handle_conformance import (  # noqa: F401 - collected here with this module's fixtures
     LABELS,
     test_a_timeout_kills_the_command,
@@ -28,7 +27,6 @@ from test_handle_conformance import (  # noqa: F401 - collected here with this m
 
 from agentenv import Sandbox, SandboxConfig
 from agentenv.api import SandboxHandle
-from agentenv.remote import SandboxHost
 
 pytestmark = pytest.mark.docker
 
@@ -45,22 +43,7 @@ def small_profile(microvm) -> SandboxConfig:
 
 
 @pytest.fixture(scope="module")
-def remote_host(small_profile, tmp_path_factory) -> Iterator[SandboxHost]:
-    folder = tmp_path_factory.mktemp("microvm-conformance-serve")
-    profile = folder / "sandbox.yaml"
-    profile.write_text(yaml.safe_dump(small_profile.to_dict()))
-    with loopback_server(folder / "home", {"AGENTENV_CONFIG": str(profile)}) as server:
-        host = SandboxHost(server.url, server.api_key)
-        assert host.info().get("backend", "microvm") == "microvm"
-        yield host
-        host.close()
-
-
-@pytest.fixture(scope="module", params=("local", "remote"))
-def handle(request, small_profile) -> Iterator[SandboxHandle]:
-    if request.param == "local":
-        sb: SandboxHandle = Sandbox.create(config=small_profile, labels=LABELS)
-    else:
-        sb = request.getfixturevalue("remote_host").create(image="base", labels=LABELS)
+def handle(small_profile) -> Iterator[SandboxHandle]:
+    sb: SandboxHandle = Sandbox.create(config=small_profile, labels=LABELS)
     yield sb
     sb.close()

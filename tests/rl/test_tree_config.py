@@ -33,6 +33,8 @@ TREE = "rollout.tree={branch_at: [1, 2], width: 2, depth: 2, budget: 4}"
          r"rollout.tree.fanout"),
         (("algo=tree_grpo", "rollout.tree={branch_at: [1], width: 3, depth: 1, budget: 3}"),
          r"algo.group_size: 8 leaves per prompt are not whole trees: a tree of rollout.tree has 3 leaves"),
+        (("algo=tree_grpo", "rollout.tree={branch_at: [1], width: 2, depth: 1, budget: 2, entropy_rise: -1}"),
+         r"rollout.tree.entropy_rise: must be >= 0, got -1"),
         (("algo=tree_grpo", "rollout=vllm", TREE),
          r"rollout.tree: branching rollouts .* only the torch engine keeps; got rollout.engine=vllm"),
         (("algo=tree_grpo", "rollout.max_concurrent_episodes=8", TREE),
@@ -49,4 +51,7 @@ def test_a_valid_tree_is_typed_and_accepted():
     cfg = compose("algo=tree_grpo", TREE)
     assert cfg.algo.name == "tree_grpo" and cfg.algo.group_size == 8
     assert cfg.rollout.tree.branch_at == [1, 2] and cfg.rollout.tree.width == 2
+    assert cfg.rollout.tree.entropy_rise is None  # fixed turns unless set
+    by_entropy = compose("algo=tree_grpo", TREE.replace("budget: 4", "budget: 4, entropy_rise: 0.25"))
+    assert by_entropy.rollout.tree.entropy_rise == 0.25
     assert compose().rollout.tree is None and compose("algo=grpo").algo.name == "grpo"

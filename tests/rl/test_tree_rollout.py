@@ -144,6 +144,52 @@ def test_a_path_that_ends_before_its_branch_stands_for_its_leaves(policy, sandbo
     assert order == [[0, 1]] and trees[0].tokens[1:] == [[], []]  # the children's turns are empty
 
 
+def action_starts(mask: list[int]) -> list[int]:
+    """The offset of each action's first token."""
+    return [i for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1])]
+
+
+@pytest.mark.docker
+def test_by_entropy_a_path_branches_at_its_first_candidate_turn_where_the_policy_grew_unsure(
+        policy, sandbox_config):
+    tree = {"branch_at": [1, 2], "width": 2, "depth": 1, "budget": 2}
+    runner = make_runner(policy, sandbox_config, "Notebook", {**tree, "entropy_rise": 0.0}, max_turns=3)
+    never = make_runner(policy, sandbox_config, "Notebook", {**tree, "entropy_rise": 1e6}, max_turns=3)
+    try:
+        leaves, stats = runner.run([3, 5, 8], group_size=2, generator=torch.Generator().manual_seed(0))
+        flat, flat_stats = never.run([3], group_size=2, generator=torch.Generator().manual_seed(0))
+    finally:
+        runner.close()
+        never.close()
+    assert flat_stats.forks == 0 and flat[0].tokens == flat[1].tokens  # never unsure enough: no branch
+    # the rule, recomputed from each tree's tokens with fresh reads: the first candidate turn whose
+    # next-action entropy is at least the first action's
+    engine = TorchEngine(policy, TOK, action_vocabulary="abcdefghij")
+    branched = 0
+    for g in range(3):
+        first, second = leaves[2 * g], leaves[2 * g + 1]
+        assert first.error is None and second.error is None
+        starts = action_starts(first.action_mask)
+        h0 = engine.entropy(engine.read(first.tokens[: starts[0]]))
+        want = None
+        for turn in tree["branch_at"]:
+            if turn >= len(starts):  # the path ended with this turn: nothing to branch into
+                break
+            rise = engine.entropy(engine.read(first.tokens[: starts[turn]])) - h0
+            assert abs(rise) > 1e-4, "too close to the threshold to tell"
+            if rise >= 0:
+                want = turn
+                break
+        (offset, _), (offset_b, _) = first.branches[0], second.branches[0]
+        assert offset == offset_b
+        if want is None:
+            assert offset == len(first.tokens) and first.tokens == second.tokens
+        else:
+            branched += 1
+            assert offset == starts[want] and first.tokens[:offset] == second.tokens[:offset]
+    assert stats.forks == branched and 0 < branched, "pick seeds where some tree branches"
+
+
 def expected_failures(seed: int, width: int) -> list[bool]:
     """Which children of the branch after turn 1 raise at turn 2 (the coin of their reseeded draws)."""
     return [bool(np.random.default_rng(child_seed(seed, 0, (c,))).integers(2)) for c in range(width)]
