@@ -383,8 +383,10 @@ class Sandbox:
         except CheckpointError:
             st = self._rt.backend.state(ref)
             if st is None or not st.running:
-                self._rt.registry.update_sandbox(self.id, state="broken",
-                                                 reason="its container stopped during a failed checkpoint")
+                why = "its container stopped during a failed checkpoint"
+                if st is not None:
+                    why += f" (exit code {st.exit_code}{', OOM-killed' if st.oom_killed else ''})"
+                self._rt.registry.update_sandbox(self.id, state="broken", reason=why)
             raise
         crash_point("pause-dumped")
         self._rt.registry.insert_checkpoint(self.id, ck)
