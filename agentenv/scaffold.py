@@ -99,7 +99,7 @@ max_new_tokens: 2           # an action: one character and the end-of-turn token
 action_vocabulary: "?0123456789"  # the policy types only these characters (null: any byte)
 max_episode_tokens: 128     # an episode longer than this is cut (metric episodes_cut_by_tokens)
 wrappers: []
-expert: ${name}:expert      # the scripted expert for demonstrations (python -m rl.demonstrations env=${name})
+expert: ${name}:expert      # its scripted expert, for demonstrations (python -m rl.sft.demonstrations)
 kwargs:                     # the task's options (its __init__ and SandboxTask's)
   num_digits: 10
   invalid_penalty: 0.1

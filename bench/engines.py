@@ -1,6 +1,6 @@
-"""Generation engines: ``rollout=vllm`` (`rl.vllm.engine.VllmEngine`) against the torch engine
-(`rl.generation.TorchEngine`) on the same weights and batch, weight pushes into a running vLLM engine, and
-a ``rollout=vllm`` training run that must push every version into the engine it started with.
+"""Generation engines: ``rollout=vllm`` (`rl.rollout.vllm.engine.VllmEngine`) against the torch engine
+(`rl.rollout.torch_engine.TorchEngine`) on the same weights and batch, weight pushes into a running vLLM
+engine, and a ``rollout=vllm`` training run that must push every version into the engine it started with.
 
 Writes the ``engines`` section of docs/benchmarks.md. Usage: python bench/engines.py [--models M]
 [--repeats N] [--no-write]
@@ -71,9 +71,9 @@ def spread(values: list[float]) -> str:
 def engines_for(model: str):
     """The run config of ``model=<model> rollout=vllm``, its tokenizer, the policy (seed 0) and both
     engines on it: a `TorchEngine` and a `VllmEngine` started from the same weights."""
-    from rl.engines import build_engine
-    from rl.generation import TorchEngine
     from rl.policy import build_policy
+    from rl.rollout.engines import build_engine
+    from rl.rollout.torch_engine import TorchEngine
     from rl.tokenizer import build_tokenizer
 
     cfg = compose([f"model={model}", "rollout=vllm"])
@@ -162,7 +162,7 @@ def training(iterations: int, overrides: list[str]) -> dict:
     """The observed ``rollout=vllm`` training run (see the module docstring, part 3)."""
     import ray
 
-    from rl.trainer import Trainer
+    from rl.driver.trainer import Trainer
 
     class ObservedTrainer(Trainer):
         """The trainer, reading every worker's `engine_stats` after its start and after each iteration."""

@@ -1,4 +1,5 @@
-"""The policy gateway's cost (`rl.gateway`): what the HTTP API adds to a call over the engine alone, and
+"""The policy gateway's cost (`rl.rollout.gateway`): what the HTTP API adds to a call over the engine alone,
+and
 the generated tokens/s of many concurrent agent programs against the trainer's own rollout batch.
 
 Both on ``make train``'s policy (the default config, seed 0) with a `TorchEngine`, the gateway served by
@@ -59,7 +60,7 @@ class Served:
     def __init__(self, gateway) -> None:
         import uvicorn
 
-        from rl.gateway.app import create_app
+        from rl.rollout.gateway.app import create_app
 
         self.server = uvicorn.Server(uvicorn.Config(create_app(gateway), host="127.0.0.1", port=0,
                                                     log_level="warning"))  # fmt: skip
@@ -80,8 +81,8 @@ class Served:
 
 
 def gateway_for(engine, tokenizer, window_s: float, rows: int, new_tokens: int):
-    from rl.gateway.service import Gateway
-    from rl.gateway.settings import GatewaySettings
+    from rl.rollout.gateway.service import Gateway
+    from rl.rollout.gateway.settings import GatewaySettings
 
     settings = GatewaySettings(model_name=MODEL, context_tokens=engine.model.config.max_position_embeddings,
                                max_tokens=new_tokens, max_n=1, batch_window_s=window_s, max_batch_rows=rows,
@@ -131,8 +132,8 @@ def concurrent(engine, tokenizer, clients: int, rounds: int, new_tokens: int, wi
     import torch
     from openai import AsyncOpenAI
 
-    from rl.gateway.bodies import chat_request
-    from rl.gateway.chat_format import render_chat
+    from rl.rollout.gateway.bodies import chat_request
+    from rl.rollout.gateway.chat_format import render_chat
 
     prompts = [render_chat(chat_request({"model": MODEL, "messages": messages(i)}, clients).messages, None,
                            tokenizer) for i in range(clients)]  # fmt: skip
@@ -193,8 +194,8 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from rl.generation import TorchEngine
     from rl.policy import build_policy
+    from rl.rollout.torch_engine import TorchEngine
     from rl.tokenizer import build_tokenizer
 
     machine, busy = training_machine(), busy_cores_before()
@@ -216,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
         f"Command: `{command}`. {machine}; {other_load_text(busy).rstrip('.')}.",
         "",
         f"`make train`'s policy (the default config's model, {params:,} parameters, seed 0) in a "
-        "`TorchEngine`, the gateway (`rl.gateway`) served by uvicorn on 127.0.0.1 in the bench's process, "
+        "`TorchEngine`, the gateway (`rl.rollout.gateway`) served by uvicorn on 127.0.0.1 in the bench's "
+        "process, "
         f"clients the `openai` SDK (async), each call a chat completion of at most {args.new_tokens} tokens.",
         "",
         "| | figure |",

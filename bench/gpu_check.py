@@ -95,7 +95,7 @@ def learner_row(model: str, device: str, episodes: int, turns: int) -> dict:
     CPU fp32 learner from the same weights: loss and gradient norm agree up to bf16's rounding."""
     from kernels.dispatch import use_triton
     from rl.device import Placement
-    from rl.learner import Learner
+    from rl.learner.learner import Learner
 
     overrides = [f"model={model}", "algo.group_size=4", f"algo.episodes_per_step={episodes}", "algo.epochs=1",
                  "algo.minibatches=1", "rollout.num_workers=1"]  # fmt: skip
@@ -263,7 +263,8 @@ def report(out: Path, dry_run: bool, doc: Path | None) -> str:
         "Steps (exit code, seconds; 124 = stopped at its time limit):\n",
         "```", summary or "(no summary)", "```\n",
         "### The K3 policy: learner steps in bf16 (no Ray)\n",
-        "`rl.learner.Learner` called directly, bf16 autocast over fp32 master weights and AdamW state on the "
+        "`rl.learner.learner.Learner` called directly, bf16 autocast over fp32 master weights and AdamW "
+        "state on the "
         "device; synthetic guessing-game groups of 4, one optimizer step per call, the first call compiles "
         "the kernels. *vs fp32 on the CPU*: the same first step of a CPU fp32 learner from the same weights "
         "(checks: finite metrics, weights and AdamW state on the device, the Triton kernels on CUDA, loss "
@@ -310,7 +311,7 @@ def distributions() -> list[str]:
         sys.modules[name] = None  # type: ignore[assignment]
     compose(["trainer.device=cpu"])
     import bench.kernels as kernel_bench
-    import rl.learner  # noqa: F401
+    import rl.learner.learner  # noqa: F401
 
     kernel_bench.kernel_cases("cpu", small=True)  # imports every kernel module
     import triton.testing  # noqa: F401

@@ -28,7 +28,7 @@ from bench_report import ROOT, busy_cores_before, other_load_text, training_mach
 
 SECTION = "learner-sharding"
 MODEL = "k3_small"
-FLAT_COMMIT = "db1e77e"  # the last tree with the flat design (rl/sharding.py's FlatShard)
+FLAT_COMMIT = "db1e77e"  # the last tree with the flat design (rl/learner/sharding.py's FlatShard)
 MESHES = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2)]  # (world size, expert parallel)
 FLAT_MESHES = [(1, 1), (2, 1), (2, 2), (4, 1)]  # the flat design: expert parallel 1 or all ranks
 MIB = 2**20
@@ -92,8 +92,8 @@ def _rank(rank: int, world: int, ep: int, port: int, root: str, design: str, out
     """One rank of one row (in a process of its own, importing the tree at ``root``)."""
     sys.path.insert(0, root)
     torch.set_num_threads(1)
-    from rl.learner import Learner
-    from rl.ranks import RankGroup, join_rank_group, leave_rank_group
+    from rl.learner.learner import Learner
+    from rl.learner.ranks import RankGroup, join_rank_group, leave_rank_group
 
     if world > 1:
         join_rank_group("127.0.0.1", port, rank, world, ep, torch.device("cpu"))
@@ -133,7 +133,7 @@ def _rank(rank: int, world: int, ep: int, port: int, root: str, design: str, out
 
 
 def run_row(root: Path, design: str, world: int, ep: int) -> list[dict]:
-    from rl.ranks import free_port
+    from rl.learner.ranks import free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "result")
@@ -281,7 +281,7 @@ def main() -> None:
         f"Command: `python bench/learner_sharding.py`. {machine}; {other_load_text(busy)}\n",
         f"{MODEL} ({total / 1e6:.1f} M parameters, {experts / 1e6:.1f} M of them routed experts), one "
         "`train_step` of 16 episodes (groups of 4, 1 epoch x 1 minibatch) per row, fp32 on the CPU, gloo. "
-        "*fsdp2*: this tree (`rl.sharding`); *flat*: the design it replaced, run from commit "
+        "*fsdp2*: this tree (`rl.learner.sharding`); *flat*: the design it replaced, run from commit "
         f"`{FLAT_COMMIT}` "
         "(`git archive`). *Held* = parameter + AdamW bytes of a rank between steps (counted "
         "from its tensors; "

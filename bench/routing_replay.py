@@ -26,8 +26,8 @@ SECTION = "routing-replay"
 def sample(cfg, weights: dict, generator: torch.Generator, turns: int = 3) -> list:
     """4 episodes sampled by ``weights`` with the torch engine, laid out as the rollout runner does."""
     from rl.episode import Episode
-    from rl.generation import TorchEngine
     from rl.policy import build_policy_shell
+    from rl.rollout.torch_engine import TorchEngine
     from rl.tokenizer import build_tokenizer
 
     tok = build_tokenizer(cfg.tokenizer)
@@ -49,10 +49,11 @@ def sample(cfg, weights: dict, generator: torch.Generator, turns: int = 3) -> li
 
 
 def measure(cfg, weights: dict, batch, replay: bool) -> tuple[float, dict]:
-    """The log-prob gap and `rl.routing.routing_mismatch` of a learner holding ``weights`` on ``batch``."""
+    """The log-prob gap and `rl.learner.routing.routing_mismatch` of a learner holding ``weights`` on
+    ``batch``."""
     from rl.algos import masked_mean
-    from rl.learner import Learner
-    from rl.routing import routing_mismatch
+    from rl.learner.learner import Learner
+    from rl.learner.routing import routing_mismatch
 
     learner = Learner(replace(cfg, algo=replace(cfg.algo, routing_replay=replay)))
     learner.load_weights(weights)
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     from rl.episode import collate
-    from rl.learner import Learner
+    from rl.learner.learner import Learner
 
     started = time.perf_counter()
     machine = training_machine()

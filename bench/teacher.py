@@ -69,7 +69,7 @@ def run(command: list[str]) -> float:
 
 
 def evaluate(overrides: list[str], episodes: int):
-    from rl.evaluate import success_rate
+    from rl.driver.evaluate import success_rate
 
     return success_rate(compose(overrides), episodes)
 
@@ -119,7 +119,7 @@ def pipeline(task: str, demos: int | None, rl_minutes: float | None, eval_episod
         demo_s += run(
             [
                 "-m",
-                "rl.demonstrations",
+                "rl.sft.demonstrations",
                 *env,
                 f"expert.quality={quality}",
                 f"num_episodes={round(demos * share)}",
@@ -217,10 +217,11 @@ def report(r: dict, command: str, started: str, host: str) -> str:
             "",
             f"Measured {started}. Command: `{command}`. {host}.",
             "",
-            "Each stage a fresh process: weak-expert demonstrations (`python -m rl.demonstrations`), SFT on "
+            "Each stage a fresh process: weak-expert demonstrations (`python -m rl.sft.demonstrations`), "
+            "SFT on "
             "them (`python -m rl.train stage=sft`), GRPO from the SFT weights (`python -m rl.train "
             "model.init_from=...`). SFT and RL policies are evaluated on the same fresh games "
-            "(`rl.evaluate`, seeds apart from training's); the expert's success is that of its "
+            "(`rl.driver.evaluate`, seeds apart from training's); the expert's success is that of its "
             "demonstrations. Times are wall time of each stage (process start-up included).",
             "",
             "| task | weak expert | S_expert | S_sft (eval) | S_rl (eval) | S_rl - S_sft | demos + SFT "

@@ -48,9 +48,9 @@ def rollout_throughput(overrides: list[str], groups: int, repeats: int) -> dict:
     """Env steps/s of `EpisodeRunner` (after one warm-up run that creates the sandboxes)."""
     import torch
 
-    from rl.engines import build_engine
     from rl.policy import build_policy
-    from rl.rollout import EpisodeRunner
+    from rl.rollout.engines import build_engine
+    from rl.rollout.runner import EpisodeRunner
     from rl.tokenizer import build_tokenizer
 
     cfg = compose(overrides)
@@ -209,9 +209,9 @@ def group_start_throughput(overrides: list[str], groups: int, repeats: int) -> d
     made before): what a task's setup costs each way of starting a group."""
     import torch
 
-    from rl.engines import build_engine
     from rl.policy import build_policy
-    from rl.rollout import EpisodeRunner
+    from rl.rollout.engines import build_engine
+    from rl.rollout.runner import EpisodeRunner
     from rl.tokenizer import build_tokenizer
 
     cfg = compose(overrides)
@@ -532,8 +532,8 @@ def heavy_sandbox_cost(user: list[str], forks: int, cycles: int = 3) -> dict[str
     makes it (the env's kwargs and sandbox profile), without a pool."""
     from statistics import median
 
-    from rl.demonstrations import task_env
-    from rl.wrappers import task
+    from rl.rollout.wrappers import task
+    from rl.sft.demonstrations import task_env
 
     env = task_env(compose([f"env={MEMORY_ENV}", *user]))
     try:
@@ -1031,7 +1031,8 @@ def budget_lines(by_cell: dict, measured_c: list[tuple[float, list[dict]]]) -> l
     waves = [h.get("rollout_waves", 0.0) for h in c["history"]]
     how = (
         f"At {latency:g} s (repeat {c['repeat']}, its run of median rate) it went through the runner's "
-        f"admission control (`rollout.sandbox_pool.admission`, rl/admission.py): a sandbox runs only in one "
+        f"admission control (`rollout.sandbox_pool.admission`, rl/rollout/admission.py): a sandbox runs "
+        f"only in one "
         f"of {slots:.0f} slots (`memory_budget` over the median RSS the pool measured), {wait:.0f} s of slot "
         f"waits per iteration summed over episodes, the groups played in "
         f"{' / '.join(f'{w:.0f}' for w in waves)} waves per iteration (`rollout_waves`, below), and the cost "

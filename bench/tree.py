@@ -1,4 +1,4 @@
-"""Chain GRPO against tree GRPO (`rl.tree_rollout`): success against generated tokens, sandbox-seconds and
+"""Chain GRPO against tree GRPO (`rl.rollout.trees`): success against generated tokens, sandbox-seconds and
 wall time on FindValue and StoreRecall, seeds 0-2, the trainer otherwise the same.
 
 Each (task, method, seed) is one ``python -m rl.train`` for ``--minutes`` (no stop rule), one after the

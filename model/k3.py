@@ -93,7 +93,7 @@ class K3DecoderLayer(nn.Module):
         self, stream: torch.Tensor | list[torch.Tensor], partial: torch.Tensor | None, valid, key_valid,
         cache, override: RoutingOverride | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, RouterStats | None]:  # fmt: skip
-        """One decoder layer, in one forward (the unit a sharded learner gathers, `rl.sharding`).
+        """One decoder layer, in one forward (the unit a sharded learner gathers, `rl.learner.sharding`).
 
         Plain residual stream: ``stream`` is h [B, T, d] (``partial`` None); returns (h + attention + FFN,
         None, router stats). Block AttnRes: ``stream`` and ``partial`` are the `DepthSources` blocks and

@@ -2,9 +2,9 @@
 
 ``<run>/checkpoints/iter_NNNNN/`` (``NNNNN``: the last finished iteration, or SFT optimizer step, from 0)
 holds ``policy/`` (``save_pretrained``), ``learner/`` and ``learner.json`` (the learner's distributed
-checkpoint and its manifest of sizes and checksums, `rl.shard_checkpoint`) and ``trainer_state.json``,
+checkpoint and its manifest of sizes and checksums, `rl.learner.shard_checkpoint`) and ``trainer_state.json``,
 written last: a folder without it is not a checkpoint. Async runs add their episodes in flight beside
-them (``rl.inflight``).
+them (``rl.rollout.inflight``).
 """
 
 from __future__ import annotations

@@ -165,3 +165,10 @@ def worker_options(cfg: Any) -> dict[str, Any]:
     if trainer.worker_placement == "spread":
         options["scheduling_strategy"] = "SPREAD"
     return options | actor_gpu_options(trainer.device, trainer.worker_gpus)
+
+
+def node_address() -> dict[str, str]:
+    """The Ray node this process runs on: its id and IP (the trainer records where each actor is)."""
+    import ray  # here: the GPU check imports this module on a machine without Ray
+
+    return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address()}

@@ -20,14 +20,14 @@ the iteration's per-task metrics), and a failed episode's ``trace`` holds the fr
 files in the exception's traceback (`agentenv.tracebacks`), so the error names the line to fix.
 
 Routing replay: ``routes`` holds, for every action token in order, the experts the engine's routers chose
-where that token was sampled (`rl.generation.Generation.routes`: ``[n_action_tokens, n_moe_layers,
+where that token was sampled (`rl.rollout.torch_engine.Generation.routes`: ``[n_action_tokens, n_moe_layers,
 top_k]``), or None when no engine recorded any. Action tokens appended without a record get rows of -1
 (no record). `collate` lays them out beside the log-probs (`TensorBatch.routes`). An episode pickled before
 the field existed (an older in-flight checkpoint) reads back with ``routes`` None.
 
-A leaf of a tree rollout (Tree-GRPO, `rl.tree_rollout`) is an ordinary episode holding its whole path
+A leaf of a tree rollout (Tree-GRPO, `rl.rollout.trees`) is an ordinary episode holding its whole path
 (the turns it shares with its siblings included) plus ``tree`` and ``branches``, from which the learner
-rebuilds its tree (`rl.tree_rollout.episode_trees`); chains leave both None.
+rebuilds its tree (`rl.rollout.trees.episode_trees`); chains leave both None.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class Episode:
     cut: str | None = None  # "max_turns" or "tokens": what ended it before the task did
     task_info: dict[str, list[float]] | None = None  # numeric Outcome.info key -> its value at each step
     trace: str | None = None  # a failed episode: the task-file frames of its exception
-    # a leaf of a tree rollout (rl.tree_rollout): its tree in its group, and for each branch on its path
+    # a leaf of a tree rollout (rl.rollout.trees): its tree in its group, and for each branch on its path
     # the token offset where the branch node ends and the child it took; None for a chain
     tree: int | None = None
     branches: list[tuple[int, int]] | None = None

@@ -12,7 +12,7 @@ SYNC_SAMPLING = 1  # sync sampling seeds: (seed, iteration, SYNC_SAMPLING, worke
 ASYNC_SEEDS = 2  # async task seeds: (seed, ASYNC_SEEDS, stream, call); sync's are (seed, iteration)
 ASYNC_SAMPLING = 3  # async sampling seeds: (seed, ASYNC_SAMPLING, stream, call)
 EVAL_STREAM = 0x6576616C  # "eval": evaluation games, apart from training's and the demonstrations'
-DEMONSTRATION_STREAM = 0x64656D6F  # "demo": demonstration episodes (rl.demonstrations)
+DEMONSTRATION_STREAM = 0x64656D6F  # "demo": demonstration episodes (rl.sft.demonstrations)
 _STEP_STRIDE = 1_000_003  # torch generator seeds per (seed, step): seed x stride + step
 
 
@@ -46,17 +46,17 @@ def async_sampling_seed(seed: int, stream: int, call: int) -> int:
 
 
 def eval_seeds(seed: int, episodes: int) -> list[int]:
-    """Task seeds of an evaluation (``rl.evaluate``): the same games for every policy."""
+    """Task seeds of an evaluation (``rl.driver.evaluate``): the same games for every policy."""
     return _task_seeds([seed, EVAL_STREAM], episodes)
 
 
 def demonstration_seeds(seed: int, count: int) -> list[int]:
-    """Task seeds of a demonstration command's episodes (``rl.demonstrations``)."""
+    """Task seeds of a demonstration command's episodes (``rl.sft.demonstrations``)."""
     return _task_seeds([seed, DEMONSTRATION_STREAM], count)
 
 
 def sft_epoch_seed(seed: int, epoch: int) -> int:
-    """The torch generator seed of SFT's batch order in ``epoch`` (``rl.sft.batch_rows``)."""
+    """The torch generator seed of SFT's batch order in ``epoch`` (``rl.sft.trainer.batch_rows``)."""
     return seed * _STEP_STRIDE + epoch
 
 

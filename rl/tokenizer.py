@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+import torch
+
 from rl.config.schema import TokenizerConfig
 
 BYTE_VOCAB = 256
@@ -123,3 +125,23 @@ def build_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
     if cfg.kind == "hf":
         return HFTokenizer(cfg.path, dict(cfg.special_tokens or {}))
     raise ValueError(f"tokenizer.kind={cfg.kind!r} is unknown; use 'bytes' or 'hf'")
+
+
+MASKED_LOGIT = -1e9  # finite, so that masked entries give exp() = 0 and 0 * logit = 0 (no NaN)
+
+
+def disallowed_tokens(tokenizer: Tokenizer, action_vocabulary: str | None, vocab_size: int):
+    """Bool mask ``[vocab]`` of the ids an action may not use, or None when actions are unconstrained.
+
+    ``action_vocabulary`` (``env.action_vocabulary``) lists the characters an action may contain; their
+    token ids and the end-of-turn token stay allowed (constrained decoding, as grammar-guided sampling
+    does in inference servers). The learner applies the same mask, so log-probs agree.
+    """
+    if not action_vocabulary:
+        return None
+    allowed = {tokenizer.end_id}
+    for char in action_vocabulary:
+        allowed.update(tokenizer.encode(char))
+    mask = torch.ones(vocab_size, dtype=torch.bool)
+    mask[sorted(allowed)] = False
+    return mask

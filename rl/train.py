@@ -1,6 +1,6 @@
 """`python -m rl.train [overrides]` (console script `k3rl-train`): the Hydra entry point of k3rl.
 
-Composes and checks the config, tries one env of the task here (`rl.preflight`), then starts Ray and
+Composes and checks the config, tries one env of the task here (`rl.driver.preflight`), then starts Ray and
 trains into Hydra's run folder. A config mistake stops the run before anything starts with one line (exit
 2); a task that cannot start stops it with its own frames (exit 1).
 
@@ -23,20 +23,20 @@ from agentenv.paths import conf_dir
 from rl.config import ConfigError, RunConfig
 from rl.config.command_line import prepare
 from rl.config.load import load, with_origin
-from rl.preflight import TaskFailed, check_runtime, check_task_options, try_task
+from rl.driver.preflight import TaskFailed, check_runtime, check_task_options, try_task
 
 
 def resolve_config(cfg: DictConfig) -> RunConfig:
     """The composed config as a checked `RunConfig` (raises a one-line `ConfigError`): the schema's
     checks, then ``model.init_from`` (its checkpoint's model config must match), ``data``, and what the
-    config asks of this host and of the task's code (`rl.preflight`)."""
+    config asks of this host and of the task's code (`rl.driver.preflight`)."""
     from rl.init_weights import check_init_from
 
     run = load(cfg)
     check_init_from(run.model)
     if run.stage == "sft" and not (run.data and Path(run.data).is_file()):
         raise ConfigError(
-            "data: stage=sft needs an existing demonstration JSONL (python -m rl.demonstrations), "
+            "data: stage=sft needs an existing demonstration JSONL (python -m rl.sft.demonstrations), "
             f"got {run.data!r}"
         )
     try:
@@ -49,15 +49,15 @@ def resolve_config(cfg: DictConfig) -> RunConfig:
 
 def train(cfg: DictConfig, run_dir: str | Path):
     """Check the config and run its ``stage``: RL (`TrainResult`, also used by ``bench/train.py``) or the
-    supervised cold start (`rl.sft.SFTResult`)."""
+    supervised cold start (`rl.sft.trainer.SFTResult`)."""
     run = resolve_config(cfg)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / "resolved_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(run)))
     if run.stage == "sft":
-        from rl.sft import SFTRunner
+        from rl.sft.trainer import SFTRunner
 
         return SFTRunner(run, run_dir).run()
-    from rl.trainer import Trainer
+    from rl.driver.trainer import Trainer
 
     return Trainer(run, run_dir).run()
 
@@ -65,7 +65,8 @@ def train(cfg: DictConfig, run_dir: str | Path):
 class CheckConfigFirst(Callback):
     """Hydra callback (``hydra.callbacks`` in conf/config.yaml): checks the composed config when the run
     starts, before Hydra creates its run folder, so that a rejected config leaves no ``outputs/`` behind;
-    then, with ``trainer.preflight``, one env of the task is made, reset and stepped here (`rl.preflight`)."""
+    then, with ``trainer.preflight``, one env of the task is made, reset and stepped here
+    (`rl.driver.preflight`)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:

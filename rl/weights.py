@@ -1,7 +1,7 @@
 """The learner's weights of one version in Ray's object store, unit by unit: what the driver hands the
 rollout workers and writes as a checkpoint's ``policy/``.
 
-Every learner rank puts what `rl.sharding.ShardedPolicy.full_units` hands it, one FSDP unit at a time
+Every learner rank puts what `rl.learner.sharding.ShardedPolicy.full_units` hands it, one FSDP unit at a time
 (`put_unit`: rank 0 the backbone, each expert-parallel rank its own experts), so no rank ever holds a
 second full copy of the model; `PublishedWeights` collects the blocks of every rank. A worker resolves it
 into a state dict (`resolve`); the driver streams it into ``model.safetensors`` block by block (`export`).

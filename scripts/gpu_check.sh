@@ -13,7 +13,7 @@
 # Steps (python bench/gpu_check.py STEP; each one's output in OUT_DIR/<step>.log and .json, its exit
 # code and seconds in OUT_DIR/summary.txt; a failing step does not stop the next):
 #   env      Python, torch, CUDA, Triton, fla versions and the GPU
-#   learner  the K3 policy (k3_tiny, k3_small): rl.learner.Learner steps in bf16 on CUDA, no Ray; k3_tiny's
+#   learner  the K3 policy (k3_tiny, k3_small): rl.learner.learner.Learner steps in bf16 on CUDA, no Ray; k3_tiny's
 #            first step against a CPU fp32 learner's
 #   moe      the MoE grouped GEMM against the per-expert loop at K3's expert shapes, bf16, fwd and fwd+bwd
 #   kernels  every Triton kernel (chunk_kda, the decode kernel, situ_glu, moe_experts) and fla's chunk_kda

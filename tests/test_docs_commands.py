@@ -51,7 +51,7 @@ SHELL_FENCES = {"sh", "bash", "console", "shell"}
 RUN_FOR_REAL = {"model.count"}  # read-only and fast: the documented command itself runs
 # Pipeline steps run for real with these overrides appended (program, a word it must contain) -> overrides.
 SHRINK = {
-    ("rl.demonstrations", ""): ["num_episodes=4"],
+    ("rl.sft.demonstrations", ""): ["num_episodes=4"],
     ("rl.train", "stage=sft"): ["sft.max_steps=1", "sft.checkpoint_every=0", "trainer.progress_bar=false"],
 }
 _WRITES = re.compile(r"^(?:out|hydra\.run\.dir)=(\S+)$")

@@ -22,7 +22,7 @@ the disk and the host; until the pool has measured `cost_min_samples` pauses (re
 conf/agentenv/pool.yaml stand in. The spare cores are measured (`agentenv.pool.cpu.SpareCores`, the host's
 idle share over the last `cpu_window_s`), never configured.
 
-The expected wait is the caller's to estimate (e.g. `rl.rollout.EpisodeRunner`: the p50 of its recent
+The expected wait is the caller's to estimate (e.g. `rl.rollout.runner.EpisodeRunner`: the p50 of its recent
 generation calls of the same batch size). Policies: ``cost`` (the rule above), ``never`` (waiting
 sandboxes keep running; the pool's budget still pauses idle members it may take), ``always`` (every
 wait pauses: for measuring, or tasks whose memory matters more than their latency).

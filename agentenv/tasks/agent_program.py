@@ -5,7 +5,7 @@ actions itself by calling an OpenAI-compatible API; the trainer only starts it. 
 gymnasium step: ``reset(seed)`` runs ``program.setup`` (``{seed}`` filled in; its output is the task text,
 given to the program as ``$AGENT_TASK``), and ``step(action)`` runs the program with the environment
 variables the action holds (a JSON object, e.g. the gateway's ``OPENAI_BASE_URL`` and the episode's
-``OPENAI_API_KEY``: `rl.program_rollout`), then the verifier on the final state. The reward is the
+``OPENAI_API_KEY``: `rl.rollout.programs`), then the verifier on the final state. The reward is the
 verifier's. A program that exits non-zero raises `ProgramFailed`; one that runs past ``program.timeout_s``
 is killed and raises `agentenv.errors.ExecTimeout`: both are failures of the episode, not rewards.
 
@@ -133,7 +133,7 @@ class AgentProgram(SandboxTask):
     ``timeout_s`` (default 60).
     """
 
-    runs_program = True  # episodes are played by the program (rl.program_rollout), not turn by turn
+    runs_program = True  # episodes are played by the program (rl.rollout.programs), not turn by turn
 
     def __init__(self, program: Mapping | None = None, verifier: Mapping | None = None,
                  max_action_chars: int = 2048, **kwargs) -> None:
@@ -236,5 +236,5 @@ def program_variables(action: str) -> dict[str, str]:
         isinstance(k, str) and k.isidentifier() and isinstance(v, str) for k, v in variables.items()
     ):
         raise ValueError("an AgentProgram action is the program's environment: a JSON object of variable "
-                         f"names to strings (rl.program_rollout writes it), got {action[:120]!r}")
+                         f"names to strings (rl.rollout.programs writes it), got {action[:120]!r}")
     return variables

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from rl.algos.losses import LOSS_AGGREGATIONS, clipped_surrogate
+from rl.episode import Episode
 
 
 @dataclass
@@ -245,3 +246,59 @@ def tree_policy_loss(
     if is_weights is not None:
         per_token = per_token * is_weights.detach()
     return (per_token * samples.loss_mask).sum()
+
+
+def episode_trees(episodes: list[Episode], group_size: int) -> tuple[list[Tree], list[int], list[list[int]]]:
+    """The trees of ``episodes`` (leaves laid out group after group, ``group_size`` per group, each
+    recording its tree and branches): ``(trees, the group of each tree, the episode of each tree's
+    leaves in `Tree.leaves` order)``. Rewards and validity (weight > 0) are the episodes'."""
+    if len(episodes) % group_size:
+        raise ValueError(f"{len(episodes)} leaves are not whole groups of {group_size}")
+    members: dict[tuple[int, int], list[int]] = {}
+    for i, episode in enumerate(episodes):
+        if episode.tree is None or episode.branches is None:
+            raise ValueError(f"episode {i} (seed {episode.seed}) records no tree: it is not a leaf of a "
+                             "tree rollout (rollout.tree)")  # fmt: skip
+        members.setdefault((i // group_size, episode.tree), []).append(i)
+    trees, groups, leaf_episodes = [], [], []
+    for (group, _), leaves in members.items():
+        tree, order = _tree_of([episodes[i] for i in leaves])
+        trees.append(tree)
+        groups.append(group)
+        leaf_episodes.append([leaves[k] for k in order])
+    return trees, groups, leaf_episodes
+
+
+def _tree_of(leaves: list[Episode]) -> tuple[Tree, list[int]]:
+    """One tree from its leaves; with the index (in ``leaves``) of each of its leaves in order."""
+    order = sorted(range(len(leaves)), key=lambda k: [c for _, c in leaves[k].branches])
+    nodes: dict[tuple[int, ...], int] = {}
+    parents: list[int] = []
+    tokens: list[list[int]] = []
+    masks: list[list[int]] = []
+    for k in order:
+        leaf = leaves[k]
+        path = tuple(c for _, c in leaf.branches)
+        if path in nodes:
+            raise ValueError(f"two leaves of one tree (seed {leaf.seed}) share the branch path {path}")
+        ends = [0, *(offset for offset, _ in leaf.branches), len(leaf.tokens)]
+        for depth in range(len(path) + 1):
+            key, span = path[:depth], slice(ends[depth], ends[depth + 1])
+            if key in nodes:
+                node = nodes[key]
+                if tokens[node] != leaf.tokens[span] or masks[node] != leaf.action_mask[span]:
+                    raise ValueError(f"leaves of one tree (seed {leaf.seed}) differ in their shared node "
+                                     f"{key}")  # fmt: skip
+                continue
+            nodes[key] = len(parents)
+            parents.append(nodes[key[:-1]] if depth else -1)
+            tokens.append(leaf.tokens[span])
+            masks.append(leaf.action_mask[span])
+    tree = Tree(
+        parents,
+        tokens,
+        masks,
+        rewards=[leaves[k].reward for k in order],
+        valid=[leaves[k].weight > 0 for k in order],
+    )
+    return tree, order

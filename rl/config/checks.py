@@ -128,7 +128,7 @@ def check_sandbox(sandbox: dict[str, Any]) -> None:
 
 def check_sandbox_hosts(cfg) -> None:
     """With ``sandbox.hosts`` the limits are the hosts' own and the local sandbox pool is off (see
-    `rl.rollout.EpisodeRunner`): settings that would then be silently ignored are refused."""
+    `rl.rollout.runner.EpisodeRunner`): settings that would then be silently ignored are refused."""
     from rl.sandbox_hosts import split_hosts
 
     if not split_hosts(cfg.sandbox)[1]:
@@ -233,7 +233,7 @@ def check_algo_name(algo) -> None:
 
 
 def check_tree(cfg) -> None:
-    """``rollout.tree`` (branching rollouts, `rl.tree_rollout`) goes with ``algo=tree_grpo`` and the torch
+    """``rollout.tree`` (branching rollouts, `rl.rollout.trees`) goes with ``algo=tree_grpo`` and the torch
     engine, and describes trees that can grow: increasing turns from 1, no more branchings per path than
     turns to branch at, one branching within the leaf budget, and ``algo.group_size`` (leaves per prompt)
     whole trees."""
@@ -268,7 +268,7 @@ def check_tree(cfg) -> None:
         _fail("algo.group_size", f"{algo.group_size} leaves per prompt are not whole trees: a tree of "
               f"rollout.tree has {leaves} leaves, so set a multiple of {leaves}")  # fmt: skip
     if cfg.rollout.max_concurrent_episodes is not None:
-        _fail("rollout.max_concurrent_episodes", "a tree run plays all its trees at once (rl.tree_rollout); "
+        _fail("rollout.max_concurrent_episodes", "a tree run plays all its trees at once (rl.rollout.trees); "
               "set it to null with rollout.tree")  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 """``module:Name`` config values (``env.wrappers``) resolved to objects, with errors that name the key.
 
-A leaf module: ``rl.wrappers`` and ``rl.experts`` import it.
+A leaf module: ``rl.rollout.wrappers`` and ``rl.sft.experts`` import it.
 """
 
 from __future__ import annotations

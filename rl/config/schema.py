@@ -30,7 +30,7 @@ def optional(**rules: Any) -> Any:
 
 @dataclass
 class OptimConfig:
-    """``algo.optim`` and ``sft.optim``: AdamW, gradient clipping and the lr schedule (`rl.optim`)."""
+    """``algo.optim`` and ``sft.optim``: AdamW, gradient clipping and the lr schedule (`rl.learner.optim`)."""
 
     lr: float = required(gt=0)
     betas: list[float] = required()  # [beta1, beta2], each in [0, 1) (checks.check_optim)
@@ -90,7 +90,8 @@ class EnvConfig:
     # gymnasium wrappers applied, innermost first, to every env the runner makes: "module:Class" or
     # {cls: "module:Class", kwargs: {...}}. None (key absent) = no wrappers.
     wrappers: list[Any] | None = optional()
-    # the task's scripted expert for demonstrations (rl.experts): "module:ExpertClass" (an rl.experts.Expert
+    # the task's scripted expert for demonstrations (rl.sft.experts): "module:ExpertClass" (an
+    # rl.sft.experts.Expert
     # subclass) or "module:function" (observation text -> action text). None = the task has none.
     expert: str | None = optional()
 
@@ -103,7 +104,7 @@ class SandboxPoolConfig:
     # whether the sandbox of an episode waiting on the policy is paused for the wait (agentenv.pool.cost):
     # cost = when the expected wait exceeds the pool's pause + resume p50s, or over budget
     pause_policy: str = required(choices=("cost", "never", "always"))
-    # admission control (rl.admission): a sandbox runs only in one of memory_budget // (one sandbox's
+    # admission control (rl.rollout.admission): a sandbox runs only in one of memory_budget // (one sandbox's
     # measured RSS) slots, so starts and steps wait for room instead of going over the budget
     admission: bool = required()
     # keys of conf/agentenv/pool.yaml set differently for the trainer's pools (empty: that file as is)
@@ -171,13 +172,15 @@ class RolloutConfig:
 
 @dataclass
 class LearnerParallelConfig:
-    """``trainer.learner``: how many processes the learner spans (`rl.ranks`, `rl.sharding`)."""
+    """``trainer.learner``: how many processes the learner spans (`rl.learner.ranks`,
+    `rl.learner.sharding`)."""
 
     # learner ranks (Ray actors of one placement group, one torch.distributed group): each trains its share
     # of every batch's groups and holds 1/world_size of the parameters and optimizer state
     world_size: int = required(ge=1)
     # ranks the routed experts are split across (a divisor of world_size: the device mesh is
-    # world_size / expert_parallel (data) x expert_parallel (experts), rl.sharding); tokens travel to their
+    # world_size / expert_parallel (data) x expert_parallel (experts), rl.learner.sharding); tokens travel to
+    # their
     # experts' ranks in LatentMoE's latent width (model.expert_parallel)
     expert_parallel: int = required(ge=1)
 
@@ -200,12 +203,12 @@ class TrainerConfig:
     tensorboard: bool = required()
     progress_bar: bool = required()
     # sync: rollout, then learn (exactly resumable); async: workers keep generating while the learner
-    # trains (rl.async_rollout), groups older than max_staleness weight versions are dropped
+    # trains (rl.driver.async_source), groups older than max_staleness weight versions are dropped
     mode: str = required(choices=("sync", "async"))
     max_staleness: int = required(ge=0)
     rollouts_in_flight: int = required(ge=1)  # async: outstanding rollout calls per worker
     # async: every checkpoint (and Ctrl-C) records the episodes in flight, their sandboxes paused and kept
-    # by the checkpoint, so a resumed run continues them (rl.inflight)
+    # by the checkpoint, so a resumed run continues them (rl.rollout.inflight)
     checkpoint_in_flight: bool = required()
     # custom Ray resources (``ray start --resources``) each actor needs, so a cluster places it: the learner
     # on the node(s) that offer learner_resources, every rollout worker (and its sandboxes) on those that
@@ -218,11 +221,11 @@ class TrainerConfig:
     device: str = required(choices=("auto", "cpu", "cuda"))
     learner_gpus: float = required(gt=0, le=1)  # GPUs Ray reserves per learner rank (device cuda only)
     worker_gpus: float = required(gt=0, le=1)  # GPUs Ray reserves for each rollout worker (device cuda only)
-    # before Ray starts (rl.preflight): make one env of the task here, reset it and step it, so a task
+    # before Ray starts (rl.driver.preflight): make one env of the task here, reset it and step it, so a task
     # that cannot start fails in seconds with its own traceback
     preflight: bool = required()
     log_samples: int = required(ge=0)  # episodes per iteration written as text to <run dir>/samples.txt
-    eval_every: int = required(ge=0)  # iterations between held-out evaluations (0 = none; rl.heldout)
+    eval_every: int = required(ge=0)  # iterations between held-out evaluations (0 = none; rl.driver.heldout)
     eval_episodes: int = required(ge=1)  # held-out games per evaluation (the same games every time)
 
 
@@ -269,7 +272,7 @@ class RunConfig:
 
     seed: int = required(ge=0)
     stage: str = required(choices=("rl", "sft"))
-    # stage=sft: the demonstration JSONL (`python -m rl.demonstrations`); unused by stage=rl
+    # stage=sft: the demonstration JSONL (`python -m rl.sft.demonstrations`); unused by stage=rl
     data: str | None = optional()
     model: PolicyConfig = MISSING
     algo: AlgoConfig = MISSING

@@ -10,11 +10,11 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from rl.gateway.app import create_app
-from rl.gateway.service import Gateway
-from rl.gateway.settings import GatewaySettings
-from rl.generation import TorchEngine
 from rl.policy import build_policy
+from rl.rollout.gateway.app import create_app
+from rl.rollout.gateway.service import Gateway
+from rl.rollout.gateway.settings import GatewaySettings
+from rl.rollout.torch_engine import TorchEngine
 from rl.tokenizer import ByteTokenizer
 
 MODEL = "tiny-policy"

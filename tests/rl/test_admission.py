@@ -1,4 +1,4 @@
-"""Admission control (`rl.admission.SandboxGate`) with real sandboxes and the tiny K3 policy: a runner
+"""Admission control (`rl.rollout.admission.SandboxGate`) with real sandboxes and the tiny K3 policy: a runner
 whose pool budget fits two KVLookup sandboxes plays six forked episodes and never runs more sandboxes
 than the budget holds (the same run ungated does, with the same tokens); under a budget that does not
 bind nothing waits; an in-flight snapshot and its resume finish under a one-slot budget."""
@@ -13,9 +13,9 @@ from rl_testutil import compose
 from agentenv import Sandbox
 from agentenv.runtime import runtime
 from rl.episode import Episode
-from rl.generation import TorchEngine
 from rl.policy import build_policy
-from rl.rollout import EpisodeRunner, RolloutStats
+from rl.rollout.runner import EpisodeRunner, RolloutStats
+from rl.rollout.torch_engine import TorchEngine
 from rl.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.docker
@@ -273,7 +273,7 @@ def test_a_parked_sandbox_whose_pause_fails_keeps_its_slot_until_a_pause_succeed
     import uuid
 
     from agentenv import SandboxConfig, SandboxPool
-    from rl.admission import SandboxGate
+    from rl.rollout.admission import SandboxGate
 
     pool = SandboxPool(f"gate-{uuid.uuid4().hex[:6]}", memory_budget="100m", idle_after_s=0.0)
     holder = Sandbox.create(config=SandboxConfig.load(**{**sandbox_config, "labels": {}}))

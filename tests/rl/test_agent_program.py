@@ -1,4 +1,4 @@
-"""Agent-program tasks (`agentenv.tasks.agent_program`, `rl.program_rollout`): the program in the sandbox
+"""Agent-program tasks (`agentenv.tasks.agent_program`, `rl.rollout.programs`): the program in the sandbox
 plays GuessNumber through the runner's gateway; its calls become the episode's tokens exactly as captured,
 the verifier's reward is the game's, a crash or a hang fails the episode, and a bad config names its key.
 Real sandboxes and the tiny policy."""
@@ -21,9 +21,9 @@ from rl_testutil import ROOT, compose
 
 import agentenv.tasks  # noqa: F401  (registers the tasks)
 from agentenv.errors import ConfigError
-from rl.generation import TorchEngine
 from rl.policy import build_policy
-from rl.rollout import EpisodeRunner
+from rl.rollout.runner import EpisodeRunner
+from rl.rollout.torch_engine import TorchEngine
 from rl.tokenizer import ByteTokenizer
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread")]
@@ -296,8 +296,8 @@ def test_a_program_task_refuses_branching_rollouts(policy, sandbox_config):
 
 def test_a_program_that_rewrites_its_history_trains_its_longest_sample():
     from rl.episode import Episode
-    from rl.gateway.capture import CallRecord, EpisodeRecord
-    from rl.program_rollout import program_episode
+    from rl.rollout.gateway.capture import CallRecord, EpisodeRecord
+    from rl.rollout.programs import program_episode
 
     def call(prompt, completion, version=1):
         return CallRecord(prompt, completion, [-0.5] * len(completion), version, None, True)

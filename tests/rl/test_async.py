@@ -7,16 +7,16 @@ import pytest
 import torch
 from rl_testutil import compose
 
-from rl.actors import RolloutWorker
 from rl.algos import clipped_policy_loss, truncated_is_weights
-from rl.async_rollout import AsyncRollouts, split_stale
+from rl.driver.async_source import AsyncRollouts, split_stale
+from rl.driver.rollout_workers import RolloutWorkers
+from rl.driver.sources import FinishedGroup
 from rl.episode import Episode, EpisodeSummary, collate
-from rl.generation import TorchEngine
-from rl.learner import Learner
+from rl.learner.learner import Learner
 from rl.policy import build_policy_shell
-from rl.sources import FinishedGroup
+from rl.rollout.actor import RolloutWorker
+from rl.rollout.torch_engine import TorchEngine
 from rl.tokenizer import ByteTokenizer
-from rl.workers import RolloutWorkers
 
 TOK = ByteTokenizer()
 

@@ -1,4 +1,4 @@
-"""`rl.checkpoint_convert`: checkpoints of the earlier layout (``learner.pt`` with AdamW's state by
+"""`rl.learner.checkpoint_convert`: checkpoints of the earlier layout (``learner.pt`` with AdamW's state by
 parameter index and every expert three parameters of its own; a sharded learner's ``shards/rank{r}.pt``
 with flat fp32 slices) become distributed checkpoints holding the same weights, moments, value head,
 reference, schedule and counters. The old files are written here from a trained learner's state, laid
@@ -14,9 +14,9 @@ from rl_testutil import compose
 from test_learner_ranks import episodes
 
 from model.moe import stacked_slot
-from rl.checkpoint_convert import convert, old_parameter_order
-from rl.learner import Learner
-from rl.shard_checkpoint import read_learner_state, rng_state
+from rl.learner.checkpoint_convert import convert, old_parameter_order
+from rl.learner.learner import Learner
+from rl.learner.shard_checkpoint import read_learner_state, rng_state
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

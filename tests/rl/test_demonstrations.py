@@ -1,4 +1,4 @@
-"""Scripted experts and `rl.demonstrations`: episodes played in real sandboxes, written to JSONL in the
+"""Scripted experts and `rl.sft.demonstrations`: episodes played in real sandboxes, written to JSONL in the
 RL loop's token layout, read back, and the experts' skill (bisection always wins GuessNumber)."""
 
 import os
@@ -11,8 +11,8 @@ from hydra import compose, initialize_config_dir
 
 from agentenv.tasks.fix_code import PROBLEMS, problem_index
 from rl.config import ConfigError
-from rl.demonstrations import Demonstration, DemonstrationError, read_demonstrations, run_demonstrations
-from rl.experts import ExpertError, expert_for, qualities
+from rl.sft.demonstrations import Demonstration, DemonstrationError, read_demonstrations, run_demonstrations
+from rl.sft.experts import ExpertError, expert_for, qualities
 from rl.tokenizer import ByteTokenizer, Tokenizer
 
 pytestmark = pytest.mark.docker
@@ -30,7 +30,7 @@ def demonstrations(tmp_path: Path, name: str, *overrides: str) -> tuple[Path, di
 
 
 def assert_rl_layout(demo: Demonstration, tok: Tokenizer) -> None:
-    """``demo``'s tokens and mask are exactly what rl.rollout writes for its observations and actions:
+    """``demo``'s tokens and mask are exactly what rl.rollout.runner writes for its observations and actions:
     turn tokens and observations with mask 0, each action and its closing end token with mask 1."""
     ep = demo.episode
     tokens, mask = [tok.bos_id], [0]
@@ -108,7 +108,7 @@ def test_no_sandbox_backend_stops_the_command_without_a_file(tmp_path):
     out = tmp_path / "none.jsonl"
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/none.sock"}
     proc = subprocess.run(
-        [sys.executable, "-m", "rl.demonstrations", *SMALL_SANDBOX, "num_episodes=3", f"out={out}"],
+        [sys.executable, "-m", "rl.sft.demonstrations", *SMALL_SANDBOX, "num_episodes=3", f"out={out}"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -19,12 +19,12 @@ from rl.device import (
     resolve_device,
     worker_options,
 )
+from rl.driver.trainer import with_resolved_device
 from rl.episode import Episode
-from rl.generation import TorchEngine
-from rl.learner import Learner
+from rl.learner.learner import Learner
 from rl.policy import build_policy_shell
+from rl.rollout.torch_engine import TorchEngine
 from rl.tokenizer import build_tokenizer
-from rl.trainer import with_resolved_device
 
 CUDA = torch.cuda.is_available()
 

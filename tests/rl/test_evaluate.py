@@ -1,4 +1,4 @@
-"""`rl.evaluate.success_rate`: a policy plays fresh games of the configured task in real sandboxes; the
+"""`rl.driver.evaluate.success_rate`: a policy plays fresh games of the configured task in real sandboxes; the
 same seed plays the same games with the same samples (so two policies are compared on equal terms), and
 the weights come from ``model.init_from``."""
 
@@ -6,7 +6,7 @@ import pytest
 from rl_testutil import compose
 
 from model import checkpoint
-from rl.evaluate import success_rate
+from rl.driver.evaluate import success_rate
 from rl.policy import build_policy
 from rl.seeds import eval_seeds
 

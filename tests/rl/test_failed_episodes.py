@@ -13,7 +13,7 @@ from agentenv.errors import ExecTimeout, SandboxNotFound, SessionError
 from rl.algos import grpo_advantages, rloo_advantages, usable_episodes, zero_variance_groups
 from rl.episode import Episode, EpisodeSummary
 from rl.failures import failure_kind, failure_metrics
-from rl.learner import Learner
+from rl.learner.learner import Learner
 
 # two groups of 4; member 3 of group 0 failed (its 0 would drag the group's mean down)
 REWARDS = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0])

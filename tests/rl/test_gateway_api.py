@@ -9,7 +9,7 @@ import pytest
 from gateway_testutil import MODEL, TOK, serving, tiny_gateway
 from rl_testutil import compose
 
-from rl.gateway.chat_format import Message, parse_completion, render_chat
+from rl.rollout.gateway.chat_format import Message, parse_completion, render_chat
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

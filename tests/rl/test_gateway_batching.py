@@ -12,10 +12,10 @@ import torch
 from gateway_testutil import MODEL, TOK, serving, settings
 from rl_testutil import compose
 
-from rl.gateway.batcher import Batcher
-from rl.gateway.service import Gateway
-from rl.generation import Sampling, TorchEngine
 from rl.policy import build_policy
+from rl.rollout.gateway.batcher import Batcher
+from rl.rollout.gateway.service import Gateway
+from rl.rollout.torch_engine import Sampling, TorchEngine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

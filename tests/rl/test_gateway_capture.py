@@ -10,12 +10,12 @@ from gateway_testutil import MODEL, TOK, serving, settings
 from rl_testutil import compose
 
 from rl.episode import collate
-from rl.gateway.capture import CallRecord, EpisodeRecord
-from rl.gateway.samples import episode_samples
-from rl.gateway.service import Gateway
-from rl.generation import TorchEngine
-from rl.learner import Learner
+from rl.learner.learner import Learner
 from rl.policy import build_policy
+from rl.rollout.gateway.capture import CallRecord, EpisodeRecord
+from rl.rollout.gateway.samples import episode_samples
+from rl.rollout.gateway.service import Gateway
+from rl.rollout.torch_engine import TorchEngine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

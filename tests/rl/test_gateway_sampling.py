@@ -1,4 +1,5 @@
-"""Per-request sampling of the torch engine (`rl.generation.Sampling`): what the gateway asks of it."""
+"""Per-request sampling of the torch engine (`rl.rollout.torch_engine.Sampling`): what the gateway asks of
+it."""
 
 import math
 
@@ -6,8 +7,8 @@ import torch
 from gateway_testutil import TOK
 from rl_testutil import compose
 
-from rl.generation import Sampling, TorchEngine, nucleus
 from rl.policy import build_policy
+from rl.rollout.torch_engine import Sampling, TorchEngine, nucleus
 
 
 def test_nucleus_keeps_the_smallest_set_reaching_top_p_and_renormalises():

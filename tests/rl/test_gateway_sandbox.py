@@ -1,4 +1,5 @@
-"""The gateway from inside sandboxes that have no network device (`rl.gateway.sandbox_link`): a program in
+"""The gateway from inside sandboxes that have no network device (`rl.rollout.gateway.sandbox_link`): a
+program in
 the sandbox calls ``OPENAI_BASE_URL`` (the link's listener in the sandbox's loopback) and each call is
 recorded under its episode's key, also by a program that lives across a pause and resume, and in forks
 under the forks' own keys. The client is python3's http.client: the base image has no openai SDK."""
@@ -14,8 +15,8 @@ from rl_testutil import compose
 
 from agentenv import Sandbox, SandboxConfig
 from agentenv.errors import ConfigError, InvalidArgument, SandboxStateError
-from rl.gateway.capture import KEY_PREFIX
-from rl.gateway.sandbox_link import SandboxLink
+from rl.rollout.gateway.capture import KEY_PREFIX
+from rl.rollout.gateway.sandbox_link import SandboxLink
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("one_torch_thread")]
 

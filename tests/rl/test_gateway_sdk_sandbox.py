@@ -1,5 +1,5 @@
 """The openai SDK inside a sandbox of the `agent` image (sandbox_images/agent/) calling the gateway through
-`rl.gateway.sandbox_link.SandboxLink`: ``OpenAI()`` reads OPENAI_BASE_URL / OPENAI_API_KEY from the
+`rl.rollout.gateway.sandbox_link.SandboxLink`: ``OpenAI()`` reads OPENAI_BASE_URL / OPENAI_API_KEY from the
 environment the link gives; its chats (plain, streamed, with tools) are recorded under the episode's key,
 ``models.list()`` names the served policy, and a refused call is the SDK's own exception with OpenAI's
 error body. The image is built once per module (a content-hash tag: later runs reuse it)."""
@@ -16,8 +16,8 @@ from rl_testutil import compose
 
 from agentenv import Sandbox, SandboxConfig
 from agentenv.backend import images
-from rl.gateway.chat_format import parse_completion
-from rl.gateway.sandbox_link import SandboxLink
+from rl.rollout.gateway.chat_format import parse_completion
+from rl.rollout.gateway.sandbox_link import SandboxLink
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,5 @@
-"""``python -m rl.gateway``: a saved policy served on its own, and clear refusals of a bad --checkpoint."""
+"""``python -m rl.rollout.gateway``: a saved policy served on its own, and clear refusals of a bad
+--checkpoint."""
 
 import socket
 import subprocess
@@ -10,8 +11,8 @@ import pytest
 from rl_testutil import ROOT, compose
 
 from model.checkpoint import save_pretrained
-from rl.gateway.serve import main
 from rl.policy import build_policy
+from rl.rollout.gateway.serve import main
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +42,8 @@ def test_the_module_serves_a_saved_policy(policy_folder):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    argv = [sys.executable, "-m", "rl.gateway", "--checkpoint", str(policy_folder), "--port", str(port),
-            "--model-name", "saved", "--max-tokens", "8"]  # fmt: skip
+    argv = [sys.executable, "-m", "rl.rollout.gateway", "--checkpoint", str(policy_folder),
+            "--port", str(port), "--model-name", "saved", "--max-tokens", "8"]  # fmt: skip
     server = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}/v1"
     try:

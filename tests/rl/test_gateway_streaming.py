@@ -12,12 +12,12 @@ from gateway_testutil import MODEL, TOK, serving, settings
 from openai.types.chat import ChatCompletionChunk
 from rl_testutil import compose
 
-from rl.gateway.app import _chat_chunks
-from rl.gateway.chat_format import TOOL_CALL_OPEN, ToolCall, parse_completion
-from rl.gateway.service import Choice, Delta, Gateway
-from rl.gateway.streaming import TextDeltas
-from rl.generation import TorchEngine
 from rl.policy import build_policy
+from rl.rollout.gateway.app import _chat_chunks
+from rl.rollout.gateway.chat_format import TOOL_CALL_OPEN, ToolCall, parse_completion
+from rl.rollout.gateway.service import Choice, Delta, Gateway
+from rl.rollout.gateway.streaming import TextDeltas
+from rl.rollout.torch_engine import TorchEngine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

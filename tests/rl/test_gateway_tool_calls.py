@@ -11,11 +11,11 @@ import torch.nn.functional as F
 from gateway_testutil import MODEL, TOK, serving, settings
 from rl_testutil import compose
 
-from rl.gateway.bodies import chat_request
-from rl.gateway.chat_format import render_chat
-from rl.gateway.service import Gateway
-from rl.generation import TorchEngine
 from rl.policy import build_policy
+from rl.rollout.gateway.bodies import chat_request
+from rl.rollout.gateway.chat_format import render_chat
+from rl.rollout.gateway.service import Gateway
+from rl.rollout.torch_engine import TorchEngine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from rl.config.load import load
-from rl.demonstrations import read_demonstrations
+from rl.sft.demonstrations import read_demonstrations
 from rl.tokenizer import HFTokenizer, build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""In-flight episodes across a restart (rl.inflight), with real sandboxes and the tiny K3 policy.
+"""In-flight episodes across a restart (rl.rollout.inflight), with real sandboxes and the tiny K3 policy.
 
 Runner level: a rollout recorded at a turn boundary keeps each playing episode's sandbox paused (kept by
 the checkpoint folder, out of the worker's pool) while the live run goes on in forks; after the first
@@ -32,10 +32,10 @@ from agentenv.gc import close_orphans
 from agentenv.owner import KEEPER_LABEL, OWNER_LABEL
 from agentenv.pool.pool import LABEL_POOL
 from agentenv.registry import Registry
-from rl.generation import TorchEngine
-from rl.inflight import IN_FLIGHT_SUMMARY, kept_sandboxes, load_record, save_record
 from rl.policy import build_policy
-from rl.rollout import EpisodeRunner
+from rl.rollout.inflight import IN_FLIGHT_SUMMARY, kept_sandboxes, load_record, save_record
+from rl.rollout.runner import EpisodeRunner
+from rl.rollout.torch_engine import TorchEngine
 from rl.tokenizer import ByteTokenizer
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -118,7 +118,7 @@ def test_a_recorded_rollout_goes_on_after_a_restart_with_its_tokens_and_versions
 
 def _round_trip(recorded, folder: Path):
     """The episodes as a restarted process reads them: through the checkpoint's files."""
-    from rl.inflight import InFlightRecord, InFlightRollout
+    from rl.rollout.inflight import InFlightRecord, InFlightRollout
 
     record = InFlightRecord(version=0, group_size=2, rollouts=[InFlightRollout(7, "127.0.0.1", 2, recorded)])
     save_record(record, folder)

@@ -7,10 +7,10 @@ import pytest
 import torch
 from rl_testutil import compose
 
-from rl.actors import RolloutWorker
 from rl.episode import Episode, collate
 from rl.errors import StaleWeights
-from rl.learner import Learner
+from rl.learner.learner import Learner
+from rl.rollout.actor import RolloutWorker
 
 
 def episodes(n=8, failed=False, seed=0):
@@ -86,7 +86,7 @@ def test_workers_refuse_stale_weights(cfg):
 
 
 def test_lr_schedule_warms_up_then_decays_linearly():
-    from rl.optim import lr_schedule
+    from rl.learner.optim import lr_schedule
 
     constant, decaying = lr_schedule(2, None, 0.1), lr_schedule(2, 10, 0.1)
     assert [constant(s) for s in (0, 1, 5, 100)] == [0.5, 1.0, 1.0, 1.0]
@@ -96,7 +96,7 @@ def test_lr_schedule_warms_up_then_decays_linearly():
 def test_rl_and_sft_build_their_optimizer_from_their_own_optim_group():
     """``algo.optim`` and ``sft.optim`` are one schema; each stage's learner is built from its own."""
     from rl.config import OptimConfig
-    from rl.sft import SFTLearner
+    from rl.sft.trainer import SFTLearner
 
     cfg = compose(
         "algo.optim.lr=2e-3", "algo.optim.betas=[0.8,0.9]", "algo.optim.weight_decay=0.01",

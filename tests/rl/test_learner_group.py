@@ -1,4 +1,5 @@
-"""A two-rank learner (`rl.learner_group.LearnerGroup` on local Ray, gloo between its ranks) whose rank 1
+"""A two-rank learner (`rl.driver.learner_group.LearnerGroup` on local Ray, gloo between its ranks) whose
+rank 1
 is killed. In a step: the error names rank 1, the rank whose actor died, and not rank 0, whose collective
 failed first. The order is made the one of a lost node: rank 1's process is killed while the raylet that would
 report its death is paused, so rank 0's "connection reset" reaches the driver before Ray says that rank
@@ -29,8 +30,8 @@ from rl.checkpoints import (
     latest_checkpoint,
     write_checkpoint,
 )
+from rl.driver.learner_group import LearnerGroup
 from rl.errors import LearnerRankLost
-from rl.learner_group import LearnerGroup
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 

@@ -27,10 +27,10 @@ from rl_testutil import compose
 from torch.distributed.tensor import DTensor
 
 from rl.episode import Episode, collate
-from rl.learner import Learner
-from rl.ranks import RankGroup, collective_device, free_port, join_rank_group, leave_rank_group
-from rl.routing import own_routing
-from rl.sharding import VALUE_HEAD
+from rl.learner.learner import Learner
+from rl.learner.ranks import RankGroup, collective_device, free_port, join_rank_group, leave_rank_group
+from rl.learner.routing import own_routing
+from rl.learner.sharding import VALUE_HEAD
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -143,7 +143,8 @@ COLLECTIVES = ("all_reduce", "all_gather_single", "reduce_scatter_single", "all_
 
 def record_collectives(seen: list[tuple[str, str]]) -> None:
     """Wrap this process's torch.distributed collectives (the learner's, `model.expert_parallel`'s and
-    `rl.sharding`'s calls go through them) to record (name, device type) of every tensor handed over."""
+    `rl.learner.sharding`'s calls go through them) to record (name, device type) of every tensor handed
+    over."""
     for name in COLLECTIVES:
         def wrapper(*args, _real=getattr(dist, name), _name=name, **kwargs):
             tensors = [t for t in (*args, *kwargs.values()) if torch.is_tensor(t)]

@@ -1,4 +1,4 @@
-"""`rl.ranks`: which device a backend's collectives take tensors on (NCCL refuses CPU tensors), and a
+"""`rl.learner.ranks`: which device a backend's collectives take tensors on (NCCL refuses CPU tensors), and a
 group's collectives refusing a tensor elsewhere with an error that says so (a one-process gloo group)."""
 
 from __future__ import annotations
@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl.ranks import RankGroup, backend_for, collective_device, free_port, join_rank_group, leave_rank_group
+from rl.learner.ranks import (
+    RankGroup,
+    backend_for,
+    collective_device,
+    free_port,
+    join_rank_group,
+    leave_rank_group,
+)
 
 
 def test_each_backend_has_one_collective_device():

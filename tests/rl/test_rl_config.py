@@ -106,7 +106,7 @@ def test_bad_values_are_one_line_naming_their_key(overrides, message):
 def test_sandbox_hosts_need_the_key_and_refuse_what_only_local_sandboxes_do(monkeypatch):
     """``sandbox.hosts``: the API key must be in the driver's environment; the local pool's pausing and
     warm starts, and an env's own memory limit, would be ignored for remote sandboxes: refused."""
-    from rl.rollout import task_kwargs
+    from rl.rollout.runner import task_kwargs
     from rl.sandbox_hosts import worker_environment
 
     hosts = "sandbox.hosts=[http://10.0.0.1:3000,https://h.example:8443]"

@@ -6,15 +6,15 @@ import pytest
 import torch
 from rl_testutil import compose
 
+from rl.driver.trainer import check_failures
 from rl.episode import EpisodeSummary, collate
 from rl.errors import TooManyFailures
 from rl.failures import failure_metrics
-from rl.generation import TorchEngine
 from rl.policy import build_policy
-from rl.rollout import EpisodeRunner
+from rl.rollout.runner import EpisodeRunner
+from rl.rollout.torch_engine import TorchEngine
+from rl.rollout.wrappers import task
 from rl.tokenizer import ByteTokenizer
-from rl.trainer import check_failures
-from rl.wrappers import task
 
 pytestmark = pytest.mark.docker
 TOK = ByteTokenizer()
@@ -260,7 +260,7 @@ def test_waiting_envs_without_a_sandbox_are_left_out_of_the_pause_decision(polic
         runner.run([1, 2], group_size=2, generator=torch.Generator().manual_seed(0))
         emptied, kept = runner.free_envs[0], runner.free_envs[1]
         task(emptied).discard_sandbox()
-        with caplog.at_level("WARNING", logger="rl.rollout"):
+        with caplog.at_level("WARNING", logger="rl.rollout.runner"):
             runner.release_idle()
         assert task(emptied).sandbox is None and task(kept).paused
         assert "could not pause waiting sandbox" not in caplog.text

@@ -13,9 +13,9 @@ import torch
 from rl_testutil import compose
 
 from agentenv.tasks.guess_number import GuessNumber
-from rl.generation import TorchEngine
 from rl.policy import build_policy
-from rl.rollout import EpisodeRunner
+from rl.rollout.runner import EpisodeRunner
+from rl.rollout.torch_engine import TorchEngine
 from rl.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.docker

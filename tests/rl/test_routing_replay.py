@@ -10,10 +10,10 @@ import torch
 from rl_testutil import compose
 
 from rl.episode import Episode, collate
-from rl.generation import TorchEngine
-from rl.learner import Learner
+from rl.learner.learner import Learner
+from rl.learner.routing import routing_mismatch
 from rl.policy import build_policy_shell
-from rl.routing import routing_mismatch
+from rl.rollout.torch_engine import TorchEngine
 from rl.tokenizer import build_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

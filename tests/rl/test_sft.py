@@ -14,12 +14,12 @@ from rl_testutil import ROOT, TINY, compose, compose_raw
 from safetensors.torch import load_file
 
 from rl.config import ConfigError
-from rl.demonstrations import run_demonstrations
+from rl.driver.trainer import Trainer
+from rl.learner.shard_checkpoint import read_learner_state
 from rl.policy import build_policy
-from rl.sft import SFTRunner
-from rl.shard_checkpoint import read_learner_state
+from rl.sft.demonstrations import run_demonstrations
+from rl.sft.trainer import SFTRunner
 from rl.train import train
-from rl.trainer import Trainer
 
 pytestmark = pytest.mark.docker
 
@@ -36,7 +36,7 @@ SFT = (
 
 @pytest.fixture(scope="module")
 def demos(task_home, tmp_path_factory) -> Path:
-    """8 bisection episodes of GuessNumber, recorded by `rl.demonstrations` in real sandboxes."""
+    """8 bisection episodes of GuessNumber, recorded by `rl.sft.demonstrations` in real sandboxes."""
     out = tmp_path_factory.mktemp("demos") / "bisection.jsonl"
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         cfg = hydra_compose(

@@ -10,13 +10,13 @@ import json
 import pytest
 
 from agentenv.tracebacks import describe, frames_text, is_task_file
+from rl.driver.samples import actions_of, format_episode, pick
+from rl.driver.trainer import failure_summary
 from rl.episode import Episode, EpisodeSummary
-from rl.experts import ExpertError, FunctionExpert, GuessNumberExpert, expert_for, qualities
 from rl.metrics import run_table
-from rl.samples import actions_of, format_episode, pick
+from rl.sft.experts import ExpertError, FunctionExpert, GuessNumberExpert, expert_for, qualities
 from rl.task_metrics import cut_metrics, cut_warning, info_metrics, task_name
 from rl.tokenizer import ByteTokenizer
-from rl.trainer import failure_summary
 
 TOK = ByteTokenizer()
 
@@ -128,13 +128,13 @@ def test_a_config_names_its_expert_a_function_or_a_class():
     assert isinstance(expert, FunctionExpert) and expert.quality == "look_then_answer"
     expert.start("which file?")
     assert expert.act("which file?") == "1" and expert.act("file 1: gold") == "1!"
-    assert qualities("rl.experts:GuessNumberExpert") == ("bisection", "linear", "random_split")
-    assert isinstance(expert_for("rl.experts:GuessNumberExpert", "linear"), GuessNumberExpert)
+    assert qualities("rl.sft.experts:GuessNumberExpert") == ("bisection", "linear", "random_split")
+    assert isinstance(expert_for("rl.sft.experts:GuessNumberExpert", "linear"), GuessNumberExpert)
     # a built-in task's env id: its expert is read from its shipped config (conf/env/*.yaml)
     assert type(expert_for("agentenv/KVLookup-v0")) is GuessNumberExpert
-    with pytest.raises(ExpertError, match="env.expert: module 'rl.experts' has no 'Nobody'"):
-        expert_for("rl.experts:Nobody")
-    with pytest.raises(ExpertError, match="is neither an rl.experts.Expert subclass nor a function"):
-        expert_for("rl.experts:KNOWN_BUGS")
+    with pytest.raises(ExpertError, match="env.expert: module 'rl.sft.experts' has no 'Nobody'"):
+        expert_for("rl.sft.experts:Nobody")
+    with pytest.raises(ExpertError, match="is neither an rl.sft.experts.Expert subclass nor a function"):
+        expert_for("rl.sft.experts:KNOWN_BUGS")
     with pytest.raises(ExpertError, match="expert.quality='best' is unknown"):
         expert_for(f"{__name__}:look_then_answer", "best")

@@ -9,11 +9,11 @@ import pytest
 import torch
 from rl_testutil import TINY, assert_drops_add_up, compose
 
-from rl.generation import TorchEngine
+from rl.driver.trainer import Trainer
 from rl.policy import build_policy
-from rl.rollout import EpisodeRunner
+from rl.rollout.runner import EpisodeRunner
+from rl.rollout.torch_engine import TorchEngine
 from rl.tokenizer import ByteTokenizer
-from rl.trainer import Trainer
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TOK = ByteTokenizer()

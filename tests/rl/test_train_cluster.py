@@ -5,7 +5,7 @@ one per worker node (``worker_placement: spread``), and each worker's sandboxes 
 (that node's AgentENV registry holds them); success, reward and loss are those of the same run on
 local Ray. Killing a worker node's raylet mid-iteration costs that node's share of the iteration only:
 Ray restarts its rollout worker on the other worker node, the trainer retries the share there, and the
-run finishes. The same holds for ``trainer.mode=async`` (rl/async_rollout.py): an async run places its
+run finishes. The same holds for ``trainer.mode=async`` (rl/driver/async_source.py): an async run places its
 actors the same way and logs staleness and learner idleness (it is not replayable, so no local run is
 compared with it); a worker node lost mid-iteration costs only the rollout calls queued on its worker,
 which are resubmitted to the worker restarted on the other node. A learner of two ranks
@@ -32,8 +32,8 @@ from rl_testutil import TINY, assert_drops_add_up, compose
 
 from agentenv.owner import OWNER_LABEL
 from agentenv.registry import Registry
+from rl.driver.trainer import Trainer
 from rl.seeds import ASYNC_SEEDS, group_seeds
-from rl.trainer import Trainer
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -89,7 +89,7 @@ def metrics(run_dir: Path) -> list[dict]:
 
 def async_call_seeds(*calls: int) -> list[int]:
     """The task seed of each async rollout call numbered in ``calls``, for a run with ``seed=0`` started
-    at iteration 0 and one group per call (as `rl.async_rollout.AsyncRollouts._submit` draws them)."""
+    at iteration 0 and one group per call (as `rl.driver.async_source.AsyncRollouts._submit` draws them)."""
     return [int(np.random.SeedSequence([0, ASYNC_SEEDS, 0, c]).generate_state(1)[0]) % 2**31 for c in calls]
 
 
@@ -188,8 +188,8 @@ def test_two_learner_ranks_on_nodes_that_share_no_folder_checkpoint_whole_and_a_
     beside no rollout worker is killed: the run stops at its next learner step with an error naming
     that rank and node, is not retried, and the newest complete checkpoint loads at world size 1."""
     from rl.checkpoints import read_checkpoint
-    from rl.learner import Learner
-    from rl.shard_checkpoint import check_files, read_manifest
+    from rl.learner.learner import Learner
+    from rl.learner.shard_checkpoint import check_files, read_manifest
 
     run_dir = cluster.runs / tmp_path.name
     overrides = (*TINY, "algo.minibatches=1", "trainer.checkpoint_every=1", "trainer.learner.world_size=2",

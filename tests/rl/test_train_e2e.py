@@ -12,9 +12,9 @@ import torch
 from rl_testutil import TINY, compose
 from safetensors.torch import load_file
 
+from rl.driver.trainer import Trainer
+from rl.learner.shard_checkpoint import read_learner_state
 from rl.seeds import group_seeds
-from rl.shard_checkpoint import read_learner_state
-from rl.trainer import Trainer
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

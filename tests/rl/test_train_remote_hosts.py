@@ -15,8 +15,8 @@ import pytest
 from rl_testutil import TINY, compose
 
 from agentenv.registry import Registry
+from rl.driver.trainer import Trainer
 from rl.seeds import group_seeds
-from rl.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from netns_hosts import API_KEY, NamespacedHost, namespaced_host  # noqa: E402

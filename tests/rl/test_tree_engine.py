@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from rl_testutil import TINY, compose
 
-from rl.generation import TorchEngine
+from rl.learner.routing import own_routing
 from rl.policy import build_policy
-from rl.routing import own_routing
+from rl.rollout.torch_engine import TorchEngine
 from rl.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()

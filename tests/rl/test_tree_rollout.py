@@ -1,4 +1,4 @@
-"""Tree rollouts (`rl.tree_rollout`) with the tiny K3 policy and real sandboxes: a branch forks the running
+"""Tree rollouts (`rl.rollout.trees`) with the tiny K3 policy and real sandboxes: a branch forks the running
 sandbox and the policy state, siblings share the prefix and nothing after it, a path that ends early stands
 for its leaves, the budget bounds the shape, a failed child is masked like a failed chain member, a tree
 survives an in-flight checkpoint; the learner trains a shared turn once, as the expanded chains would, and
@@ -21,17 +21,17 @@ from rl_testutil import TINY, compose
 from agentenv import Sandbox
 from agentenv.tasks.base import Outcome, SandboxTask
 from rl.algos import clipped_policy_loss
-from rl.algos.tree_grpo import tree_grpo_advantages
+from rl.algos.tree_grpo import episode_trees, tree_grpo_advantages
 from rl.config.schema import TreeRolloutConfig
+from rl.driver.evaluate import success_rate
+from rl.driver.trainer import Trainer
 from rl.episode import Episode, collate
-from rl.evaluate import success_rate
-from rl.generation import TorchEngine
-from rl.learner import Learner
+from rl.learner.learner import Learner
 from rl.policy import build_policy
-from rl.rollout import EpisodeRunner
+from rl.rollout.runner import EpisodeRunner
+from rl.rollout.torch_engine import TorchEngine
+from rl.rollout.trees import child_seed
 from rl.tokenizer import ByteTokenizer
-from rl.trainer import Trainer
-from rl.tree_rollout import child_seed, episode_trees
 
 TOK = ByteTokenizer()
 # 2 prompts x 2 trees x 2 leaves, branching after the first turn

@@ -16,10 +16,10 @@ from model import K3Config
 from model.moe import parameter_names
 from rl.config.schema import VllmEngineConfig
 from rl.errors import StaleWeights
-from rl.generation import MASKED_LOGIT, Sampling, disallowed_tokens
 from rl.policy import build_policy
-from rl.tokenizer import ByteTokenizer
-from rl.vllm.plugin import ARCHITECTURE, MODEL_CLASS
+from rl.rollout.torch_engine import Sampling
+from rl.rollout.vllm.plugin import ARCHITECTURE, MODEL_CLASS
+from rl.tokenizer import MASKED_LOGIT, ByteTokenizer, disallowed_tokens
 
 from rl_testutil import ROOT, compose  # isort: skip
 
@@ -49,7 +49,7 @@ def policy(cfg):
 
 @pytest.fixture(scope="module")
 def engine(policy, tmp_path_factory):
-    from rl.vllm.engine import VllmEngine
+    from rl.rollout.vllm.engine import VllmEngine
 
     folder = tmp_path_factory.mktemp("k3_tiny")
     policy.save_pretrained(folder)
@@ -94,7 +94,7 @@ def test_the_plugin_registers_the_k3_class_through_vllms_entry_point():
     from vllm.plugins import load_general_plugins
 
     points = importlib.metadata.entry_points(group="vllm.general_plugins")
-    assert [p.value for p in points if p.name == "k3rl"] == ["rl.vllm.plugin:register"]
+    assert [p.value for p in points if p.name == "k3rl"] == ["rl.rollout.vllm.plugin:register"]
     load_general_plugins()
     assert ARCHITECTURE in ModelRegistry.get_supported_archs()
     entry = ModelRegistry.models[ARCHITECTURE]  # lazy: the engine fixture below imports and builds it
@@ -121,7 +121,7 @@ def test_greedy_tokens_are_the_torch_models(engine, policy):
 def test_a_new_request_ignores_what_its_state_slot_held(engine, policy):
     """vLLM hands a new request a state slot it never zeroes: the KDA layers must not read it (NaN in the
     recurrent states of every slot leaves the greedy tokens the torch model's)."""
-    from rl.vllm.layers import VllmKDA
+    from rl.rollout.vllm.layers import VllmKDA
 
     def poison(model) -> int:
         layers = [layer.self_attn for layer in model.model.layers if isinstance(layer.self_attn, VllmKDA)]
@@ -180,7 +180,7 @@ def test_per_context_sampling_sets_each_requests_temperature_top_p_and_token_lim
 
 def test_prompts_longer_than_one_engine_step_sample_as_the_torch_model(engine, policy, cfg):
     """3 x 1500 prompt tokens exceed one step (4096 tokens): vLLM spreads them over steps, never splitting
-    a prompt (its chunked prefill breaks seeded sampling on CPU, see rl.vllm.engine)."""
+    a prompt (its chunked prefill breaks seeded sampling on CPU, see rl.rollout.vllm.engine)."""
     long = [TOK.bos_id, TOK.observation_id, *TOK.encode("0123456789" * 150), TOK.end_id, TOK.action_id]
     prompts = [long[:1500], long[:1400] + [TOK.end_id, TOK.action_id], long[:1450]]
     mask = disallowed_tokens(TOK, DIGITS, cfg.vocab_size)
@@ -238,7 +238,7 @@ def test_a_rollout_worker_pushes_each_version_into_its_engine_and_checks_what_it
     """The worker's side of rollout=vllm, in this process (no Ray, no sandboxes): a loaded version is
     pushed into the worker's own running engine; an async offer is kept and pushed at the next turn
     boundary; a rollout refuses to start when the engine does not hold the worker's version."""
-    from rl.actors import RolloutWorker
+    from rl.rollout.actor import RolloutWorker
 
     worker = RolloutWorker(compose("rollout=vllm", "rollout.vllm.kv_cache_mib=16"), index=0)
     try:

@@ -9,7 +9,7 @@ import math
 import pytest
 from rl_testutil import TINY, compose
 
-from rl.trainer import Trainer
+from rl.driver.trainer import Trainer
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 VLLM = ("rollout=vllm", "rollout.vllm.kv_cache_mib=32", "rollout.vllm.max_num_seqs=16")

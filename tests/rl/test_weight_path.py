@@ -14,11 +14,12 @@ from rl_testutil import TINY, compose
 from test_learner import episodes
 
 from model import K3ForCausalLM
-from rl.actors import NO_WEIGHTS, LearnerActor, RolloutWorker, rollout_worker_actor
+from rl.driver.trainer import Trainer
 from rl.errors import StaleWeights
-from rl.learner import Learner
-from rl.sharding import local
-from rl.trainer import Trainer
+from rl.learner.actor import LearnerActor
+from rl.learner.learner import Learner
+from rl.learner.sharding import local
+from rl.rollout.actor import NO_WEIGHTS, RolloutWorker, rollout_worker_actor
 from rl.weights import PublishedWeights
 
 

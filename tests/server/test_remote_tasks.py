@@ -17,7 +17,7 @@ from netns_hosts import API_KEY, PORT, namespaced_host
 
 import agentenv.tasks  # noqa: F401  (registers agentenv/* envs)
 from agentenv.remote import HostUnavailable, RemoteSandbox, SandboxHosts
-from rl.experts import expert_for
+from rl.sft.experts import expert_for
 
 pytestmark = [pytest.mark.docker]
 ENV_ID = "agentenv/GuessNumber-v0"

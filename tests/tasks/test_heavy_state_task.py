@@ -13,7 +13,7 @@ from gymnasium.utils.env_checker import check_env
 from agentenv.factory import PooledSandboxes
 from agentenv.pool import SandboxPool
 from agentenv.tasks.kv_lookup import KVLookup
-from rl.experts import expert_for
+from rl.sft.experts import expert_for
 
 pytestmark = pytest.mark.docker
 

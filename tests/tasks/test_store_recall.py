@@ -11,7 +11,7 @@ import random
 import pytest
 
 from agentenv.tasks.store_recall import StoreRecall, copy_then_bisect
-from rl.experts import expert_for
+from rl.sft.experts import expert_for
 
 pytestmark = pytest.mark.docker
 ENV_ID = "agentenv/StoreRecall-v0"

@@ -1,0 +1,2 @@
+"""The learner wing: the learner and its Ray actor, sharding over the rank mesh, checkpoints of a sharded
+learner, the optimizer and routing replay."""

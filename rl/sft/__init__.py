@@ -1,0 +1,1 @@
+"""The SFT wing: the cold start on demonstrations, the recorder that writes them and the scripted experts."""
