@@ -57,10 +57,23 @@ def weights_hash(run_dir: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def resources_shim(code: Path, folder: Path) -> Path:
+    """A folder whose ``k3rl_resources`` package maps ``conf`` and ``sandbox_images`` onto ``code``'s, so
+    that a run of an earlier commit reads that commit's configs, not the installed checkout's."""
+    package = folder / "k3rl_resources"
+    package.mkdir(parents=True, exist_ok=True)
+    for name in ("conf", "sandbox_images"):
+        link = package / name
+        if not link.is_symlink():
+            link.symlink_to(code / name, target_is_directory=True)
+    return folder
+
+
 def run(code: Path, out: Path, overrides: tuple[str, ...], iterations: int) -> tuple[list[dict], str]:
-    """One run of ``python -m rl.train`` on the code in ``code`` (PYTHONPATH puts it first, for the Ray
-    workers too); its learning metrics per iteration and its final weights' hash."""
-    env = {**os.environ, "PYTHONPATH": str(code)}
+    """One run of ``python -m rl.train`` on the code in ``code`` (PYTHONPATH puts it and its configs first,
+    for the Ray workers too); its learning metrics per iteration and its final weights' hash."""
+    shim = resources_shim(code, out.parent / f"shim-{code.name}")
+    env = {**os.environ, "PYTHONPATH": f"{code}{os.pathsep}{shim}"}
     cmd = [sys.executable, "-m", "rl.train", *BASE, f"trainer.iterations={iterations}", *overrides,
            f"hydra.run.dir={out}"]
     done = subprocess.run(cmd, cwd=code, env=env, capture_output=True, text=True, timeout=1800)
