@@ -25,7 +25,7 @@ BASE = ("trainer.stop_at_success=null", "trainer.progress_bar=false", "trainer.t
 CASES = {
     "sync": (),
     "async": ("trainer.mode=async",),
-    "ws2": ("trainer.learner.world_size=2",),
+    "ws2": ("trainer.learner.world_size=2", "trainer.num_cpus=3"),
 }
 # what a run learned: exact-equality keys (a key naming a family, e.g. maxvio, takes its per-layer keys too)
 LEARNED = ("iteration", "weights_version", "episodes", "failed_episodes", "success", "reward", "turns",
@@ -35,8 +35,10 @@ LEARNED = ("iteration", "weights_version", "episodes", "failed_episodes", "succe
 
 
 def learned(record: dict) -> dict:
-    return {k: v for k, v in record.items() if any(k == key or k.startswith(key + "/") or
-                                                   k.startswith(key + "_") for key in LEARNED)}
+    """The record's learned figures: the LEARNED keys and their families (``maxvio/layer1``,
+    ``maxvio_floor``), never a time or a rate (a key ending in ``_s``)."""
+    return {k: v for k, v in record.items() if not k.endswith("_s") and any(
+        k == key or k.startswith(key + "/") or k.startswith(key + "_") for key in LEARNED)}
 
 
 def weights_hash(run_dir: Path) -> str:

@@ -18,9 +18,10 @@ from compare_runs import learned, weights_hash  # noqa: E402
 def test_learned_keeps_what_training_decides_and_drops_host_figures():
     record = {"iteration": 0, "loss": 0.5, "maxvio": 0.1, "maxvio/layer1": 0.2, "maxvio_floor": 0.0,
               "success": 0.25, "elapsed_s": 3.1, "env_steps_per_s": 9.0, "sandbox_pauses": 4,
-              "learner_idle_fraction": 0.3, "generate_s": 1.0}
+              "learner_idle_fraction": 0.3, "generate_s": 1.0, "iteration_s": 2.0,
+              "generated_tokens_per_s": 500.0, "generated_tokens": 64}
     assert learned(record) == {"iteration": 0, "loss": 0.5, "maxvio": 0.1, "maxvio/layer1": 0.2,
-                               "maxvio_floor": 0.0, "success": 0.25}
+                               "maxvio_floor": 0.0, "success": 0.25, "generated_tokens": 64}
 
 
 def _checkpoint(run: Path, weights: dict[str, torch.Tensor]) -> Path:
