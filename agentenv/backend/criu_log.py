@@ -10,18 +10,24 @@ from pathlib import Path
 RESTORE_OK = "Restore finished successfully"
 
 
-def error_lines(path: Path, limit: int = 3) -> list[str]:
-    """The last `limit` error lines of the CRIU log at `path` (empty when it cannot be read)."""
+def error_lines(path: Path, limit: int = 3, skip: tuple[str, ...] = ()) -> list[str]:
+    """Up to `limit` error lines of the CRIU log at `path`, in log order: the first (the cause: what
+    follows it is CRIU unwinding, e.g. ``cgroupd: recv req error`` after a failed restore) and the last
+    ones. Lines holding any of `skip` are left out; empty when the log cannot be read."""
     try:
         lines = Path(path).read_text(errors="replace").splitlines()
     except OSError:
         return []
-    return [ln.split(": ", 1)[-1].strip() for ln in lines if "Error" in ln or "error" in ln][-limit:]
+    errors = [ln.split(": ", 1)[-1].strip() for ln in lines if "Error" in ln or "error" in ln]
+    errors = [e for e in errors if not any(s in e for s in skip)]
+    if len(errors) <= limit or limit < 1:
+        return errors[:max(limit, 0)]
+    return [errors[0], *errors[len(errors) - limit + 1:]]
 
 
-def explain(path: Path | None, limit: int = 3) -> str:
-    """'; CRIU says: a | b' from the log at `path`, or '' (for appending to an error message)."""
-    errors = error_lines(path, limit) if path is not None else []
+def explain(path: Path | None, limit: int = 3, skip: tuple[str, ...] = ()) -> str:
+    """'; CRIU says: a | b' from the log at `path` (`error_lines`), or '' (to append to an error message)."""
+    errors = error_lines(path, limit, skip) if path is not None else []
     return "; CRIU says: " + " | ".join(errors) if errors else ""
 
 

@@ -484,8 +484,7 @@ class WarmRuntime(CriuRuntime):
 
 
 def _explain(log_file: Path) -> str:
-    errors = [e for e in criu_log.error_lines(log_file, limit=8) if not any(b in e for b in BENIGN)]
-    return "; CRIU says: " + " | ".join(errors[-3:]) if errors else ""
+    return criu_log.explain(log_file, skip=BENIGN)
 
 
 def _signal_all(pids: list[int], sig: int) -> None:

@@ -371,7 +371,7 @@ class Trainer:
             **failure_metrics([g.outcomes for g in batch.groups], self.cfg.algo.min_valid_members),
             "env_steps": stats.env_steps,
             "generated_tokens": stats.generated_tokens,
-            "generated_tokens_per_s": stats.generated_tokens / max(stats.generate_s, 1e-9),
+            "generated_tokens_per_s": stats.generated_tokens / stats.generate_s if stats.generate_s else 0.0,
             **timings,
             "reset_s": stats.reset_s,
             "generate_s": stats.generate_s,

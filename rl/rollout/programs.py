@@ -167,9 +167,10 @@ class ProgramEpisodes:
                 return
             self._play(envs[i], episode, stats)
 
-        t = time.perf_counter()
+        t, engine_s = time.perf_counter(), link.gateway.batcher.engine_s
         list(r.threads.map(play, range(len(wave))))
         stats.env_step_s += time.perf_counter() - t
+        stats.generate_s += link.gateway.batcher.engine_s - engine_s  # the wave's calls, in the gateway
         stats.env_steps += sum(1 for s in starts if s.error is None)
         r._return_envs(envs, wave, owned)
 

@@ -206,6 +206,8 @@ def test_rl_train_agent_guess_number_trains_in_async_mode(local_ray, tmp_path):
     for record in records:
         assert record["failed_episodes"] == 0 and record["episodes"] >= 8 and record["episode_tokens"] > 0
         assert record["AgentProgram/plays"] >= 1 and record["AgentProgram/untrained_calls"] == 0
+        # the gateway's engine time is the generation time: tokens/s of the engine, not of no time at all
+        assert record["generate_s"] > 0 and 0 < record["generated_tokens_per_s"] < 1e5
     assert records[-1]["weights_version"] >= 1  # trained on the programs' calls
 
 

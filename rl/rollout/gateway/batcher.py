@@ -55,6 +55,7 @@ class Batcher:
         self.version = 0  # the policy version of the engine's weights
         self.batch_sizes: deque[int] = deque(maxlen=1000)  # rows of each recent engine call
         self.last_call_s = 0.0  # how long the last engine call took
+        self.engine_s = 0.0  # all engine calls so far, in seconds (a runner counts its waves' share)
         self._generator = torch.Generator().manual_seed(seed)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="gateway-engine")
         self._queue: asyncio.Queue[_Job] | None = None
@@ -135,6 +136,7 @@ class Batcher:
             return self.engine.generate(contexts, limit, self._generator, sampling, **streaming), version
         finally:
             self.last_call_s = time.perf_counter() - started
+            self.engine_s += self.last_call_s
 
     @staticmethod
     def _deliver(jobs: list[_Job], step: list[tuple[int, int, float]]) -> None:
