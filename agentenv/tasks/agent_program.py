@@ -37,7 +37,7 @@ from agentenv.tasks.base import Outcome, SandboxTask
 if TYPE_CHECKING:
     from agentenv.api import SandboxHandle
 
-PROGRAM_KEYS = ("command", "files", "setup", "timeout_s", "cwd")
+PROGRAM_KEYS = ("command", "files", "setup", "timeout_s", "cwd", "in_place_reset")
 VERIFIER_KEYS = ("command", "function", "kwargs", "fork", "timeout_s")
 OUTPUT_TAIL_CHARS = 600  # of a failed program's output, in its error
 
@@ -128,7 +128,9 @@ class AgentProgram(SandboxTask):
     """An agent program's episode in a sandbox (see the module docstring).
 
     ``program``: ``command`` (required), ``files`` (sandbox path -> source), ``setup`` (run at each reset,
-    ``{seed}`` filled in), ``timeout_s`` (default 120), ``cwd`` (default /workspace);
+    ``{seed}`` filled in), ``timeout_s`` (default 120), ``cwd`` (default /workspace), ``in_place_reset``
+    (why ``setup`` alone restores the initial state, so that episodes reuse their sandbox; default: none,
+    every episode gets a new sandbox, since a program may leave anything behind);
     ``verifier``: ``command`` or ``function``, ``kwargs`` (of the function), ``fork`` (default false),
     ``timeout_s`` (default 60).
     """
@@ -146,6 +148,11 @@ class AgentProgram(SandboxTask):
         self.command: str = prog["command"]
         self.setup_command: str | None = prog.get("setup")
         self.cwd: str = prog.get("cwd", "/workspace")
+        reason = prog.get("in_place_reset")
+        if reason is not None and (not isinstance(reason, str) or not reason.strip()):
+            raise ConfigError("program.in_place_reset: say why setup alone restores the initial state (a "
+                              f"non-empty string), or leave it out; got {reason!r}")
+        self.in_place_reset = reason
         self.timeout_s = float(prog.get("timeout_s", 120.0))
         if not self.timeout_s > 0:
             raise ConfigError(f"program.timeout_s: must be > 0, got {self.timeout_s}")

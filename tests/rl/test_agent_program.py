@@ -229,6 +229,32 @@ def test_a_command_verifier_scores_the_final_state_in_a_fork_when_asked(sandbox_
         env.close()
 
 
+@pytest.mark.docker
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_program_task_reuses_its_sandbox_only_when_its_config_says_why(sandbox_config, in_place):
+    """The example's setup restarts the game and clears the log of plays, so with ``in_place_reset`` the
+    second episode plays in the first one's sandbox and its verdict holds only its own plays."""
+    example = compose("env=agent_guess_number").env.kwargs
+    program = {**example["program"], "command": "/workspace/play.sh 0 && /workspace/play.sh 0"}
+    if not in_place:
+        program.pop("in_place_reset")
+    env = gymnasium.make(ENV, program=program, verifier=example["verifier"],
+                         sandbox={"config": sandbox_config})
+    try:
+        sandboxes, plays = [], []
+        for seed in (3, 4):
+            env.reset(seed=seed)
+            sandboxes.append(env.unwrapped.sandbox.id)
+            _, _, _, _, info = env.step(json.dumps({"UNUSED": "1"}))
+            plays.append(info["plays"])
+        assert plays == [2.0, 2.0]  # each episode's own two plays, never the earlier one's too
+        assert (sandboxes[0] == sandboxes[1]) == in_place
+    finally:
+        env.close()
+    with pytest.raises(ConfigError, match=r"program.in_place_reset: say why setup alone restores"):
+        gymnasium.make(ENV, program={**program, "in_place_reset": ""}, verifier=example["verifier"])
+
+
 def test_the_example_program_reads_a_guess_from_its_text_or_its_tool_call():
     from agentenv.tasks.programs.guess_agent import guess_of
 
