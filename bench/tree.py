@@ -29,6 +29,7 @@ TREES = {
 }
 GROUP = ("algo.group_size=8", "algo.episodes_per_step=32")  # 8 leaves per prompt: 2 trees of 4 leaves
 TOKENS_TARGET, SANDBOX_TARGET = 0.67, 0.8  # tree's cost to reach chain's final success, as a share of chain's
+LEARNED_FLOOR = 0.05  # a chain run whose final success is at most this learned nothing: no cost to compare
 WINDOW = 3  # iterations a success figure is the mean of
 
 
@@ -80,8 +81,10 @@ def seed_verdict(chain: list[tuple], tree: list[tuple]) -> dict:
     chain_cost = cost_to_reach(chain, final)
     budget = min(chain[-1][0], tree[-1][0])
     out = {"chain_final": final, "tree_final": tree[-1][3], "tokens_ratio": None, "sandbox_ratio": None,
-           "equal_budget": (success_at(tree, budget), success_at(chain, budget)), "budget": budget}
-    if reached is not None and chain_cost is not None and chain_cost[0] > 0 and chain_cost[1] > 0:
+           "equal_budget": (success_at(tree, budget), success_at(chain, budget)), "budget": budget,
+           "learned": final > LEARNED_FLOOR}
+    if (out["learned"] and reached is not None and chain_cost is not None and chain_cost[0] > 0
+            and chain_cost[1] > 0):
         out["tokens_ratio"] = reached[0] / chain_cost[0]
         out["sandbox_ratio"] = reached[1] / chain_cost[1]
     return out
@@ -155,11 +158,14 @@ def section(runs: list[dict], tasks: list[str], args: argparse.Namespace, machin
             reach = "not reached" if v["tokens_ratio"] is None else None
             tokens = reach or fmt(v["tokens_ratio"], ".2f", "x")
             sandbox = reach or fmt(v["sandbox_ratio"], ".2f", "x")
+            verdict = "**met**" if met else "**missed**"
+            if not v["learned"]:  # reaching a final success of ~0 costs nothing: no comparison to make
+                tokens = sandbox = "-"
+                verdict = f"no verdict: chain learned nothing (final success <= {LEARNED_FLOOR})"
             tree_at, chain_at = v["equal_budget"]
             lines.append(
                 f"| {task} | {seed} | {v['chain_final']:.2f} | {v['tree_final']:.2f} | {tokens} | {sandbox} "
-                f"| {tree_at:.2f} / {chain_at:.2f} ({v['budget']:.0f} tokens) | {fork} "
-                f"| {'**met**' if met else '**missed**'} |"
+                f"| {tree_at:.2f} / {chain_at:.2f} ({v['budget']:.0f} tokens) | {fork} | {verdict} |"
             )
     lines += ["", *[f"![{task}](img/tree_{task.lower()}.png)" for task in tasks]]
     return "\n".join(lines)
@@ -171,22 +177,36 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 of each task and method")
     parser.add_argument("--tasks", nargs="+", choices=list(TREES), default=list(TREES))
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
+    parser.add_argument("--render", type=Path,
+                        help="no runs: write the section from the runs.json an earlier run saved")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_args(argv)
     if args.minutes <= 0 or args.seeds < 1:
         parser.error("--minutes must be above 0 and --seeds at least 1")
-    tasks = [t for t in TREES if t in args.tasks]
-    busy = busy_cores_before()
-    machine = training_machine()
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="k3rl-bench-tree-") as tmp:
-        for task in tasks:
-            for seed in range(args.seeds):
-                for method in ("chain", "tree"):
-                    print(f"{task} {method} seed {seed} ...", flush=True)
-                    runs.append(run(task, method, seed, args.minutes, Path(tmp) / f"{task}-{method}-{seed}",
-                                    args.overrides))  # fmt: skip
+    if args.render is not None:
+        saved = json.loads(args.render.read_text())
+        args.minutes, args.seeds, args.overrides = saved["minutes"], saved["seeds"], saved["overrides"]
+        tasks, runs = saved["tasks"], saved["runs"]
+        busy, machine, started = saved["busy"], saved["machine"], saved["started"]
+    else:
+        tasks = [t for t in TREES if t in args.tasks]
+        busy = busy_cores_before()
+        machine = training_machine()
+        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        runs = []
+        with tempfile.TemporaryDirectory(prefix="k3rl-bench-tree-") as tmp:
+            for task in tasks:
+                for seed in range(args.seeds):
+                    for method in ("chain", "tree"):
+                        print(f"{task} {method} seed {seed} ...", flush=True)
+                        runs.append(run(task, method, seed, args.minutes,
+                                        Path(tmp) / f"{task}-{method}-{seed}", args.overrides))
+        kept = ROOT / "outputs" / "bench_tree" / time.strftime("%Y%m%dT%H%M%S", time.gmtime()) / "runs.json"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(json.dumps({"minutes": args.minutes, "seeds": args.seeds, "overrides": args.overrides,
+                                    "tasks": tasks, "busy": busy, "machine": machine, "started": started,
+                                    "runs": runs}))
+        print(f"the runs' records: {kept} (python bench/tree.py --render {kept} writes the section again)")
     text = section(runs, tasks, args, machine, busy, started)
     print(text)
     if not args.no_write:

@@ -39,3 +39,14 @@ def test_a_tree_that_never_reaches_chains_final_success_has_no_ratio():
     tree = curve(records([0.0, 0.1, 0.2], 100, 10.0))
     assert seed_verdict(chain, tree)["tokens_ratio"] is None
     assert success_at(tree, 50) == 0.0 and success_at(tree, 300) == pytest.approx(0.1)
+
+
+def test_a_chain_that_learned_nothing_gives_no_verdict():
+    """Reaching a final success of 0 costs nothing: a 'met' there would be meaningless."""
+    chain = curve(records([0.0, 0.0, 0.0], 100, 10.0))
+    tree = curve(records([0.0, 0.0, 0.0], 100, 10.0))
+    v = seed_verdict(chain, tree)
+    assert not v["learned"] and v["tokens_ratio"] is None and v["sandbox_ratio"] is None
+    learned = seed_verdict(curve(records([0.0, 0.3, 0.6], 100, 10.0)), tree)
+    assert learned["learned"]
+
