@@ -2,7 +2,8 @@
 """Is a change bit-exact for training? Run the same short runs (sync, async, a two-rank learner) on this
 checkout and on an earlier commit, and compare what they learned: every learning metric of every
 iteration and a hash of the final weights. Timings, sandbox counts and other host-dependent figures are
-not compared. Exit 1 on any difference.
+not compared. Exit 1 on any difference. An async run is exact only when its timing repeats (which weights
+version each rollout turn used): compare it on a quiet machine.
 
 Usage: python scripts/compare_runs.py --ref COMMIT [--iterations N] [--cases sync async ws2] [--keep DIR]
 """
@@ -120,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
                     if diff:
                         print(f"    iteration {i}: {dict(list(diff.items())[:6])}")
             differ += not (same_metrics and same_weights)
+            if case == "async" and not (same_metrics and same_weights):
+                print("    (async: the weights version of each rollout turn depends on timing; on a busy "
+                      "machine two runs of the same code can differ too)")
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(old_code)], cwd=ROOT, capture_output=True)
         if args.keep is None:
