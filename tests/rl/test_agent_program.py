@@ -232,12 +232,13 @@ def test_a_command_verifier_scores_the_final_state_in_a_fork_when_asked(sandbox_
 @pytest.mark.docker
 @pytest.mark.parametrize("in_place", [True, False])
 def test_a_program_task_reuses_its_sandbox_only_when_its_config_says_why(sandbox_config, in_place):
-    """The example's setup restarts the game and clears the log of plays, so with ``in_place_reset`` the
-    second episode plays in the first one's sandbox and its verdict holds only its own plays."""
+    """A setup that restarts the game and clears the log of plays, so with ``in_place_reset`` the second
+    episode plays in the first one's sandbox and its verdict holds only its own plays."""
     example = compose("env=agent_guess_number").env.kwargs
-    program = {**example["program"], "command": "/workspace/play.sh 0 && /workspace/play.sh 0"}
-    if not in_place:
-        program.pop("in_place_reset")
+    program = {**example["program"], "command": "/workspace/play.sh 0 && /workspace/play.sh 0",
+               "setup": "/workspace/guess.sh new {seed} 6 && rm -f /workspace/.plays"}
+    if in_place:
+        program["in_place_reset"] = "the program plays two fixed guesses; setup restarts the game and its log"
     env = gymnasium.make(ENV, program=program, verifier=example["verifier"],
                          sandbox={"config": sandbox_config})
     try:
