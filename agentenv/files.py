@@ -67,4 +67,7 @@ def file_error(exit_code: int, stderr: str, *, what: str, path: str, sandbox_id:
         return FileExistsInSandbox(f"{what}: {path} exists already")
     if exit_code == EXIT_NOT_DIR:
         return NotADirectoryInSandbox(f"{what}: {path} is not a directory")
+    if timed_out:
+        return AgentEnvError(f"could not {what} in sandbox {sandbox_id}: it took longer than the sandbox's "
+                             "exec_timeout_s, which bounds file calls too")
     return AgentEnvError(f"could not {what} in sandbox {sandbox_id}: {msg or f'exit {exit_code}'}")

@@ -138,9 +138,11 @@ def test_user_agent_runs_as_uid_1000_and_pause_follows_the_host_probe(make_sandb
 
 
 def test_exec_and_file_limits_come_from_the_config(make_sandbox):
-    sb = make_sandbox(exec_timeout_s=1.0, output_limit_bytes=1000, file_limit_bytes=4096,
+    # 3 s: the config's timeout also bounds the file calls below, which a microVM under load (TCG) can
+    # take more than a second for
+    sb = make_sandbox(exec_timeout_s=3.0, output_limit_bytes=1000, file_limit_bytes=4096,
                       tmpfs={"/tmp": "size=8m,mode=1777", "/scratch": "size=1m"})
-    r = sb.exec("head -c 5000 /dev/zero; sleep 10")  # no timeout given: the config's 1 s applies
+    r = sb.exec("head -c 5000 /dev/zero; sleep 10")  # no timeout given: the config's 3 s applies
     assert r.timed_out and r.truncated and len(r.stdout) == 1000
     with pytest.raises(AgentEnvError, match="file_limit_bytes=4096"):
         sb.write_file("big", b"x" * 5000)

@@ -43,7 +43,9 @@ def test_each_exit_code_is_its_own_typed_error():
     other = error(2, "/workspace/a.txt is not a regular file\n")
     assert type(other) is AgentEnvError
     assert str(other) == "could not read 'a.txt' in sandbox sb1: /workspace/a.txt is not a regular file"
-    assert str(error(137, timed_out=True)) == "could not read 'a.txt' in sandbox sb1: exit 137"
+    slow = "could not read 'a.txt' in sandbox sb1: it took longer than the sandbox's exec_timeout_s"
+    assert str(error(137, timed_out=True)) == slow + ", which bounds file calls too"
+    assert str(error(137)) == "could not read 'a.txt' in sandbox sb1: exit 137"  # killed, not by its timeout
     assert type(error(0, timed_out=True)) is AgentEnvError  # a timed-out script never succeeded
 
 
