@@ -126,7 +126,8 @@ class WarmRuntime(CriuRuntime):
             raise CheckpointError(f"CRIU's {what} took longer than op_timeout_s="
                                   f"{self.settings.op_timeout_s:g} s and was killed") from None
         if proc.returncode != 0:
-            why = _explain(log_file) or f" ({(err or b'').decode(errors='replace').strip()[-300:]})"
+            why = criu_log.explain(log_file, skip=BENIGN) or \
+                f" ({(err or b'').decode(errors='replace').strip()[-300:]})"
             raise CheckpointError(f"CRIU could not {what}{why}")
 
     def _dump_tree(self, info: dict, pid: int, path: Path, processes: tuple) -> ImageRecord:
@@ -481,10 +482,6 @@ class WarmRuntime(CriuRuntime):
             "warm_shells": self.settings.warm_shells,
             "ksm": ksm.describe() if self.settings.ksm else None,
         }
-
-
-def _explain(log_file: Path) -> str:
-    return criu_log.explain(log_file, skip=BENIGN)
 
 
 def _signal_all(pids: list[int], sig: int) -> None:
