@@ -44,14 +44,17 @@ def backend_home(name: str, folder: Path) -> Iterator[object]:
     old = {k: os.environ.get(k) for k in keys}
     os.environ.update(AGENTENV_HOME=str(home), AGENTENV_BACKEND=name)
     os.environ.pop("AGENTENV_BACKEND_CONFIG", None)
+    rt = runtime()
     try:
-        yield runtime()
+        yield rt
     finally:
-        from agentenv import Sandbox
+        from agentenv import Sandbox, spares
 
         for sb in Sandbox.list():
             with contextlib.suppress(Exception):
                 sb.close()
+        with contextlib.suppress(Exception):
+            spares.expire(rt, 0.0)  # the spare shells made ahead would outlive the deleted home
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -7,6 +7,8 @@ a resume's critical path.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import subprocess
 import threading
@@ -18,6 +20,29 @@ from agentenv.errors import CheckpointError
 
 SOCKET = "lazy-pages.socket"
 LOG = "lazy-pages.log"
+
+
+_ACCEPTING = 1 << 16  # __SO_ACCEPTCON in /proc/net/unix's Flags: the socket listens
+
+
+def listening(pid: int) -> bool:
+    """Whether process `pid` holds a unix socket that listens (read from /proc: a probe connection would
+    be taken by the daemon for a restore's)."""
+    held = set()
+    try:
+        for fd in os.scandir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd.path)
+                if target.startswith("socket:["):
+                    held.add(target[8:-1])
+        table = Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    for line in table:
+        fields = line.split()
+        if len(fields) >= 7 and fields[6] in held and int(fields[3], 16) & _ACCEPTING:
+            return True
+    return False
 
 
 class PageDaemon:
@@ -49,7 +74,8 @@ class PageDaemon:
         longer than `timeout_s`."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout_s
-        while not (self.work / SOCKET).exists():
+        # CRIU binds the socket before it listens: between the two, its file exists but a connect is refused
+        while not ((self.work / SOCKET).exists() and listening(self.proc.pid)):
             if self.proc.poll() is not None:
                 raise CheckpointError(f"CRIU's page daemon exited with {self.proc.returncode} before it "
                                       f"listened (its log: {self.work / LOG})")
