@@ -1031,7 +1031,7 @@ def budget_lines(by_cell: dict, measured_c: list[tuple[float, list[dict]]]) -> l
     waves = [h.get("rollout_waves", 0.0) for h in c["history"]]
     how = (
         f"At {latency:g} s (repeat {c['repeat']}, its run of median rate) it went through the runner's "
-        f"admission control (`rollout.sandbox_pool.admission`, rl/rollout/admission.py): a sandbox runs "
+        f"admission control (`rollout.sandbox_pool.admission`, agentenv/pool/residency.py): a sandbox runs "
         f"only in one "
         f"of {slots:.0f} slots (`memory_budget` over the median RSS the pool measured), {wait:.0f} s of slot "
         f"waits per iteration summed over episodes, the groups played in "

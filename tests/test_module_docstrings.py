@@ -33,7 +33,6 @@ STILL_LONG = {
     "agentenv/tasks/kv_lookup.py",
     "agentenv/tasks/reasoning_gym_task.py",
     "bench/gateway.py",
-    "rl/rollout/admission.py",
     "rl/algos/tree_grpo.py",
     "rl/config/command_line.py",
     "rl/episode.py",
@@ -46,7 +45,6 @@ STILL_LONG = {
     "rl/rollout/inflight.py",
     "rl/learner/learner.py",
     "rl/rollout/programs.py",
-    "rl/rollout/runner.py",
     "rl/rollout/trees.py",
 }
 

@@ -33,14 +33,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from agentenv.pool.cpu import SpareCores
-
-if TYPE_CHECKING:
-    from agentenv.pool.pool import SandboxPool
+from agentenv.pool.settings import PoolSettings
+from agentenv.pool.state import PoolState
 
 PAUSE_POLICIES = ("cost", "never", "always")
+
+
+class MeasuredPool(Protocol):
+    """What the cost model reads of a pool (an `agentenv.pool.SandboxPool`)."""
+
+    settings: PoolSettings
+    state: PoolState
+
+    def running_bytes(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -82,7 +90,7 @@ class PauseCostModel:
     """The rule of the module docstring for one pool, with one of `PAUSE_POLICIES`. ``spare_cores``:
     the host's idle cores now (default: a `SpareCores` over the pool's `cpu_window_s`)."""
 
-    def __init__(self, pool: SandboxPool, policy: str = "cost",
+    def __init__(self, pool: MeasuredPool, policy: str = "cost",
                  spare_cores: Callable[[], float] | None = None) -> None:
         if policy not in PAUSE_POLICIES:
             raise ValueError(f"pause policy must be one of {', '.join(PAUSE_POLICIES)}, got {policy!r}")

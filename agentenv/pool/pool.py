@@ -6,10 +6,11 @@
     group = pool.fork(sb, 8)          # GRPO group: 8 copies of sb's memory and files
     pool.metrics()                    # running, paused, pauses, resumes, p50/p90 latencies, bytes on disk
 
-Budget: before a sandbox is resumed, created or forked, the pool measures the RSS of its running
-members (cgroup reads) and, while RSS + the newcomer's expected size exceeds `memory_budget`, pauses the
-least recently used members that have been idle for `idle_after_s` and are not in use. When nothing idle
-is left it goes over budget and counts it (`strict_budget: true` raises PoolBudgetExceeded instead).
+Budget: before a sandbox is resumed, created or forked, the pool's `residency` (agentenv.pool.residency,
+the one owner of what runs) measures the RSS of its running members (cgroup reads) and, while RSS + the
+newcomer's expected size exceeds `memory_budget`, pauses the least recently used members that have been
+idle for `idle_after_s` and are not in use. When nothing idle is left it goes over budget and counts it
+(`strict_budget: true` raises PoolBudgetExceeded instead).
 
 Pause method (`pause_method`): ``criu`` (default) checkpoints a paused member to disk, so it holds no
 memory; ``freeze`` freezes it in its cgroup (`Sandbox.freeze`, `docker pause`): no CPU and a resume in
@@ -45,7 +46,6 @@ from agentenv.config import SandboxConfig
 from agentenv.errors import (
     AgentEnvError,
     CheckpointError,
-    PoolBudgetExceeded,
     SandboxBusy,
     SandboxNotFound,
     SandboxStateError,
@@ -55,6 +55,7 @@ from agentenv.locks import sandbox_lock
 from agentenv.owner import KEEPER_LABEL
 from agentenv.paths import agentenv_home
 from agentenv.pool.cpu import OP_CPU
+from agentenv.pool.residency import Residency
 from agentenv.pool.settings import PoolSettings
 from agentenv.pool.state import PoolState
 from agentenv.results import ExecResult, SandboxStats
@@ -278,6 +279,7 @@ class SandboxPool:
         home = agentenv_home()
         self.state = PoolState(home / "pools" / f"{name}.sqlite3")
         self._lock_dir = home / "locks"
+        self.residency = Residency(self)  # which members run, wait or pause, under the one budget
 
     def _pause_member(self, sandbox: Sandbox) -> bool:
         """Pause a member this caller has claimed (`claim_for_pause`): a CRIU pause ends its session
@@ -594,33 +596,9 @@ class SandboxPool:
         return self.state.sandbox_seconds()
 
     def ensure_budget(self, need: int = 0, exclude: set[str] | frozenset[str] = frozenset()) -> int:
-        """Pause LRU idle members until running RSS + `need` fits the budget; returns RSS in use after."""
-        budget = self.settings.memory_budget
-        with self._pool_lock("make room"):
-            running, used = self._running()
-            if used + need <= budget:
-                return used
-            now = time.time()
-            for m, sb, rss in [] if self._freezes else running:  # a frozen member keeps its memory
-                if m.sandbox_id in exclude or now - m.last_used < self.settings.idle_after_s:
-                    continue
-                if not self.state.claim_for_pause(m.sandbox_id):
-                    continue  # in use right now
-                try:
-                    if self._pause_idle_member(sb) != "kept":
-                        used -= rss
-                finally:
-                    self.state.end_pause(m.sandbox_id)
-                if used + need <= budget:
-                    return used
-            self.state.record("over_budget", 0.0)
-            if self.settings.strict_budget:
-                raise PoolBudgetExceeded(
-                    f"pool {self.name!r}: {used / 2**20:.0f} MiB running + {need / 2**20:.0f} MiB needed "
-                    f"exceed the budget of {budget / 2**20:.0f} MiB, and no member that is not in use has "
-                    f"been idle for {self.settings.idle_after_s:g} s; close sandboxes or raise memory_budget"
-                )
-            return used
+        """Make room for ``need`` bytes: the pool's residency pauses LRU idle members
+        (`Residency.make_room`); returns RSS in use after."""
+        return self.residency.make_room(need, exclude)
 
     def pause_idle(self) -> int:
         """Pause every member idle for `idle_after_s` and not in use, budget or not; returns how many."""

@@ -4,8 +4,9 @@ A task subclasses it and writes ``setup(seed) -> str`` (prepare the sandbox for 
 first observation), ``act(action) -> Outcome`` and optionally ``reward(outcome)`` and ``install()`` (put
 the task's programs in place, once per sandbox). The base owns the sandbox, a `SandboxHandle` taken from
 the env's `SandboxFactory` (``sandboxes=``; default: `agentenv.factory.sandbox_factory` of the ``sandbox``
-kwargs): created on the first ``reset``, leased from ``reset`` until the episode ends, paused, resumed,
-forked with the episode state (GRPO groups) and closed by ``close()``. Commands go through the sandbox's
+kwargs): created on the first ``reset``, leased for each ``reset`` and ``step`` (between them it runs
+unleased, and its pool's residency may pause it), paused, resumed, forked with the episode state (GRPO
+groups) and closed by ``close()``. Commands go through the sandbox's
 persistent shell session unless ``session=False``. See docs/tasks.md.
 
 Episode isolation: an episode sees the task's initial state and nothing an earlier episode left (files,
@@ -23,7 +24,8 @@ import logging
 import shlex
 import string
 import time
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -143,21 +145,19 @@ class SandboxTask(gym.Env[str, str]):
         self.turn = 0
         self.episode_seed = seed
         self.played = True
-        self.hold_sandbox()
-        observation = self.clean(self.setup(seed))
+        with self.leased():
+            observation = self.clean(self.setup(seed))
         return observation, {"turn": 0}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if self.episode_seed is None:
             raise RuntimeError("call reset() before step()")
         self.turn += 1
-        self.hold_sandbox()
-        outcome = self.act(str(action))
-        reward = float(self.reward(outcome))
+        with self.leased():
+            outcome = self.act(str(action))
+            reward = float(self.reward(outcome))
         terminated = bool(outcome.done or outcome.success)
         truncated = (not terminated) and self.turn >= self.max_turns
-        if terminated or truncated:
-            self.release_sandbox()
         info = {"turn": self.turn, "success": bool(outcome.success), **outcome.info}
         return self.clean(outcome.observation), reward, terminated, truncated, info
 
@@ -233,9 +233,22 @@ class SandboxTask(gym.Env[str, str]):
             self._close_session()
             self.sandbox, self._live = previous
 
+    @contextmanager
+    def leased(self) -> Iterator[None]:
+        """The sandbox leased for one call (a reset, a step, a command outside them), released at its end;
+        a lease held already (`hold_sandbox`, an install) stays as it is."""
+        if self._live is not None or self._lease is not None or self.sandbox is None:
+            yield
+            return
+        self.hold_sandbox()
+        try:
+            yield
+        finally:
+            self.release_sandbox()
+
     def hold_sandbox(self) -> None:
         """Lease the sandbox until `release_sandbox()` (no-op when held): resumed if it was paused, and not
-        paused by its pool meanwhile. One lease per episode, not per step."""
+        paused by its pool meanwhile. `reset` and `step` hold one for their call only (`leased`)."""
         if self._live is not None or self.sandbox is None:
             return  # held already (or installing: `_install_into` set `_live`)
         lease = self.factory().lease(self.sandbox)
@@ -257,11 +270,11 @@ class SandboxTask(gym.Env[str, str]):
         inside the command (``timeout 5 sh -c ...``): its exit code 124 is an ordinary result."""
         timeout = timeout or self.command_timeout_s
         started = time.perf_counter()
-        self.hold_sandbox()
-        sandbox = self._live or self.sandbox
         line = f"( {command} ) 2>&1"
-        r = self._session_in(sandbox).run(line, timeout=timeout) if self.use_session else \
-            sandbox.exec(line, timeout=timeout)
+        with self.leased():
+            sandbox = self._live or self.sandbox
+            r = self._session_in(sandbox).run(line, timeout=timeout) if self.use_session else \
+                sandbox.exec(line, timeout=timeout)
         self.command_count += 1
         self.command_seconds += time.perf_counter() - started
         result = CommandResult(r.exit_code, r.stdout, r.duration_s, r.timed_out, r.truncated)

@@ -104,8 +104,8 @@ class SandboxPoolConfig:
     # whether the sandbox of an episode waiting on the policy is paused for the wait (agentenv.pool.cost):
     # cost = when the expected wait exceeds the pool's pause + resume p50s, or over budget
     pause_policy: str = required(choices=("cost", "never", "always"))
-    # admission control (rl.rollout.admission): a sandbox runs only in one of memory_budget // (one sandbox's
-    # measured RSS) slots, so starts and steps wait for room instead of going over the budget
+    # admission control (agentenv.pool.residency): a sandbox runs only in one of memory_budget // (one
+    # sandbox's measured RSS) slots, so starts and steps wait for room instead of going over the budget
     admission: bool = required()
     # keys of conf/agentenv/pool.yaml set differently for the trainer's pools (empty: that file as is)
     overrides: dict[str, Any] = required()

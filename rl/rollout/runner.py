@@ -1,83 +1,16 @@
-"""Rollout: run GRPO groups of episodes of a sandboxed task with the policy, many at once.
-
-`EpisodeRunner` (plain Python, tested directly) owns a set of task envs that live across episodes and
-iterations, their sandboxes all members of one ``agentenv.SandboxPool`` (``rollout.sandbox_pool``); a
-sandbox outlives its episode only for a task that declares its in-place reset safe, else each reset
-starts from the task's template (episode isolation, ``agentenv.tasks.base``).
-For each iteration it
-
-1. starts every group from one state: ``group_start: fork`` resets one env and forks its sandbox G-1
-   times (any task; the G first observations are byte-identical), ``group_start: seed`` resets G live
-   envs with the same seed (cheaper; needs a task whose reset is deterministic given the seed);
-2. runs the multi-turn loop: one batched generation for all active episodes, then their env steps in
-   parallel on a thread pool (each sandbox is used by one thread at a time);
-3. turns every failure of a single episode (exception in the task, dead sandbox, failed resume) into
-   a recorded error and a zero-weight sample, and replaces the env it broke.
-
-The pool keeps the running sandboxes under ``sandbox_pool.memory_budget``: before every create, fork or
-resume it pauses the least recently used members idle for ``idle_after_s`` while over budget. Members
-that episodes hold are not idle, so with ``sandbox_pool.admission`` the runner also gates its own
-sandboxes (`rl.rollout.admission.SandboxGate`, shared by every run of the runner): a reset, fork, restore or
-step (whose first command resumes the sandbox) runs only in one of ``memory_budget // measured sandbox
-RSS`` slots, waiting, or pausing sandboxes parked between their turns, when none is free; when the
-budget binds (more episodes in progress than slots), an env pauses its sandbox inside its slot right
-after its step if another env waits for a slot, the envs whose sandboxes still run step first in the
-next turn (no resume), and the cost model does not pause those for the wait (they hold slots within
-the budget; the turn's steps pause and resume every episode beyond the slots anyway, on busy cores).
-Group starts fork in as many calls as free slots allow. When the slots outnumber the episodes
-nothing waits or pauses beyond what the cost model does anyway. Remote sandboxes are not gated.
-
-With ``rollout.tree`` (Tree-GRPO) a run grows trees of episodes instead (`rl.rollout.trees.TreeGrower`),
-and a task whose episodes an agent program plays (``runs_program``) hands its groups to
-`rl.rollout.programs.ProgramEpisodes`; both through hooks in `run`, `resume`, `_play` and `_finish`.
-
-Waiting sandboxes (``sandbox_pool.pause_policy``, decided by `agentenv.pool.PauseCostModel`): while the
-policy generates a turn, the sandboxes of the episodes waiting for it are released and paused when the
-expected wait exceeds the pool's measured pause + resume p50s and their CPU fits the host's spare cores
-over the wait, or, over budget, as many (the largest first) as the budget needs; likewise the free envs
-between runs. The expected wait of a turn is the p50 of this runner's recent generation calls
-of the same batch size (of any size when that one has not been seen; ``policy_latency_s`` before the
-first call); between runs it is the p50 of the recent gaps between the end of one run and
-the start of the next (the learner's step in sync training, ~0 with async calls queued). A task's next
-command resumes its sandbox (a task leases its sandbox from the pool for the length of an episode).
-``rollout.policy_latency_s`` sleeps that long in every generation call: an emulation of a larger
-policy's generation time, so that waits worth pausing for can be tested and benchmarked here.
-With ``warm_starts: true`` new sandboxes are forks of the pool's checkpointed template of the task.
-The pool's counters, latencies and sizes are reported in `RolloutStats.pool`, sandbox-seconds running
-and paused, the running members' RSS while waiting and the waits that triggered pauses in
-`RolloutStats.pool_summary`; ``close()`` removes every member and template.
-
-With ``sandbox.hosts`` (see ``rl.sandbox_hosts``) the sandboxes live on `agentenv serve` hosts and the
-local pool is off: its budget is this machine's memory and its pauses are local CRIU checkpoints, neither
-of which applies to a sandbox on another host. Remote sandboxes stay running between episodes (their
-host's TTL is refreshed while commands run); the config check refuses ``pause_policy: always`` and
-warm starts with hosts rather than ignore them. Everything else (groups, forks, failures) is the same
-code path.
-
-Envs are made by ``rl.rollout.wrappers.make_env``: ``gymnasium.make`` (env checker on), then the user's
-``env.wrappers``; the runner steps the wrapped env and sends sandbox operations to the task under it.
-Every env gets the runner's one `agentenv.api.SandboxFactory` (``agentenv.factory.sandbox_factory``: the
-hosts, else the runner's pool), so the tasks never ask which kind of sandbox they hold.
-
-Before each turn's generation the runner asks ``policy_version`` (a callable given to `run`) which
-weights version the policy holds now, and records it on the tokens of that turn: in async training the
-worker swaps in newer weights there, between turns, so an episode in flight across an update continues
-with the new weights (partial rollout) and each token keeps the version that sampled it.
-
-In-flight checkpoints (async training, ``rl.rollout.inflight``): `EpisodeRunner.snapshot`, called from another
-thread, records the run in progress at its next turn boundary (each playing episode's sandbox paused and
-kept by the checkpoint, the run going on in a fork of it); `EpisodeRunner.resume` finishes such a
-recorded run after a restart, from restores of the kept sandboxes.
-
-`RolloutWorker` (in ``rl.rollout.actor``) is the Ray actor around a runner and a policy copy; the driver reads
-only its `RolloutStats` (counters and one `EpisodeSummary` per episode), the episodes go on to the learner.
+"""`EpisodeRunner`: play GRPO groups (or trees) of episodes of a sandboxed task with the policy, many at
+once: one batched generation per turn, the env steps in parallel, every failure of one episode turned into
+a masked sample and a replaced env. Its envs live across runs, their sandboxes members of one
+`agentenv.SandboxPool` whose residency (`agentenv.pool.residency`) decides which of them run, wait or
+pause; the runner tells it which calls run a sandbox, which sandboxes wait and for how long, and asks it
+for the groups per wave. Users' guide: docs/training.md, "Sandboxes: one SandboxPool per rollout worker".
+Design: docs/design/training.md#rl-rollout-runner.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import math
 import os
 import secrets
 import statistics
@@ -97,10 +30,10 @@ import torch
 import agentenv.tasks  # noqa: F401  (registers the built-in tasks)
 from agentenv.factory import sandbox_factory
 from agentenv.owner import keeper_labels, owner_labels
-from agentenv.pool import PauseCostModel, PauseDecision, PoolMetrics, SandboxPool
+from agentenv.pool import NoResidency, PoolMetrics, Residency, SandboxPool
+from agentenv.pool.residency import Slot
 from rl.config import EnvConfig, RolloutConfig, SandboxPoolConfig
 from rl.episode import Episode, EpisodeSummary
-from rl.rollout.admission import SandboxGate, Slot
 from rl.rollout.inflight import InFlightEpisode, env_state, restore_env_state
 from rl.rollout.programs import ProgramEpisodes, runs_program
 from rl.rollout.torch_engine import TorchEngine
@@ -160,20 +93,16 @@ class EpisodeRunner:
         self.sandbox_pool = make_sandbox_pool(rollout_cfg.sandbox_pool, self.remote)
         # where every env's sandboxes come from, decided here once: the hosts, else this runner's pool
         self.sandboxes = sandbox_factory(self.env_kwargs.get("sandbox"), self.sandbox_pool)
-        self.pause_cost = (
-            PauseCostModel(self.sandbox_pool, rollout_cfg.sandbox_pool.pause_policy)
+        # which sandboxes run, wait or pause: the pool's one residency owner (agentenv.pool.residency);
+        # remote sandboxes get one that does nothing (their host decides)
+        pool_cfg = rollout_cfg.sandbox_pool
+        self.residency: Residency | NoResidency = (
+            self.sandbox_pool.residency.configure(pool_cfg.pause_policy, pool_cfg.admission)
             if self.sandbox_pool is not None
-            else None
+            else NoResidency()
         )
-        # admission control (rl.rollout.admission): only where pausing frees memory (a frozen sandbox keeps
-        # it)
-        self.gate = (
-            SandboxGate(self.sandbox_pool, self._pause_waiting, self._sandbox_running)
-            if self.sandbox_pool is not None
-            and rollout_cfg.sandbox_pool.admission
-            and self.sandbox_pool.settings.pause_method == "criu"
-            else None
-        )
+        # its slots gate this runner's starts and steps only where a pause frees memory (criu pools)
+        self.gate: Residency | None = self.residency if self.residency.gates else None
         self.policy_latency_s = rollout_cfg.policy_latency_s
         self.max_concurrent_episodes = rollout_cfg.max_concurrent_episodes
         # branching rollouts (rollout.tree, rl.rollout.trees): runs grow trees of group_size leaves
@@ -210,12 +139,8 @@ class EpisodeRunner:
         return taken
 
     def _give_back(self, env: gymnasium.Env, broken: bool) -> None:
-        if not broken:
-            with self._admitted(env, need_slot=False):
-                try:
-                    task(env).release_sandbox()  # an episode the runner cut short (token limit) holds it
-                except Exception:  # its sandbox is gone: replace the env
-                    broken = True
+        """Keep ``env`` for the next run (a task leases its sandbox per call: nothing to release), or
+        close it when its episode failed."""
         if broken:
             self._discard(env)
             return
@@ -239,70 +164,54 @@ class EpisodeRunner:
         try:
             env.close()
         except Exception as exc:
-            sandbox = getattr(getattr(env.unwrapped, "sandbox", None), "id", None)
+            sandbox = getattr(self._handle(env), "id", None)
             log.warning("could not close an env of %s (sandbox %s): %s: %s", self.env_id, sandbox,
                         type(exc).__name__, exc)
             with self._stats_lock:
                 self._close_errors += 1
 
+    @staticmethod
+    def _handle(env: gymnasium.Env) -> Any:
+        """The sandbox handle ``env`` holds now (None: none), through the wrappers' own attribute lookup."""
+        return env.get_wrapper_attr("sandbox")
+
     @contextmanager
     def _admitted(self, env: gymnasium.Env, stats: RolloutStats | None = None, need_slot: bool = True):
-        """Use ``env``'s sandbox in the block within the gate (`rl.rollout.admission.SandboxGate.use`; yields
-        its
-        `Slot`, None without a gate): ``need_slot`` when the block runs the sandbox (reset, step, fork);
+        """A call on ``env``'s sandbox in the block within the residency's slots (`Residency.running`;
+        yields its `Slot`, None without a gate): ``need_slot`` when the block runs a sandbox (reset,
+        step, fork); the slot goes on with the sandbox the block leaves the env in (a reset's new one);
         the wait for a slot is added to ``stats.slot_wait_s``."""
         if self.gate is None:
             yield None
             return
-        with self.gate.use(env, need_slot) as slot:
+        with self.gate.running(self._handle(env), need_slot) as slot:
             if stats is not None and slot.waited_s:
                 with self._stats_lock:
                     stats.slot_wait_s += slot.waited_s
-            yield slot
+            try:
+                yield slot
+            finally:
+                slot.handle = self._handle(env)
 
     @contextmanager
     def _starting(self, k: int, stats: RolloutStats) -> Iterator[tuple[int, list[gymnasium.Env]]]:
-        """Slots for up to ``k`` sandboxes the block starts (fork, restore): yields (slots taken, ``k``
-        without a gate; a list for the envs the block started). Each env the block appends gets one of
-        the slots (`SandboxGate.bind`); the rest, or all of them if the block raises, are given back."""
-        taken = self._acquire(k, stats)
-        started: list[gymnasium.Env] = []
-        try:
-            yield taken, started
-        except BaseException:
-            if self.gate is not None:
-                self.gate.release(taken)
-            raise
-        if self.gate is not None:
-            for env in started:
-                self.gate.bind(env)
-            if taken > len(started):
-                self.gate.release(taken - len(started))
-
-    def _acquire(self, k: int, stats: RolloutStats) -> int:
-        """Slots (1 to ``k``) for sandboxes about to start (`SandboxGate.acquire`); ``k`` without a gate."""
-        if self.gate is None:
-            return k
-        taken, waited = self.gate.acquire(k)
-        with self._stats_lock:
-            stats.slot_wait_s += waited
-        return taken
+        """Slots for up to ``k`` sandboxes the block starts (fork, restore; `Residency.starting`): yields
+        (slots taken, ``k`` without a gate; a list for the envs the block started). Each env the block
+        appends gets one of the slots; the rest, or all of them if the block raises, are given back."""
+        with self.residency.starting(k) as start:
+            if start.waited_s:
+                with self._stats_lock:
+                    stats.slot_wait_s += start.waited_s
+            started: list[gymnasium.Env] = []
+            yield start.taken, started
+            start.started.extend(self._handle(env) for env in started)
 
     def _free_if_stopped(self, env: gymnasium.Env, slot: Slot | None) -> None:
         """After a reset or step of ``env`` failed inside ``slot``: give the slot back at the end of the
         use when no sandbox of the env runs any more (its create failed, it died), so that a failed
         episode does not keep a slot parked until the end of the run."""
-        if slot is not None and not self._sandbox_running(env):
+        if slot is not None and not slot.gate.running_fn(self._handle(env)):
             slot.freed = True
-
-    @staticmethod
-    def _sandbox_running(env: gymnasium.Env) -> bool:
-        """Whether ``env``'s sandbox runs (holds memory) now; False when it has none or it is gone."""
-        try:
-            sandbox = task(env).sandbox
-            return sandbox is not None and sandbox.status == "running"
-        except Exception:
-            return False
 
     def close(self) -> None:
         """Close every env, then the pool: its members (forks included) and templates are removed."""
@@ -332,56 +241,31 @@ class EpisodeRunner:
         self._generate_s.setdefault(len(tokens), deque(maxlen=WAIT_HISTORY)).append(time.perf_counter() - t)
         return generations
 
-    def _pause_waiting(self, env: gymnasium.Env) -> bool:
-        """Release and pause one waiting env's sandbox (False: in use, gone, or the pause failed; the
-        env's next step finds out)."""
-        t = task(env)
-        if t.sandbox is None:  # its start failed or it was closed: nothing runs, nothing to pause
-            return False
-        try:
-            t.release_sandbox()
-            return self.sandbox_pool.pause(t.sandbox)
-        except Exception as exc:  # e.g. the disk cap or a dead sandbox: it keeps running, or fails later
-            log.warning("could not pause waiting sandbox %s: %s", getattr(t.sandbox, "id", "?"), exc)
-            return False
-
     @contextmanager
     def _waiting(self, envs: list[gymnasium.Env], expected_wait_s: float, stats: RolloutStats):
-        """While ``envs`` wait ``expected_wait_s`` (the block), pause their sandboxes if the cost model
-        says so (in the background: the block runs meanwhile); each env's next step resumes its own."""
-        envs = [env for env in envs if task(env).sandbox is not None]  # a discarded one: nothing to pause
-        if self.pause_cost is None or not envs:
-            yield
-            return
-        used = self.sandbox_pool.running_bytes()
-        sizes = self.sandbox_pool.member_rss([getattr(task(env).sandbox, "id", "") for env in envs])
-        decision: PauseDecision = self.pause_cost.decide(expected_wait_s, used, len(envs), sizes)
-        count = decision.count
-        if decision.reason == "cost" and self.gate is not None and self.gate.binds:
-            # a binding budget: the running sandboxes hold slots within it, and they step first after
-            # the wait (no resume); the turn's steps pause and resume every episode beyond the slots on
-            # busy cores, so pausing these for the wait would only add a pause and a resume to them
-            count = 0
-        pause = self._pause_waiting if self.gate is None else self.gate.pause  # the gate frees their slots
-        largest = sorted(range(len(envs)), key=lambda i: sizes[i], reverse=True)[:count]
-        jobs = [self.threads.submit(pause, envs[i]) for i in largest]
+        """While ``envs`` wait ``expected_wait_s`` (the block), the residency pauses the sandboxes it
+        decides to (`Residency.waiting`, in the background: the block runs meanwhile); each env's next
+        step resumes its own."""
+        waited = None
         try:
-            yield
+            with self.residency.waiting([self._handle(e) for e in envs], expected_wait_s,
+                                        self.threads.submit) as waited:
+                yield
         finally:
-            paused = sum(job.result() for job in jobs)
-            stats.pause_waits.extend([expected_wait_s] * paused)
-            self._running_bytes.append(self.sandbox_pool.running_bytes() if paused else used)
+            if waited is not None and waited.decision is not None:
+                stats.pause_waits.extend([expected_wait_s] * waited.paused)
+                self._running_bytes.append(waited.running_bytes)
 
     def release_idle(self, stats: RolloutStats | None = None) -> None:
-        """After a run: pause the free envs' sandboxes if the expected gap until the next run is worth
-        it (the cost model), else keep the pool's budget (LRU pauses of idle members). Nothing for
-        remote sandboxes (no pool)."""
+        """After a run: the residency pauses the free envs' sandboxes if the expected gap until the next
+        run is worth it, else keeps the budget (LRU pauses of idle members). Nothing for remote
+        sandboxes (no pool)."""
         if self.sandbox_pool is None:
             return
         expected = statistics.median(self._run_gaps) if self._run_gaps else 0.0
         with self._waiting(self.free_envs, expected, stats or RolloutStats()):
             pass
-        self.sandbox_pool.ensure_budget()
+        self.residency.make_room()
 
     def _record_pool(self, stats: RolloutStats) -> None:
         """The pool's pauses and resumes during this run, and a snapshot of its metrics (none without a
@@ -398,7 +282,7 @@ class EpisodeRunner:
         self._clock = clock
         samples, self._running_bytes = self._running_bytes, []
         running = float(statistics.mean(samples)) if samples else float(metrics.memory_used_bytes)
-        slots = self.gate.slots() if self.gate is not None else 0
+        slots = self.residency.metrics()["slots"]
         stats.pool = [{**metrics.to_dict(), "running_bytes": running, "slots": slots}]
 
     # ------------------------------------------------------------------ episodes
@@ -455,34 +339,13 @@ class EpisodeRunner:
     def _groups_per_wave(self, group_size: int, remaining: int) -> int:
         """Whole groups (at least one) the next wave of a run plays, out of the ``remaining`` ones.
 
-        ``rollout.max_concurrent_episodes`` when set. Else all of them, except under admission control
-        when they outnumber the gate's free slots (``slots`` less the episodes other runs play). Then
-        there are two ways to play them: in waves of the groups the free slots fit, which never pause,
-        each turn taking one expected generation time ``wait`` per wave; or all at once, where each turn
-        pauses and resumes the ``beyond`` episodes that do not fit, so that every step gets a slot: a
-        turn then takes the longer of the wait and those pauses' and resumes' CPU spread over the host's
-        cores, plus one pause + resume in wall time (the pool's measured p50s, `PauseCostModel`):
-
-            all at once  when  max(wait, beyond × cpu_s / cores) + cost_s  <  waves × wait
-
-        so a policy fast against a restore plays waves, a slow one all at once. ``pause_policy=never``
-        always plays waves, ``always`` all at once."""
+        ``rollout.max_concurrent_episodes`` when set, else the residency's plan (`Residency.plan`: all
+        of them, or waves that fit its free slots when that is faster than pausing the episodes beyond
+        them every turn), against this runner's expected generation times and the host's cores."""
         cap = self.max_concurrent_episodes
         if cap is not None:
             return min(remaining, max(1, cap // group_size))
-        if self.gate is None or self.pause_cost is None:
-            return remaining
-        free = self.gate.slots() - self.gate.playing
-        fit = max(1, free // group_size)
-        beyond = remaining * group_size - free
-        if remaining <= fit or self.pause_cost.policy == "always":  # (all fit: beyond <= 0 too)
-            return remaining
-        if self.pause_cost.policy == "never":
-            return fit
-        wait = self.expected_generation_s(remaining * group_size)
-        cores = os.cpu_count() or 1
-        turn_at_once = max(wait, beyond * self.pause_cost.cpu_s() / cores) + self.pause_cost.cost_s()
-        return remaining if turn_at_once < math.ceil(remaining / fit) * wait else fit
+        return self.residency.plan(group_size, remaining, self.expected_generation_s, os.cpu_count() or 1)
 
     @contextmanager
     def _demand(self, episodes: int):
@@ -660,13 +523,13 @@ class EpisodeRunner:
                     ended = result[2] or result[3]
                     if slot is not None and ended and gated and id(envs[i]) in owned:
                         self._discard(envs[i], slot)  # `_return_envs` finds it closed
-                    elif slot is not None and not ended and self.gate.waiting:
+                    elif slot is not None and not ended and self.gate.waiting_for_slot:
                         slot.pause()  # its slot is free for the waiter right away
                     return result, None
 
             jobs = list(zip(active, actions, strict=True))
             if gated:
-                jobs.sort(key=lambda job: not self.gate.parked(envs[job[0]]))
+                jobs.sort(key=lambda job: not self.gate.parked(self._handle(envs[job[0]])))
             t = time.perf_counter()
             results = dict(zip([i for i, _ in jobs], self.threads.map(step, jobs), strict=True))
             stats.env_step_s += time.perf_counter() - t
@@ -747,7 +610,6 @@ class EpisodeRunner:
             t = task(env)
             with self._admitted(env):  # the fork it goes on in runs: a slot
                 try:
-                    t.release_sandbox()
                     pool.pause(t.sandbox)  # no-op when the cost model paused it already
                     live = pool.fork(t.sandbox, 1)[0]
                     kept = pool.keep(t.sandbox, labels)

@@ -1,7 +1,8 @@
-"""Admission control (`rl.rollout.admission.SandboxGate`) with real sandboxes and the tiny K3 policy: a runner
-whose pool budget fits two KVLookup sandboxes plays six forked episodes and never runs more sandboxes
-than the budget holds (the same run ungated does, with the same tokens); under a budget that does not
-bind nothing waits; an in-flight snapshot and its resume finish under a one-slot budget."""
+"""Admission control (the slots of `agentenv.pool.residency.Residency`) with real sandboxes and the tiny
+K3 policy: a runner whose pool budget fits two KVLookup sandboxes plays six forked episodes and never
+runs more sandboxes than the budget holds (the same run ungated does, with the same tokens); under a
+budget that does not bind nothing waits; an in-flight snapshot and its resume finish under a one-slot
+budget."""
 
 import threading
 from dataclasses import replace
@@ -273,7 +274,7 @@ def test_a_parked_sandbox_whose_pause_fails_keeps_its_slot_until_a_pause_succeed
     import uuid
 
     from agentenv import SandboxConfig, SandboxPool
-    from rl.rollout.admission import SandboxGate
+    from agentenv.pool.residency import Residency
 
     pool = SandboxPool(f"gate-{uuid.uuid4().hex[:6]}", memory_budget="100m", idle_after_s=0.0)
     holder = Sandbox.create(config=SandboxConfig.load(**{**sandbox_config, "labels": {}}))
@@ -286,7 +287,7 @@ def test_a_parked_sandbox_whose_pause_fails_keeps_its_slot_until_a_pause_succeed
         sb.pause()
         return True
 
-    gate = SandboxGate(pool, pause_fn=pause, running_fn=lambda sb: sb.status == "running")
+    gate = Residency(pool, pause_fn=pause, running_fn=lambda sb: sb.status == "running")
     gate.fallback_bytes = 60 * 1024**2  # no member measured: one slot of the 100 MiB budget
     try:
         assert gate.slots() == 1

@@ -227,7 +227,7 @@ def test_a_long_wait_on_the_policy_pauses_the_waiting_sandboxes_and_a_short_one_
     fast = make_runner(policy, sandbox_config, pause_policy="cost", pool=cost)
     try:
         runs = [fast.run([s], 2, torch.Generator().manual_seed(s))[1] for s in (1, 2)]
-        assert fast.pause_cost.cost_s() == 2.0
+        assert fast.residency.cost.cost_s() == 2.0
     finally:
         fast.close()
     assert all(r.pauses == 0 and r.pause_waits == [] and r.failed == 0 for r in runs)
