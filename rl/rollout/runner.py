@@ -35,8 +35,9 @@ from agentenv.pool.residency import Slot
 from rl.config import EnvConfig, RolloutConfig, SandboxPoolConfig
 from rl.episode import Episode, EpisodeSummary
 from rl.rollout.inflight import InFlightEpisode, env_state, restore_env_state
+from rl.rollout.play import StepResult, play
 from rl.rollout.programs import ProgramEpisodes, runs_program
-from rl.rollout.torch_engine import TorchEngine
+from rl.rollout.torch_engine import Generation, TorchEngine
 from rl.rollout.trees import TreeGrower
 from rl.rollout.wrappers import fork_env, make_env, task, wrapper_specs
 from rl.rollout_stats import RolloutStats
@@ -482,37 +483,29 @@ class EpisodeRunner:
         active: list[int] | None = None,
         owned: set[int] | frozenset[int] = frozenset(),
     ) -> None:
-        """Play ``episodes`` (those at ``active``, default: every one without an error) to their end.
-        ``owned``: ids of the envs closed after the run (forks, restores); under a binding budget one
-        is closed as soon as its episode ends, which frees its slot without a pause."""
-        tok = self.tokenizer
+        """Play ``episodes`` (those at ``active``, default: every one without an error) to their end
+        through the play loop (`rl.rollout.play.play`). ``owned``: ids of the envs closed after the run
+        (forks, restores); under a binding budget one is closed as soon as its episode ends, which frees
+        its slot without a pause."""
         if active is None:
             active = [i for i, e in enumerate(episodes) if e.error is None]
-        while active:
-            self._serve_snapshot({id(episodes[i]): envs[i] for i in active})
-            version = self._policy_version()  # async: newer weights are swapped in here, between turns
+
+        def generate(active: list[int]) -> list[Generation]:
             t = time.perf_counter()
             expected = self.expected_generation_s(len(active))
             with self._waiting([envs[i] for i in active], expected, stats):
                 playing = [episodes[i] for i in active]
                 generations = self._generate([e.tokens for e in playing], playing)
             stats.generate_s += time.perf_counter() - t
-            actions, last_action_token = [], {}
-            for i, gen in zip(active, generations, strict=True):
-                episodes[i].append(
-                    gen.token_ids, trained=True, logprobs=gen.logprobs, version=version, routes=gen.routes
-                )
-                last_action_token[i] = len(episodes[i].tokens) - 1
-                if not gen.ended:
-                    episodes[i].append([tok.end_id], trained=False, version=version)
-                actions.append(tok.decode(gen.token_ids))
+            return generations
 
+        def step_all(jobs: list[tuple[int, str]]) -> dict[int, StepResult]:
             # a binding budget: a stepped env pauses inside its slot when another env waits for one
             # (else it keeps the slot, parked, until someone needs it), and the envs whose sandboxes
             # still run step first (no resume)
             gated = self.gate is not None and self.gate.binds
 
-            def step(job, gated=gated):
+            def step(job: tuple[int, str]) -> StepResult:
                 i, action = job
                 with self._admitted(envs[i], stats) as slot:  # the step resumes its sandbox: a slot
                     try:
@@ -527,25 +520,22 @@ class EpisodeRunner:
                         slot.pause()  # its slot is free for the waiter right away
                     return result, None
 
-            jobs = list(zip(active, actions, strict=True))
             if gated:
-                jobs.sort(key=lambda job: not self.gate.parked(self._handle(envs[job[0]])))
+                jobs = sorted(jobs, key=lambda job: not self.gate.parked(self._handle(envs[job[0]])))
             t = time.perf_counter()
             results = dict(zip([i for i, _ in jobs], self.threads.map(step, jobs), strict=True))
             stats.env_step_s += time.perf_counter() - t
-            stats.env_steps += len(active)
-            still_active = []
-            for i in active:
-                result, error = results[i]
-                episode = episodes[i]
-                if error is not None:
-                    episode.fail(error)
-                    continue
-                if episode.stepped(result, last_action_token[i], tok, version, self.action_room):
-                    still_active.append(i)
-            active = still_active
-            if self.trees is not None:  # leaves at a branch turn fork into their children
-                active = self.trees.branch(episodes, envs, active, owned, stats)
+            stats.env_steps += len(jobs)
+            return results
+
+        def after_turn(active: list[int]) -> list[int]:
+            if self.trees is None:
+                return active
+            return self.trees.branch(episodes, envs, active, owned, stats)  # leaves fork at branch turns
+
+        play(episodes, active, generate, step_all, self.tokenizer, self.action_room, self._policy_version,
+             before_turn=lambda active: self._serve_snapshot({id(episodes[i]): envs[i] for i in active}),
+             after_turn=after_turn)
 
     # ------------------------------------------------------------------ in-flight checkpoints
     def snapshot(self, keeper: Path, timeout_s: float = 600.0) -> tuple[list[InFlightEpisode], Any] | None:

@@ -30,6 +30,8 @@ from agentenv.paths import conf_dir
 from rl.config import ConfigError, EnvConfig, RunConfig
 from rl.config.load import load
 from rl.episode import Episode
+from rl.rollout.play import StepResult, play
+from rl.rollout.torch_engine import Generation
 from rl.seeds import demonstration_seeds
 from rl.sft.experts import Expert, ExpertError, expert_for
 from rl.tokenizer import Tokenizer
@@ -80,7 +82,8 @@ def read_demonstrations(path: str | Path) -> list[Demonstration]:
 
 
 class Recorder:
-    """Plays one expert episode in an env and lays it out token by token as `rl.rollout.runner` does."""
+    """Plays one expert episode in an env through the rollout's play loop (`rl.rollout.play`), the expert in
+    the policy's place, so it is laid out token by token as the RL loop lays out its episodes."""
 
     def __init__(self, env_cfg: EnvConfig, tokenizer: Tokenizer, tokenizer_name: str) -> None:
         self.env_id = env_cfg.id
@@ -121,19 +124,22 @@ class Recorder:
             return demo
         expert.start(observation)
         episode.begin(observation, tok)
-        while True:
+
+        def generate(active: list[int]) -> list[Generation]:  # the expert in the policy's place
             ids = self.action_ids(expert.act(episode.observations[-1]))
-            episode.append(ids, trained=True)
-            action = tok.decode(ids)  # what the RL loop would step the env with
+            return [Generation(token_ids=ids, logprobs=[0.0] * len(ids), ended=True)]
+
+        def step(jobs: list[tuple[int, str]]) -> dict[int, StepResult]:
+            (i, action), = jobs  # the text the RL loop would step the env with
             actions.append(action)
             try:
-                result = env.step(action)
+                return {i: (env.step(action), None)}
             except Exception as exc:
-                episode.fail(exc)
-                return demo
-            # recorded as the RL loop records a step, and stopped where it stops an episode
-            if not episode.stepped(result, len(episode.tokens) - 1, tok, 0, self.action_room):
-                return demo
+                return {i: (None, exc)}
+
+        # recorded as the RL loop records a turn, and stopped where it stops an episode
+        play([episode], [0], generate, step, tok, self.action_room, version=lambda: 0)
+        return demo
 
 
 def task_env(run: RunConfig) -> gymnasium.Env:

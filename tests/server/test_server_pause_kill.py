@@ -59,14 +59,18 @@ def _back_and_usable(srv, sandbox_id: str, state: str, mark: str, token: str) ->
     """Listed in `state`; connect (a resume when paused), then its file and its process's memory are there
     and commands run."""
     assert _listed().get(sandbox_id) == state, (sandbox_id, _listed(), srv.log.read_text()[-3000:])
-    sbx = _sdk().connect(sandbox_id, timeout=600, request_timeout=CALL_TIMEOUT_S)
-    assert sbx.files.read("mark.txt", request_timeout=CALL_TIMEOUT_S) == mark
-    assert sbx.commands.run("cat /tmp/token", request_timeout=CALL_TIMEOUT_S).stdout.strip() == token
-    assert sbx.commands.run("echo ok", request_timeout=CALL_TIMEOUT_S).stdout == "ok\n"
-    sbx.pause(request_timeout=CALL_TIMEOUT_S)  # and it pauses and resumes again
-    again = _sdk().connect(sandbox_id, timeout=600, request_timeout=CALL_TIMEOUT_S)
-    assert again.commands.run("cat /tmp/token", request_timeout=CALL_TIMEOUT_S).stdout.strip() == token
-    again.kill(request_timeout=CALL_TIMEOUT_S)
+    try:
+        sbx = _sdk().connect(sandbox_id, timeout=600, request_timeout=CALL_TIMEOUT_S)
+        assert sbx.files.read("mark.txt", request_timeout=CALL_TIMEOUT_S) == mark
+        assert sbx.commands.run("cat /tmp/token", request_timeout=CALL_TIMEOUT_S).stdout.strip() == token
+        assert sbx.commands.run("echo ok", request_timeout=CALL_TIMEOUT_S).stdout == "ok\n"
+        sbx.pause(request_timeout=CALL_TIMEOUT_S)  # and it pauses and resumes again
+        again = _sdk().connect(sandbox_id, timeout=600, request_timeout=CALL_TIMEOUT_S)
+        assert again.commands.run("cat /tmp/token", request_timeout=CALL_TIMEOUT_S).stdout.strip() == token
+        again.kill(request_timeout=CALL_TIMEOUT_S)
+    except Exception as exc:  # a call that failed or outlived CALL_TIMEOUT_S: what the server was doing
+        raise AssertionError(f"{type(exc).__name__}: {exc}; the server's log ends:\n"
+                             f"{srv.log.read_text()[-4000:]}") from exc
 
 
 def _left_in_store(srv, sandbox_id: str) -> list[str]:
