@@ -21,6 +21,8 @@ class RolloutStats:
     failed: int = 0
     env_steps: int = 0
     generated_tokens: int = 0
+    context_tokens: int = 0  # tokens of the contexts generated from (one per episode and turn)
+    context_tokens_read: int = 0  # ... of them, those the engine computed (not from a cache or carried state)
     reset_s: float = 0.0
     generate_s: float = 0.0
     env_step_s: float = 0.0

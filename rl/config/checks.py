@@ -192,6 +192,19 @@ def check_vllm_lengths(cfg) -> None:
         )
 
 
+PREFIX_CACHING_UNSUPPORTED = (
+    "vLLM 0.32 caches K3's KDA states only with chunked prefill (its hybrid 'align' cache mode), and "
+    "chunked prefill rewinds each seeded request's sampling generator, which CPU generators cannot do; "
+    "set it to false (each turn then re-reads its context, as the torch engine's chains do)"
+)
+
+
+def check_vllm_prefix_caching(cfg) -> None:
+    """``rollout.vllm.enable_prefix_caching`` cannot be on with seeded sampling (see the message)."""
+    if cfg.rollout.engine == "vllm" and cfg.rollout.vllm.enable_prefix_caching:
+        _fail("rollout.vllm.enable_prefix_caching", PREFIX_CACHING_UNSUPPORTED)
+
+
 def check_trainer(cfg) -> None:
     """Async mode corrects for the behaviour policy with the truncated IS weight (``algo.tis_cap``), and
     its in-flight checkpoints keep CRIU checkpoints of the playing sandboxes, which a pool that freezes
@@ -233,10 +246,10 @@ def check_algo_name(algo) -> None:
 
 
 def check_tree(cfg) -> None:
-    """``rollout.tree`` (branching rollouts, `rl.rollout.trees`) goes with ``algo=tree_grpo`` and the torch
-    engine, and describes trees that can grow: increasing turns from 1, no more branchings per path than
-    turns to branch at, one branching within the leaf budget, and ``algo.group_size`` (leaves per prompt)
-    whole trees."""
+    """``rollout.tree`` (branching rollouts, `rl.rollout.trees`) goes with ``algo=tree_grpo`` (branching by
+    entropy with the torch engine), and describes trees that can grow: increasing turns from 1, no more
+    branchings per path than turns to branch at, one branching within the leaf budget, and
+    ``algo.group_size`` (leaves per prompt) whole trees."""
     tree, algo = cfg.rollout.tree, cfg.algo
     if tree is None:
         if algo.advantage == "tree_grpo":
@@ -259,10 +272,10 @@ def check_tree(cfg) -> None:
     if tree.width > tree.budget:
         _fail("rollout.tree.budget", f"{tree.budget} leaves cannot hold one branching of "
               f"rollout.tree.width={tree.width}")  # fmt: skip
-    if cfg.rollout.engine != "torch":
-        _fail("rollout.tree", "branching rollouts carry each episode's policy state across a branch, "
-              f"which only the torch engine keeps; got rollout.engine={cfg.rollout.engine}: "
-              "use rollout=torch")  # fmt: skip
+    if cfg.rollout.engine != "torch" and tree.entropy_rise is not None:
+        _fail("rollout.tree.entropy_rise", "branching by entropy reads each episode's policy state, which "
+              f"only the torch engine keeps; got rollout.engine={cfg.rollout.engine}: use rollout=torch "
+              "or fixed branch turns (entropy_rise: null)")  # fmt: skip
     leaves = len(tree.leaf_paths())
     if algo.group_size % leaves:
         _fail("algo.group_size", f"{algo.group_size} leaves per prompt are not whole trees: a tree of "
@@ -326,6 +339,7 @@ def check_run(cfg) -> None:
     check_tree(cfg)
     check_waves(cfg)
     check_vllm_lengths(cfg)
+    check_vllm_prefix_caching(cfg)
     check_sandbox_hosts(cfg)
     check_resources(cfg)
     check_trainer(cfg)

@@ -119,7 +119,8 @@ class VllmEngineConfig:
     max_model_len: int = required(ge=2)  # longest context + generation of one request, in tokens
     max_num_seqs: int = required(ge=1)  # requests one engine step may hold
     kv_cache_mib: int = required(ge=1)  # memory for the MLA KV cache and the KDA states of all requests
-    enable_prefix_caching: bool = required()  # reuse the cached prefix of a request's earlier turns
+    # reuse the cached prefix of a request's earlier turns; refused with vLLM 0.32 (rl.config.checks)
+    enable_prefix_caching: bool = required()
 
 
 @dataclass

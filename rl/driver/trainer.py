@@ -372,6 +372,10 @@ class Trainer:
             "env_steps": stats.env_steps,
             "generated_tokens": stats.generated_tokens,
             "generated_tokens_per_s": stats.generated_tokens / stats.generate_s if stats.generate_s else 0.0,
+            "context_tokens_read": stats.context_tokens_read,
+            "context_read_fraction": (
+                stats.context_tokens_read / stats.context_tokens if stats.context_tokens else 1.0
+            ),
             **timings,
             "reset_s": stats.reset_s,
             "generate_s": stats.generate_s,

@@ -497,6 +497,10 @@ class EpisodeRunner:
                 playing = [episodes[i] for i in active]
                 generations = self._generate([e.tokens for e in playing], playing)
             stats.generate_s += time.perf_counter() - t
+            for episode, gen in zip(playing, generations, strict=True):  # what the engine had to read
+                stats.context_tokens += len(episode.tokens)
+                read = gen.context_read
+                stats.context_tokens_read += len(episode.tokens) if read is None else read
             return generations
 
         def step_all(jobs: list[tuple[int, str]]) -> dict[int, StepResult]:

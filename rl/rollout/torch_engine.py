@@ -61,6 +61,9 @@ class Generation:
     logprobs: list[float]
     ended: bool  # emitted the end-of-turn token (else it hit max_new_tokens)
     routes: torch.Tensor | None = None  # [len(token_ids), n_moe_layers, top_k]; see the class docstring
+    # context tokens this call computed, the rest served from a cache (vLLM's prefix cache, a carried
+    # policy state); None: not reported
+    context_read: int | None = None
 
 
 @dataclass
@@ -201,8 +204,8 @@ class TorchEngine:
             self._record_loads(out.router_stats)
             step_routes = last_token_routes(out.router_stats, ones, self.route_dtype)
         return [
-            Generation(t, lp, bool(t and t[-1] == end), torch.stack(r) if r else step_routes[:0])
-            for t, lp, r in zip(tokens, logprobs, routes, strict=True)
+            Generation(t, lp, bool(t and t[-1] == end), torch.stack(r) if r else step_routes[:0], len(c))
+            for t, lp, r, c in zip(tokens, logprobs, routes, contexts, strict=True)
         ]
 
     def _action_logp(self, logits: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:

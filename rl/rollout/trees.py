@@ -30,7 +30,8 @@ A tree run plays all its groups at once (no waves). In-flight checkpoints record
 episodes (an unborn leaf as one that has not started); a resumed leaf reads its tokens once, then goes
 on from its state. An async weights update between turns leaves a carried state as the older weights
 read the prefix (the sampled tokens' log-probs are those they were drawn with). Only the torch engine
-keeps per-episode states.
+keeps per-episode states; on vLLM every leaf's turn is a request with its whole context (each child
+re-reads the shared prefix), and branching by entropy is refused.
 """
 
 from __future__ import annotations
@@ -61,9 +62,12 @@ class TreeGrower:
     """Grows the trees of a runner's runs (see the module docstring)."""
 
     def __init__(self, runner: EpisodeRunner, cfg: TreeRolloutConfig) -> None:
-        if not hasattr(runner.engine, "continue_from"):
-            raise ValueError("rollout.tree needs the torch engine (rollout=torch): branching carries its "
-                             "per-episode state")  # fmt: skip
+        # the torch engine carries each episode's policy state across a branch; another engine (vLLM)
+        # re-reads each child's context, its prefix cache serving the shared prefix's whole blocks
+        self.carries = hasattr(runner.engine, "continue_from")
+        if cfg.entropy_rise is not None and not self.carries:
+            raise ValueError("rollout.tree.entropy_rise reads the policy's entropy from each episode's "
+                             "state, which only the torch engine keeps (rollout=torch)")  # fmt: skip
         self.runner = runner
         self.width = cfg.width
         self.entropy_rise = cfg.entropy_rise
@@ -77,6 +81,7 @@ class TreeGrower:
                 self._first[path[:d]] = k
         self._states: dict[int, tuple[EpisodeState, int]] = {}  # id(episode) -> (its state, tokens read)
         self._first_entropy: dict[int, float] = {}  # id(episode) -> entropy at its first action (by entropy)
+        self._read_since: dict[int, int] = {}  # id(episode) -> tokens read into its state since its action
 
     def trees_per_group(self, group_size: int) -> int:
         if group_size % self.leaves:
@@ -126,12 +131,17 @@ class TreeGrower:
     # ------------------------------------------------------------------ generation (`_play`'s hook)
     def generate(self, episodes: list[Episode]) -> list[Generation]:
         """The next action of each episode from its own policy state (read up to its last token; an
-        episode without one, e.g. resumed from an in-flight checkpoint, reads all its tokens)."""
+        episode without one, e.g. resumed from an in-flight checkpoint, reads all its tokens); an engine
+        that keeps no states generates them as one batch from their whole contexts."""
         runner = self.runner
+        if not self.carries:
+            contexts = [e.tokens for e in episodes]
+            return runner.engine.generate(contexts, runner.max_new_tokens, runner._generator)
         out = []
         for episode in episodes:
             state = self._read(episode)
             generation = runner.engine.continue_from(state, runner.max_new_tokens, runner._generator)
+            generation.context_read = self._read_since.pop(id(episode), 0)
             self._states[id(episode)] = (state, len(episode.tokens) + len(generation.token_ids))
             out.append(generation)
         return out
@@ -144,8 +154,11 @@ class TreeGrower:
         if state is None and self.entropy_rise is not None and episode.turns:
             first_action = episode.action_mask.index(1)  # the prompt: what its first action was drawn after
             state, read = engine.read(episode.tokens[:first_action]), first_action
+            self._read_since[key] = self._read_since.get(key, 0) + first_action
             self._first_entropy[key] = engine.entropy(state)
         if state is None or state.pending or episode.tokens[read:]:
+            new = len(episode.tokens) - read + (len(state.pending) if state is not None else 0)
+            self._read_since[key] = self._read_since.get(key, 0) + new
             state = engine.read(episode.tokens[read:], state)
         if self.entropy_rise is not None and key not in self._first_entropy:
             self._first_entropy[key] = engine.entropy(state)
@@ -155,6 +168,7 @@ class TreeGrower:
     def _forget(self) -> None:
         self._states.clear()
         self._first_entropy.clear()
+        self._read_since.clear()
 
     # ------------------------------------------------------------------ branching (`_play`'s hook)
     def branch(
@@ -193,8 +207,8 @@ class TreeGrower:
             offset = len(parent.tokens)
             parent.branches = [*(parent.branches or []), (offset, 0)]
             self._reseed(envs[i], parent, (*prefix, 0))
-            state, read = self._states[id(parent)]
-            copies = state.branch(self.width - 1)
+            state, read = self._states[id(parent)] if self.carries else (None, 0)
+            copies = state.branch(self.width - 1) if state is not None else []
             for c in range(1, self.width):
                 j = base + self._first[(*prefix, c)]
                 child = copy.deepcopy(parent)
@@ -206,7 +220,8 @@ class TreeGrower:
                 envs[j] = forks[c - 1]
                 owned.add(id(envs[j]))
                 self._reseed(envs[j], child, (*prefix, c))
-                self._states[id(child)] = (copies[c - 1], read)
+                if copies:
+                    self._states[id(child)] = (copies[c - 1], read)
                 if id(parent) in self._first_entropy:
                     self._first_entropy[id(child)] = self._first_entropy[id(parent)]
                 playing.append(j)

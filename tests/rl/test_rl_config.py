@@ -172,6 +172,9 @@ def test_vllm_rollout_refuses_requests_longer_than_its_engine_holds():
         compose("rollout=vllm", "rollout.vllm.max_model_len=64")
     with pytest.raises(ConfigError, match=r"^rollout\.vllm\.dtype: 'float16' is not one of"):
         compose("rollout=vllm", "rollout.vllm.dtype=float16")
+    with pytest.raises(ConfigError, match=r"^rollout\.vllm\.enable_prefix_caching: vLLM 0.32 caches K3's KDA "
+                       r"states only with chunked prefill .* set it to false"):
+        compose("rollout=vllm", "rollout.vllm.enable_prefix_caching=true")
 
 
 def test_ppo_and_rloo_compose():

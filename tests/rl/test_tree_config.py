@@ -35,8 +35,9 @@ TREE = "rollout.tree={branch_at: [1, 2], width: 2, depth: 2, budget: 4}"
          r"algo.group_size: 8 leaves per prompt are not whole trees: a tree of rollout.tree has 3 leaves"),
         (("algo=tree_grpo", "rollout.tree={branch_at: [1], width: 2, depth: 1, budget: 2, entropy_rise: -1}"),
          r"rollout.tree.entropy_rise: must be >= 0, got -1"),
-        (("algo=tree_grpo", "rollout=vllm", TREE),
-         r"rollout.tree: branching rollouts .* only the torch engine keeps; got rollout.engine=vllm"),
+        (("algo=tree_grpo", "rollout=vllm", TREE.replace("budget: 4", "budget: 4, entropy_rise: 0.1")),
+         r"rollout.tree.entropy_rise: branching by entropy .* only the torch engine keeps; got "
+         r"rollout.engine=vllm"),
         (("algo=tree_grpo", "rollout.max_concurrent_episodes=8", TREE),
          r"rollout.max_concurrent_episodes: a tree run plays all its trees at once"),
     ],
@@ -55,3 +56,5 @@ def test_a_valid_tree_is_typed_and_accepted():
     by_entropy = compose("algo=tree_grpo", TREE.replace("budget: 4", "budget: 4, entropy_rise: 0.25"))
     assert by_entropy.rollout.tree.entropy_rise == 0.25
     assert compose().rollout.tree is None and compose("algo=grpo").algo.name == "grpo"
+    on_vllm = compose("algo=tree_grpo", "rollout=vllm", TREE)  # fixed turns: vLLM re-reads each child
+    assert on_vllm.rollout.engine == "vllm" and on_vllm.rollout.tree.width == 2

@@ -72,13 +72,16 @@ def policy():
     return build_policy(compose().model, seed=0).float()
 
 
-def make_runner(policy, sandbox_config, env: str, tree: dict, max_turns: int = 2) -> EpisodeRunner:
+def make_runner(
+    policy, sandbox_config, env: str, tree: dict, max_turns: int = 2, engine=None
+) -> EpisodeRunner:
+    """A tree runner on ``env`` (torch engine over ``policy`` unless ``engine`` is given)."""
     cfg = compose("rollout.env_threads=4")
     env_cfg = replace(cfg.env, id=f"tree/{env}-v0", kwargs={"max_turns": max_turns}, group_start="fork",
                       max_new_tokens=4, action_vocabulary="abcdefghij")  # fmt: skip
     pool = replace(cfg.rollout.sandbox_pool, pause_policy="never")
     rollout = replace(cfg.rollout, sandbox_pool=pool, tree=TreeRolloutConfig(**tree))
-    engine = TorchEngine(policy, TOK, action_vocabulary=env_cfg.action_vocabulary)
+    engine = engine or TorchEngine(policy, TOK, action_vocabulary=env_cfg.action_vocabulary)
     return EpisodeRunner(env_cfg, rollout, engine, TOK, sandbox=sandbox_config)
 
 
@@ -101,6 +104,11 @@ def test_children_start_from_the_branch_and_never_see_their_siblings(policy, san
     assert leaves[0].tokens[:offset] == leaves[1].tokens[:offset]  # the shared prefix
     sampled = sum(leaves[0].action_mask[:offset]) + sum(sum(e.action_mask[offset:]) for e in leaves)
     assert stats.generated_tokens == sampled  # the shared turn's tokens were sampled once
+    # the prefix was read once: in turn 2 each leaf read only the parent's last sampled token and what
+    # followed its first action (chains would re-read the whole context)
+    prompt, first_action = leaves[0].action_mask.index(1), sum(leaves[0].action_mask[:offset])
+    assert stats.context_tokens == prompt + 2 * offset
+    assert stats.context_tokens_read == prompt + 2 * (1 + offset - prompt - first_action)
     # a child's first observation is the state after the branch turn: the file turn 1 planted
     assert leaves[0].observations[:2] == leaves[1].observations[:2]
     planted = notes(leaves[0].observations[1])

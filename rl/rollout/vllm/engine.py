@@ -21,6 +21,8 @@ from typing import Any
 import torch
 
 from model.config import K3Config
+from rl.config import ConfigError
+from rl.config.checks import PREFIX_CACHING_UNSUPPORTED
 from rl.config.schema import VllmEngineConfig
 from rl.errors import StaleWeights
 from rl.rollout.torch_engine import Generation, Sampling
@@ -52,6 +54,8 @@ class VllmEngine:
     ) -> None:
         if temperature <= 0:
             raise ValueError(f"rollout.temperature must be > 0, got {temperature}")
+        if settings.enable_prefix_caching:
+            raise ConfigError(f"rollout.vllm.enable_prefix_caching: {PREFIX_CACHING_UNSUPPORTED}")
         for key, value in _ENVIRONMENT.items():
             os.environ.setdefault(key, value)
         from vllm import LLM
@@ -178,9 +182,9 @@ class VllmEngine:
             logprobs = [float(step[token].logprob) for step, token in steps]
             rows = routes[output.request_id]  # position -> experts; token j was sampled at len(context)-1+j
             sampled_at = [rows[len(context) - 1 + j] for j in range(len(tokens))]
-            generations.append(
-                Generation(tokens, logprobs, bool(tokens) and tokens[-1] == end, torch.stack(sampled_at))
-            )
+            read = len(context) - (output.num_cached_tokens or 0)  # its prefix cache's hits are not re-read
+            ended = bool(tokens) and tokens[-1] == end
+            generations.append(Generation(tokens, logprobs, ended, torch.stack(sampled_at), read))
         return generations
 
     def take_expert_loads(self) -> dict[int, torch.Tensor]:
