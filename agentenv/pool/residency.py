@@ -214,8 +214,8 @@ class Residency:
 
     @property
     def binds(self) -> bool:
-        """Whether the runs in progress have more episodes than slots (the budget limits them)."""
-        return self._demand > self.slots()
+        """Whether the slots gate and the runs in progress have more episodes than slots."""
+        return self.gates and self._demand > self.slots()
 
     @property
     def playing(self) -> int:
@@ -340,7 +340,11 @@ class Residency:
         """A call on ``handle``'s sandbox (None: its owner has none yet) in the block: with its parked
         slot, or a new one (waiting, and pausing parked sandboxes, as `acquire`) when ``need_slot`` (the
         block runs a sandbox). At the end the slot is parked again on ``Slot.handle``, or freed when the
-        block paused or closed the sandbox (``Slot.freed``) or left its owner with none."""
+        block paused or closed the sandbox (``Slot.freed``) or left its owner with none. Not gating: a
+        slot that holds nothing."""
+        if not self.gates:
+            yield Slot(self, handle, held=False)
+            return
         key = None if handle is None else _key(handle)
         with self._cond:
             held = self._claim_locked(key)
@@ -493,7 +497,19 @@ class NoResidency:
     nothing is paused or planned here."""
 
     pool = None
-    gates = False
+    gates = binds = waiting_for_slot = False
+    fallback_bytes = 0
+
+    @contextmanager
+    def running(self, handle: Any, need_slot: bool = True) -> Iterator[Slot]:
+        yield Slot(self, handle, held=False)  # type: ignore[arg-type]
+
+    @contextmanager
+    def demand(self, episodes: int) -> Iterator[None]:
+        yield
+
+    def parked(self, handle: Any) -> bool:
+        return False
 
     @contextmanager
     def waiting(self, handles: Sequence[Any], expected_wait_s: float, submit: Submit) -> Iterator[Waiting]:

@@ -102,8 +102,6 @@ class EpisodeRunner:
             if self.sandbox_pool is not None
             else NoResidency()
         )
-        # its slots gate this runner's starts and steps only where a pause frees memory (criu pools)
-        self.gate: Residency | None = self.residency if self.residency.gates else None
         self.policy_latency_s = rollout_cfg.policy_latency_s
         self.max_concurrent_episodes = rollout_cfg.max_concurrent_episodes
         # branching rollouts (rollout.tree, rl.rollout.trees): runs grow trees of group_size leaves
@@ -132,9 +130,9 @@ class EpisodeRunner:
     def _take_envs(self, n: int, stats: RolloutStats) -> list[gymnasium.Env]:
         while len(self.free_envs) < n:
             env = make_env(self.env_id, self.env_kwargs, self.wrappers, self.sandboxes)
-            if self.gate is not None and not self.gate.fallback_bytes:
+            if not self.residency.fallback_bytes:
                 # the size a sandbox is counted at before the pool has measured one: its memory limit
-                self.gate.fallback_bytes = task(env).sandbox_config().memory_bytes
+                self.residency.fallback_bytes = task(env).sandbox_config().memory_bytes
             self.free_envs.append(env)
         taken, self.free_envs = self.free_envs[:n], self.free_envs[n:]
         return taken
@@ -156,8 +154,7 @@ class EpisodeRunner:
             return
         with self._admitted(env, need_slot=False) as used:
             self._close(env)
-            if used is not None:
-                used.freed = True
+            used.freed = True
 
     def _close(self, env: gymnasium.Env) -> None:
         """Close ``env`` and its sandbox; a failure is logged and counted (`RolloutStats.close_errors`),
@@ -179,13 +176,10 @@ class EpisodeRunner:
     @contextmanager
     def _admitted(self, env: gymnasium.Env, stats: RolloutStats | None = None, need_slot: bool = True):
         """A call on ``env``'s sandbox in the block within the residency's slots (`Residency.running`;
-        yields its `Slot`, None without a gate): ``need_slot`` when the block runs a sandbox (reset,
-        step, fork); the slot goes on with the sandbox the block leaves the env in (a reset's new one);
-        the wait for a slot is added to ``stats.slot_wait_s``."""
-        if self.gate is None:
-            yield None
-            return
-        with self.gate.running(self._handle(env), need_slot) as slot:
+        yields its `Slot`, which holds nothing when the residency does not gate): ``need_slot`` when the
+        block runs a sandbox (reset, step, fork); the slot goes on with the sandbox the block leaves the
+        env in (a reset's new one); the wait for a slot is added to ``stats.slot_wait_s``."""
+        with self.residency.running(self._handle(env), need_slot) as slot:
             if stats is not None and slot.waited_s:
                 with self._stats_lock:
                     stats.slot_wait_s += slot.waited_s
@@ -207,11 +201,11 @@ class EpisodeRunner:
             yield start.taken, started
             start.started.extend(self._handle(env) for env in started)
 
-    def _free_if_stopped(self, env: gymnasium.Env, slot: Slot | None) -> None:
+    def _free_if_stopped(self, env: gymnasium.Env, slot: Slot) -> None:
         """After a reset or step of ``env`` failed inside ``slot``: give the slot back at the end of the
         use when no sandbox of the env runs any more (its create failed, it died), so that a failed
         episode does not keep a slot parked until the end of the run."""
-        if slot is not None and not slot.gate.running_fn(self._handle(env)):
+        if slot.held and not slot.gate.running_fn(self._handle(env)):
             slot.freed = True
 
     def close(self) -> None:
@@ -350,11 +344,8 @@ class EpisodeRunner:
 
     @contextmanager
     def _demand(self, episodes: int):
-        """Count a run's ``episodes`` as playing for the gate (whether the budget binds)."""
-        if self.gate is None:
-            yield
-            return
-        with self.gate.demand(episodes):
+        """Count a run's ``episodes`` as playing for the residency (whether the budget binds)."""
+        with self.residency.demand(episodes):
             yield
 
     def _return_envs(self, envs: list, episodes: list[Episode], owned: set[int]) -> None:
@@ -450,11 +441,9 @@ class EpisodeRunner:
         return envs, owned_forks
 
     def _fork(self, env: gymnasium.Env, n: int, stats: RolloutStats) -> list[gymnasium.Env]:
-        """``n`` forks of a reset env. With a gate, in as many calls as slots allow (each fork a slot,
+        """``n`` forks of a reset env, in as many calls as the residency's slots allow (each fork a slot,
         taken first; the parent keeps its own slot while it runs, and a paused parent, e.g. one whose
         slot another start took, is forked from its checkpoint); all or none."""
-        if self.gate is None:
-            return fork_env(env, n)
         forks: list[gymnasium.Env] = []
         try:
             while len(forks) < n:
@@ -507,7 +496,7 @@ class EpisodeRunner:
             # a binding budget: a stepped env pauses inside its slot when another env waits for one
             # (else it keeps the slot, parked, until someone needs it), and the envs whose sandboxes
             # still run step first (no resume)
-            gated = self.gate is not None and self.gate.binds
+            gated = self.residency.binds
 
             def step(job: tuple[int, str]) -> StepResult:
                 i, action = job
@@ -518,14 +507,14 @@ class EpisodeRunner:
                         self._free_if_stopped(envs[i], slot)
                         return None, exc
                     ended = result[2] or result[3]
-                    if slot is not None and ended and gated and id(envs[i]) in owned:
+                    if slot.held and ended and gated and id(envs[i]) in owned:
                         self._discard(envs[i], slot)  # `_return_envs` finds it closed
-                    elif slot is not None and not ended and self.gate.waiting_for_slot:
+                    elif slot.held and not ended and self.residency.waiting_for_slot:
                         slot.pause()  # its slot is free for the waiter right away
                     return result, None
 
             if gated:
-                jobs = sorted(jobs, key=lambda job: not self.gate.parked(self._handle(envs[job[0]])))
+                jobs = sorted(jobs, key=lambda job: not self.residency.parked(self._handle(envs[job[0]])))
             t = time.perf_counter()
             results = dict(zip([i for i, _ in jobs], self.threads.map(step, jobs), strict=True))
             stats.env_step_s += time.perf_counter() - t

@@ -61,8 +61,8 @@ def _play(cfg, sandbox_config, admission: bool):
     try:
         with RunningSampler(runner.sandbox_pool) as sampler:
             episodes, stats = runner.run([1, 2, 3], group_size=2, generator=torch.Generator().manual_seed(0))
-        slots = runner.gate.slots() if admission else 0
-        size = runner.gate.sandbox_bytes() if admission else 0
+        slots = runner.residency.slots() if admission else 0
+        size = runner.residency.sandbox_bytes() if admission else 0
     finally:
         runner.close()
     return episodes, stats, sampler, slots, size
@@ -122,7 +122,7 @@ def test_under_a_binding_budget_running_sandboxes_wait_running_and_step_first(sa
         runner.run([1], group_size=2, generator=torch.Generator().manual_seed(0))  # measures a sandbox
         with RunningSampler(runner.sandbox_pool) as sampler:
             episodes, stats = runner.run([1, 2, 3], group_size=2, generator=torch.Generator().manual_seed(0))
-        slots = runner.gate.slots()
+        slots = runner.residency.slots()
     finally:
         runner.close()
     assert stats.failed == 0, stats.errors
@@ -155,7 +155,7 @@ def test_a_policy_too_fast_to_pay_for_pauses_plays_waves_that_fit_the_slots(sand
                                sandbox=sandbox_config)
         try:
             runner.run([1], group_size=2, generator=torch.Generator().manual_seed(0))  # measures a sandbox
-            assert runner.gate.slots() == 2
+            assert runner.residency.slots() == 2
             runs[policy] = runner.run(seeds, group_size=2, generator=torch.Generator().manual_seed(1))
             if policy == "cost":  # the same pool's costs against a policy that takes a minute per turn
                 assert runner._groups_per_wave(2, 3) == 1
@@ -180,7 +180,7 @@ def test_without_a_binding_budget_the_gate_never_waits_or_pauses(sandbox_config)
     runner = EpisodeRunner(cfg.env, cfg.rollout, TorchEngine(policy, TOK), TOK, sandbox=sandbox_config)
     try:
         episodes, stats = runner.run([1, 2], group_size=2, generator=torch.Generator().manual_seed(0))
-        assert runner.gate is not None and not runner.gate.binds and runner.gate.slots() > 4
+        assert runner.residency.gates and not runner.residency.binds and runner.residency.slots() > 4
     finally:
         runner.close()
     assert stats.failed == 0 and stats.slot_wait_s == 0 and stats.pauses == 0
@@ -201,9 +201,9 @@ def test_a_start_that_made_no_sandbox_holds_no_slot(sandbox_config):
         envs, owned = runner._start_groups([1, 2], 1, episodes, RolloutStats())
         assert [e.error is not None for e in episodes] == [True, False], [e.error for e in episodes]
         assert "no sandbox on purpose" in episodes[0].error
-        assert runner.gate.held() == 1  # the started env's parked slot only
+        assert runner.residency.held() == 1  # the started env's parked slot only
         runner._return_envs(envs, episodes, owned)
-        assert runner.gate.held() == 1 and len(runner.free_envs) == 1  # the failed env was discarded
+        assert runner.residency.held() == 1 and len(runner.free_envs) == 1  # the failed env was discarded
     finally:
         runner.close()
 
@@ -246,7 +246,7 @@ def test_a_snapshot_and_its_resume_finish_under_a_one_slot_budget(sandbox_config
             generator = torch.Generator().manual_seed(0)
             _, stats = first.run([11, 12], 2, generator, policy_version=policy_version)
             taken["thread"].join(timeout=120)
-            assert first.gate.slots() == 1 and stats.failed == 0 and stats.slot_wait_s > 0
+            assert first.residency.slots() == 1 and stats.failed == 0 and stats.slot_wait_s > 0
         finally:
             first.close()
         recorded, _tag = taken["r"]
@@ -257,7 +257,7 @@ def test_a_snapshot_and_its_resume_finish_under_a_one_slot_budget(sandbox_config
         second = runner(1)
         try:  # (resume plays the recorded episodes in place)
             done, stats = second.resume(recorded, 2, torch.Generator().manual_seed(1))
-            assert stats.failed == 0 and stats.episodes == 4 and second.gate.held() <= 1
+            assert stats.failed == 0 and stats.episodes == 4 and second.residency.held() <= 1
         finally:
             second.close()
         for (playing, turns, tokens), episode in zip(before, done, strict=True):  # went on from there
