@@ -145,7 +145,7 @@ class ProgramEpisodes:
                 chosen = groups[w : w + per_wave]
                 wave = [e for g in chosen for e in episodes[g * group_size : (g + 1) * group_size]]
                 stats.waves += 1
-                with r._demand(len(wave)):
+                with r.residency.demand(len(wave)):
                     self._wave([episodes[g * group_size].seed for g in chosen], group_size, wave, stats)
                 w += per_wave
                 r._serve_snapshot({})  # a wave boundary: no program runs

@@ -227,7 +227,7 @@ class EpisodeRunner:
         """One batched generation call (plus ``policy_latency_s``), timed for `expected_generation_s`;
         a tree run's ``episodes`` each from their own policy state (`TreeGrower.generate`)."""
         t = time.perf_counter()
-        if self.trees is not None and episodes is not None:
+        if self.trees is not None and self.trees.carries and episodes is not None:
             generations = self.trees.generate(episodes)
         else:
             generations = self.engine.generate(tokens, self.max_new_tokens, self._generator)
@@ -322,7 +322,7 @@ class EpisodeRunner:
                 per_wave = self._groups_per_wave(group_size, len(seeds) - w)
                 wave = episodes[w * group_size : (w + per_wave) * group_size]
                 stats.waves += 1
-                with self._demand(len(wave)):
+                with self.residency.demand(len(wave)):
                     t0 = time.perf_counter()
                     envs, owned_forks = self._start_groups(seeds[w : w + per_wave], group_size, wave, stats)
                     stats.reset_s += time.perf_counter() - t0
@@ -341,12 +341,6 @@ class EpisodeRunner:
         if cap is not None:
             return min(remaining, max(1, cap // group_size))
         return self.residency.plan(group_size, remaining, self.expected_generation_s, os.cpu_count() or 1)
-
-    @contextmanager
-    def _demand(self, episodes: int):
-        """Count a run's ``episodes`` as playing for the residency (whether the budget binds)."""
-        with self.residency.demand(episodes):
-            yield
 
     def _return_envs(self, envs: list, episodes: list[Episode], owned: set[int]) -> None:
         """After play: close the envs in ``owned`` (forks, restores), give the others back for reuse."""
@@ -635,7 +629,7 @@ class EpisodeRunner:
         if self.programs is not None:  # agent programs: recorded between waves (rl.rollout.programs)
             return self._finish(self.programs.resume(recorded, group_size, tag, stats), stats, started)
         episodes = [r.episode for r in recorded]
-        with self._demand(len(episodes)):
+        with self.residency.demand(len(episodes)):
             return self._resume(recorded, episodes, group_size, tag, stats, started)
 
     def _resume(

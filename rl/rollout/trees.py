@@ -63,7 +63,7 @@ class TreeGrower:
 
     def __init__(self, runner: EpisodeRunner, cfg: TreeRolloutConfig) -> None:
         # the torch engine carries each episode's policy state across a branch; another engine (vLLM)
-        # re-reads each child's context, its prefix cache serving the shared prefix's whole blocks
+        # generates from whole contexts through the runner's batch, so each child re-reads the prefix
         self.carries = hasattr(runner.engine, "continue_from")
         if cfg.entropy_rise is not None and not self.carries:
             raise ValueError("rollout.tree.entropy_rise reads the policy's entropy from each episode's "
@@ -103,7 +103,7 @@ class TreeGrower:
             for k in range(group_size)
         ]
         try:
-            with runner._running(episodes, tag), runner._demand(len(episodes)):
+            with runner._running(episodes, tag), runner.residency.demand(len(episodes)):
                 t0 = time.perf_counter()
                 envs, owned = self.start_groups(seeds, group_size, episodes, stats)
                 stats.reset_s += time.perf_counter() - t0
@@ -131,12 +131,9 @@ class TreeGrower:
     # ------------------------------------------------------------------ generation (`_play`'s hook)
     def generate(self, episodes: list[Episode]) -> list[Generation]:
         """The next action of each episode from its own policy state (read up to its last token; an
-        episode without one, e.g. resumed from an in-flight checkpoint, reads all its tokens); an engine
-        that keeps no states generates them as one batch from their whole contexts."""
+        episode without one, e.g. resumed from an in-flight checkpoint, reads all its tokens). Only for
+        an engine that carries states (`carries`); the runner batches the others' whole contexts."""
         runner = self.runner
-        if not self.carries:
-            contexts = [e.tokens for e in episodes]
-            return runner.engine.generate(contexts, runner.max_new_tokens, runner._generator)
         out = []
         for episode in episodes:
             state = self._read(episode)
