@@ -88,7 +88,6 @@ class Waiting:
     decision: PauseDecision | None = None
     paused: int = 0
     running_bytes: int = 0
-    jobs: list[Future] = field(default_factory=list)
 
 
 def pause_handle(pool: ResidentPool, handle: Any) -> bool:
@@ -448,11 +447,11 @@ class Residency:
             count = 0
         pause = self.pause if gating else self.pause_fn  # `pause` frees their slots
         largest = sorted(range(len(handles)), key=lambda i: sizes[i], reverse=True)[:count]
-        out.jobs = [submit(pause, handles[i]) for i in largest]
+        jobs = [submit(pause, handles[i]) for i in largest]
         try:
             yield out
         finally:
-            out.paused = sum(job.result() for job in out.jobs)
+            out.paused = sum(job.result() for job in jobs)
             if out.paused:
                 out.running_bytes = pool.running_bytes()
 
