@@ -1,6 +1,5 @@
 """The policy gateway's cost (`rl.rollout.gateway`): what the HTTP API adds to a call over the engine alone,
-and
-the generated tokens/s of many concurrent agent programs against the trainer's own rollout batch.
+and the generated tokens/s of many concurrent agent programs against the trainer's own rollout batch.
 
 Both on ``make train``'s policy (the default config, seed 0) with a `TorchEngine`, the gateway served by
 uvicorn on a loopback port in this process, the clients the real `openai` SDK (async, one client each):
@@ -8,12 +7,18 @@ uvicorn on a loopback port in this process, the clients the real `openai` SDK (a
 1. **Overhead per call**: ``--calls`` chat completions one after another (``max_tokens`` =
    ``--new-tokens``, batch window 0); each call's wall time at the client minus the engine's time for
    the batch that sampled it (the engine is wrapped to time each ``generate``): p50 and p90.
-2. **Concurrent programs**: ``--clients`` programs each send one chat completion at once (a round); the
-   generated tokens/s of the round against one ``engine.generate`` of the same prompts (rendered by the
-   gateway's chat template) in one batch, as a rollout turn of the trainer samples them. ``--rounds``
-   rounds, alternated; median of each side, its range, and the median of the per-round ratios.
+2. **Concurrent programs**: ``--clients`` agent programs, each a process of its own as in training (where
+   each runs in its own sandbox), play ``--turns`` turns: each turn one chat completion, sent as soon as
+   the last one answered (no barrier between programs). Their generated tokens/s over the run against
+   the trainer's rollout of the same turns: one ``engine.generate`` per turn over the same prompts
+   (rendered by the gateway's chat template) at the same batch. ``--rounds`` runs of each side,
+   alternated; median of each side, its range, and the median of the per-round ratios. Where the CPU
+   goes (/proc's user + system time): each program's per call (the SDK's own work), the gateway's event
+   loop thread's per call (HTTP, JSON, chat template, capture), and each side's whole round.
+3. **The same programs in the bench's process** (informative, no target): one call each at once, on
+   one event loop that shares the gateway's interpreter, so the SDK's own cost delays the batch.
 
-Targets: overhead p50 <= 5 ms; concurrent tokens/s >= 0.9x the rollout batch's.
+Targets: overhead p50 <= 5 ms; concurrent programs' tokens/s >= 0.9x the rollout batch's.
 
     python bench/gateway.py              # ~1-2 min on 2 cores; writes the `gateway` section
     python bench/gateway.py --no-write   # print only
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import threading
@@ -31,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_report import busy_cores_before, compose, other_load_text, training_machine, write_section  # noqa: E402
+from gateway_program import messages  # noqa: E402
 
 SECTION = "gateway"
 MODEL = "k3rl-policy"
@@ -68,6 +75,7 @@ class Served:
 
     def __enter__(self) -> str:
         self.thread.start()
+        self.stat = f"/proc/self/task/{self.thread.native_id}/stat"  # the event loop's thread
         deadline = time.monotonic() + 30
         while not self.server.started:
             if time.monotonic() > deadline or not self.thread.is_alive():
@@ -80,6 +88,13 @@ class Served:
         self.thread.join(10)
 
 
+def cpu_seconds(stat: str) -> float:
+    """User plus system CPU seconds of a process or thread, from its ``/proc/.../stat``."""
+    with open(stat, "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def gateway_for(engine, tokenizer, window_s: float, rows: int, new_tokens: int):
     from rl.rollout.gateway.service import Gateway
     from rl.rollout.gateway.settings import GatewaySettings
@@ -90,16 +105,9 @@ def gateway_for(engine, tokenizer, window_s: float, rows: int, new_tokens: int):
     return Gateway(engine, tokenizer, settings)
 
 
-def messages(i: int) -> list[dict]:
-    """The ``i``-th program's conversation: a GuessNumber-like exchange of a few turns."""
-    turns = [{"role": "user", "content": "guess a number in 0-99"}]
-    for k in range(i % 3):
-        turns += [{"role": "assistant", "content": str(50 + k)}, {"role": "user", "content": "too high"}]
-    return turns
-
-
 async def chat(client, i: int, new_tokens: int) -> int:
-    response = await client.chat.completions.create(model=MODEL, messages=messages(i), max_tokens=new_tokens)
+    response = await client.chat.completions.create(model=MODEL, messages=messages(i, 0),
+                                                    max_tokens=new_tokens)  # fmt: skip
     return response.usage.completion_tokens
 
 
@@ -127,48 +135,118 @@ def overhead(engine, tokenizer, calls: int, new_tokens: int) -> list[float]:
     return out
 
 
-def concurrent(engine, tokenizer, clients: int, rounds: int, new_tokens: int, window_s: float) -> dict:
-    """Tokens/s of ``clients`` concurrent programs and of one rollout batch of the same prompts."""
-    import torch
-    from openai import AsyncOpenAI
-
+def render_prompts(tokenizer, clients: int, turns: int) -> list[list[list[int]]]:
+    """Each turn's prompts of the ``clients`` programs, as the gateway's chat template renders them."""
     from rl.rollout.gateway.bodies import chat_request
     from rl.rollout.gateway.chat_format import render_chat
 
-    prompts = [render_chat(chat_request({"model": MODEL, "messages": messages(i)}, clients).messages, None,
-                           tokenizer) for i in range(clients)]  # fmt: skip
+    return [[render_chat(chat_request({"model": MODEL, "messages": messages(i, turn)}, clients).messages,
+                         None, tokenizer) for i in range(clients)] for turn in range(turns)]  # fmt: skip
+
+
+def engine_run(engine, prompts: list[list[list[int]]], new_tokens: int, seed: int,
+               cpu: list[float] | None = None) -> tuple[int, float]:  # fmt: skip
+    """The trainer's rollout of the same turns: one batch per turn. (tokens, seconds); the CPU seconds
+    this process spent are appended to ``cpu``."""
+    import torch
+
+    generator, tokens = torch.Generator().manual_seed(seed), 0
+    start, cpu_start = time.perf_counter(), cpu_seconds("/proc/self/stat")
+    for turn_prompts in prompts:
+        tokens += sum(len(g.token_ids) for g in engine.generate(turn_prompts, new_tokens, generator))
+    if cpu is not None:
+        cpu.append(cpu_seconds("/proc/self/stat") - cpu_start)
+    return tokens, time.perf_counter() - start
+
+
+def concurrent(engine, tokenizer, clients: int, turns: int, rounds: int, new_tokens: int,
+               window_s: float) -> dict:  # fmt: skip
+    """Tokens/s of ``clients`` program processes and of the rollout's batches of the same turns."""
+    import json
+    import subprocess
+
+    prompts = render_prompts(tokenizer, clients, turns)
     gateway = gateway_for(engine, tokenizer, window_s, clients, new_tokens)
     rates: dict[str, list[float]] = {"gateway": [], "engine": []}
     batches: list[int] = []
+    cpu: dict[str, list[float]] = {"programs": [], "loop": []}  # ms per call
+    cpu_s: dict[str, list[float]] = {"gateway": [], "engine": []}  # CPU seconds of a round, every process
+    script = str(Path(__file__).resolve().parent / "gateway_program.py")
+    with (served := Served(gateway)) as url:
+        procs = [subprocess.Popen([sys.executable, script, url, MODEL, str(i), str(turns), str(new_tokens)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                 for i in range(clients)]  # fmt: skip
+
+        def answer(p: subprocess.Popen) -> dict:
+            line = p.stdout.readline()
+            if not line:
+                raise SystemExit(f"bench/gateway.py: an agent program exited (code {p.wait()})")
+            return json.loads(line)
+
+        def gateway_run() -> tuple[int, float]:
+            stats = [f"/proc/{p.pid}/stat" for p in procs]
+            before = (sum(map(cpu_seconds, stats)), cpu_seconds(served.stat), cpu_seconds("/proc/self/stat"))
+            for p in procs:
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            got = [answer(p) for p in procs]
+            calls = clients * turns
+            cpu["programs"].append((sum(map(cpu_seconds, stats)) - before[0]) / calls * 1000)
+            cpu["loop"].append((cpu_seconds(served.stat) - before[1]) / calls * 1000)
+            cpu_s["gateway"].append(sum(map(cpu_seconds, stats)) - before[0] + cpu_seconds("/proc/self/stat")
+                                    - before[2])  # fmt: skip
+            return sum(g["tokens"] for g in got), max(g["ended"] for g in got) - min(g["began"] for g in got)
+
+        try:
+            for p in procs:
+                answer(p)  # ready: its imports are done
+            gateway_run()  # warm-up of both sides, uncounted
+            cpu["programs"].clear(), cpu["loop"].clear(), cpu_s["gateway"].clear()
+            engine_run(engine, prompts, new_tokens, 10_000)
+            for r in range(rounds):
+                for side in ("gateway", "engine") if r % 2 == 0 else ("engine", "gateway"):
+                    if side == "gateway":
+                        seen = len(gateway.batcher.batch_sizes)
+                        tokens, wall = gateway_run()
+                        batches += list(gateway.batcher.batch_sizes)[seen:]
+                    else:
+                        tokens, wall = engine_run(engine, prompts, new_tokens, r, cpu_s["engine"])
+                    rates[side].append(tokens / wall)
+        finally:
+            for p in procs:
+                p.stdin.close()
+            for p in procs:
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+    ratios = [g / e for g, e in zip(rates["gateway"], rates["engine"], strict=True)]
+    return {"rates": rates, "ratios": ratios, "batches": batches, "cpu": cpu, "cpu_s": cpu_s}
+
+
+def in_process(engine, tokenizer, clients: int, rounds: int, new_tokens: int, window_s: float) -> dict:
+    """Part 3: the programs as tasks of one event loop in this process, one call each at once."""
+    from openai import AsyncOpenAI
+
+    prompts = render_prompts(tokenizer, clients, 1)
+    gateway = gateway_for(engine, tokenizer, window_s, clients, new_tokens)
+    ratios: list[float] = []
     with Served(gateway) as url:
 
-        async def one_round() -> tuple[int, float]:
+        async def one_round() -> float:
             programs = [AsyncOpenAI(base_url=url, api_key="bench", max_retries=0, timeout=300)
                         for _ in range(clients)]  # fmt: skip
             start = time.perf_counter()
             tokens = await asyncio.gather(*(chat(c, i, new_tokens) for i, c in enumerate(programs)))
             wall = time.perf_counter() - start
             await asyncio.gather(*(c.close() for c in programs))
-            return sum(tokens), wall
+            return sum(tokens) / wall
 
-        def engine_round(seed: int) -> tuple[int, float]:
-            start = time.perf_counter()
-            generations = engine.generate(prompts, new_tokens, torch.Generator().manual_seed(seed))
-            return sum(len(g.token_ids) for g in generations), time.perf_counter() - start
-
-        asyncio.run(one_round())  # warm-up of both sides, uncounted
-        engine_round(10_000)
+        asyncio.run(one_round())
         for r in range(rounds):
-            for side in ("gateway", "engine") if r % 2 == 0 else ("engine", "gateway"):
-                if side == "gateway":
-                    seen = len(gateway.batcher.batch_sizes)
-                    tokens, wall = asyncio.run(one_round())
-                    batches += list(gateway.batcher.batch_sizes)[seen:]
-                else:
-                    tokens, wall = engine_round(r)
-                rates[side].append(tokens / wall)
-    ratios = [g / e for g, e in zip(rates["gateway"], rates["engine"], strict=True)]
-    return {"rates": rates, "ratios": ratios, "batches": batches}
+            tokens, wall = engine_run(engine, prompts, new_tokens, r)
+            ratios.append(asyncio.run(one_round()) / (tokens / wall))
+    return {"ratios": ratios}
 
 
 def spread(values: list[float], fmt: str = ".1f") -> str:
@@ -183,12 +261,13 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=40, help="sequential calls of the overhead part")
     ap.add_argument("--clients", type=int, default=64, help="concurrent agent programs")
-    ap.add_argument("--rounds", type=int, default=5, help="rounds of the concurrent part (each side)")
+    ap.add_argument("--turns", type=int, default=4, help="turns each program plays in a round")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of the concurrent parts (each side)")
     ap.add_argument("--new-tokens", type=int, default=16, help="max_tokens of every call")
     ap.add_argument("--window-ms", type=float, default=5.0, help="the batcher's window, concurrent part")
     ap.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
     args = ap.parse_args(argv)
-    for name in ("calls", "clients", "rounds", "new_tokens"):
+    for name in ("calls", "clients", "turns", "rounds", "new_tokens"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
 
@@ -205,7 +284,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     started = time.perf_counter()
     extra = overhead(engine, tokenizer, args.calls, args.new_tokens)
-    conc = concurrent(engine, tokenizer, args.clients, args.rounds, args.new_tokens, args.window_ms / 1000)
+    conc = concurrent(engine, tokenizer, args.clients, args.turns, args.rounds, args.new_tokens,
+                      args.window_ms / 1000)
+    local = in_process(engine, tokenizer, args.clients, args.rounds, args.new_tokens, args.window_ms / 1000)
     total = time.perf_counter() - started
 
     p50, p90 = statistics.median(extra), sorted(extra)[int(0.9 * (len(extra) - 1))]
@@ -218,8 +299,9 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"`make train`'s policy (the default config's model, {params:,} parameters, seed 0) in a "
         "`TorchEngine`, the gateway (`rl.rollout.gateway`) served by uvicorn on 127.0.0.1 in the bench's "
-        "process, "
-        f"clients the `openai` SDK (async), each call a chat completion of at most {args.new_tokens} tokens.",
+        "process, clients the `openai` SDK (async), each call a chat completion of at most "
+        f"{args.new_tokens} tokens. Concurrent programs: {args.clients} processes, {args.turns} turns each "
+        "per round.",
         "",
         "| | figure |",
         "|---|---|",
@@ -227,11 +309,20 @@ def main(argv: list[str] | None = None) -> None:
         f"{p50:.2f} ms / {p90:.2f} ms |",
         f"| {args.clients} concurrent programs, generated tokens/s (median, min-max of {args.rounds} rounds) "
         f"| {spread(conc['rates']['gateway'])} |",
-        f"| the same {args.clients} prompts as one rollout batch (`engine.generate`) | "
+        f"| the rollout of the same turns, one `engine.generate` of {args.clients} prompts per turn | "
         f"{spread(conc['rates']['engine'])} |",
         f"| ratio, median of the rounds' pairs (min-max) | {spread(conc['ratios'], '.2f')}x |",
         f"| the batcher's engine calls per round, rows each (window {args.window_ms:g} ms) | "
         f"{len(batches) / args.rounds:.1f} calls, rows {spread([float(b) for b in batches], '.0f')} |",
+        f"| CPU per call in the concurrent rounds (median, min-max): an agent program (the `openai` SDK) | "
+        f"{spread(conc['cpu']['programs'], '.2f')} ms |",
+        "| the gateway's event loop (HTTP, JSON, chat template, capture) | "
+        f"{spread(conc['cpu']['loop'], '.2f')} ms |",
+        "| CPU seconds of a round, every process (median): the rollout's / the programs' and the gateway's | "
+        f"{statistics.median(conc['cpu_s']['engine']):.2f} / "
+        f"{statistics.median(conc['cpu_s']['gateway']):.2f} |",
+        f"| (no target) the {args.clients} programs as tasks of the bench's own event loop, one call each at "
+        f"once: ratio to one batch (median, min-max) | {spread(local['ratios'], '.2f')}x |",
         "",
         f"Targets: overhead p50 <= {OVERHEAD_TARGET_MS:g} ms "
         f"({p50:.2f} ms: {verdict(p50 <= OVERHEAD_TARGET_MS)}); "
