@@ -15,12 +15,12 @@ uvicorn on a loopback port in this process, the clients the real `openai` SDK (a
    alternated; median of each side, its range, and the median of the per-round ratios. Where the CPU
    goes (/proc's user + system time): each program's per call (the SDK's own work), the gateway's event
    loop thread's per call (HTTP, JSON, chat template, capture), and each side's whole round.
-3. **The same programs in the bench's process** (informative, no target): one call each at once, on
-   one event loop that shares the gateway's interpreter, so the SDK's own cost delays the batch.
+3. **The same with light programs** (informative, no target): part 2 with programs that call the API
+   through Python's ``urllib`` (as the shipped example agent does) instead of the SDK.
 
 Targets: overhead p50 <= 5 ms; concurrent programs' tokens/s >= 0.9x the rollout batch's.
 
-    python bench/gateway.py              # ~1-2 min on 2 cores; writes the `gateway` section
+    python bench/gateway.py              # ~4 min on 2 cores; writes the `gateway` section
     python bench/gateway.py --no-write   # print only
 """
 
@@ -160,8 +160,9 @@ def engine_run(engine, prompts: list[list[list[int]]], new_tokens: int, seed: in
 
 
 def concurrent(engine, tokenizer, clients: int, turns: int, rounds: int, new_tokens: int,
-               window_s: float) -> dict:  # fmt: skip
-    """Tokens/s of ``clients`` program processes and of the rollout's batches of the same turns."""
+               window_s: float, client: str = "openai") -> dict:  # fmt: skip
+    """Tokens/s of ``clients`` program processes (``client``: their HTTP client, see
+    `gateway_program`) and of the rollout's batches of the same turns."""
     import json
     import subprocess
 
@@ -173,7 +174,8 @@ def concurrent(engine, tokenizer, clients: int, turns: int, rounds: int, new_tok
     cpu_s: dict[str, list[float]] = {"gateway": [], "engine": []}  # CPU seconds of a round, every process
     script = str(Path(__file__).resolve().parent / "gateway_program.py")
     with (served := Served(gateway)) as url:
-        procs = [subprocess.Popen([sys.executable, script, url, MODEL, str(i), str(turns), str(new_tokens)],
+        procs = [subprocess.Popen([sys.executable, script, url, MODEL, str(i), str(turns), str(new_tokens),
+                                   client],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                  for i in range(clients)]  # fmt: skip
 
@@ -224,31 +226,6 @@ def concurrent(engine, tokenizer, clients: int, turns: int, rounds: int, new_tok
     return {"rates": rates, "ratios": ratios, "batches": batches, "cpu": cpu, "cpu_s": cpu_s}
 
 
-def in_process(engine, tokenizer, clients: int, rounds: int, new_tokens: int, window_s: float) -> dict:
-    """Part 3: the programs as tasks of one event loop in this process, one call each at once."""
-    from openai import AsyncOpenAI
-
-    prompts = render_prompts(tokenizer, clients, 1)
-    gateway = gateway_for(engine, tokenizer, window_s, clients, new_tokens)
-    ratios: list[float] = []
-    with Served(gateway) as url:
-
-        async def one_round() -> float:
-            programs = [AsyncOpenAI(base_url=url, api_key="bench", max_retries=0, timeout=300)
-                        for _ in range(clients)]  # fmt: skip
-            start = time.perf_counter()
-            tokens = await asyncio.gather(*(chat(c, i, new_tokens) for i, c in enumerate(programs)))
-            wall = time.perf_counter() - start
-            await asyncio.gather(*(c.close() for c in programs))
-            return sum(tokens) / wall
-
-        asyncio.run(one_round())
-        for r in range(rounds):
-            tokens, wall = engine_run(engine, prompts, new_tokens, r)
-            ratios.append(asyncio.run(one_round()) / (tokens / wall))
-    return {"ratios": ratios}
-
-
 def spread(values: list[float], fmt: str = ".1f") -> str:
     return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
@@ -262,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--calls", type=int, default=40, help="sequential calls of the overhead part")
     ap.add_argument("--clients", type=int, default=64, help="concurrent agent programs")
     ap.add_argument("--turns", type=int, default=4, help="turns each program plays in a round")
-    ap.add_argument("--rounds", type=int, default=5, help="rounds of the concurrent parts (each side)")
+    ap.add_argument("--rounds", type=int, default=9, help="rounds of the concurrent parts (each side)")
     ap.add_argument("--new-tokens", type=int, default=16, help="max_tokens of every call")
     ap.add_argument("--window-ms", type=float, default=5.0, help="the batcher's window, concurrent part")
     ap.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
@@ -286,7 +263,8 @@ def main(argv: list[str] | None = None) -> None:
     extra = overhead(engine, tokenizer, args.calls, args.new_tokens)
     conc = concurrent(engine, tokenizer, args.clients, args.turns, args.rounds, args.new_tokens,
                       args.window_ms / 1000)
-    local = in_process(engine, tokenizer, args.clients, args.rounds, args.new_tokens, args.window_ms / 1000)
+    light = concurrent(engine, tokenizer, args.clients, args.turns, args.rounds, args.new_tokens,
+                       args.window_ms / 1000, client="stdlib")
     total = time.perf_counter() - started
 
     p50, p90 = statistics.median(extra), sorted(extra)[int(0.9 * (len(extra) - 1))]
@@ -321,8 +299,9 @@ def main(argv: list[str] | None = None) -> None:
         "| CPU seconds of a round, every process (median): the rollout's / the programs' and the gateway's | "
         f"{statistics.median(conc['cpu_s']['engine']):.2f} / "
         f"{statistics.median(conc['cpu_s']['gateway']):.2f} |",
-        f"| (no target) the {args.clients} programs as tasks of the bench's own event loop, one call each at "
-        f"once: ratio to one batch (median, min-max) | {spread(local['ratios'], '.2f')}x |",
+        f"| (no target) the same with programs on Python's `urllib` (as the shipped example agent): ratio "
+        f"(median, min-max); an agent program's CPU per call | {spread(light['ratios'], '.2f')}x; "
+        f"{spread(light['cpu']['programs'], '.2f')} ms |",
         "",
         f"Targets: overhead p50 <= {OVERHEAD_TARGET_MS:g} ms "
         f"({p50:.2f} ms: {verdict(p50 <= OVERHEAD_TARGET_MS)}); "

@@ -1,9 +1,10 @@
 """One agent program of `bench/gateway.py`'s concurrent part, in a process of its own as in training: per
-line ``go`` on stdin it plays its turns (one chat completion each, through the `openai` SDK, sent as soon
-as the last one answered) and prints one JSON line: the tokens generated, and the first send and the last
-answer on the ``time.monotonic`` clock (the same clock in every process of the host).
+line ``go`` on stdin it plays its turns (one chat completion each, sent as soon as the last one answered)
+and prints one JSON line: the tokens generated, and the first send and the last answer on the
+``time.monotonic`` clock (the same clock in every process of the host). CLIENT: ``openai`` (the SDK,
+async) or ``stdlib`` (``urllib``, as the shipped example agent `agentenv.tasks.programs.guess_agent`).
 
-    python bench/gateway_program.py URL MODEL INDEX TURNS MAX_TOKENS
+    python bench/gateway_program.py URL MODEL INDEX TURNS MAX_TOKENS CLIENT
 """
 
 from __future__ import annotations
@@ -23,28 +24,48 @@ def messages(i: int, turn: int) -> list[dict]:
     return turns
 
 
-async def play(client, model: str, i: int, turns: int, max_tokens: int) -> dict:
-    began, tokens = time.monotonic(), 0
-    for turn in range(turns):
-        response = await client.chat.completions.create(model=model, messages=messages(i, turn),
-                                                        max_tokens=max_tokens)  # fmt: skip
-        tokens += response.usage.completion_tokens
-    return {"tokens": tokens, "began": began, "ended": time.monotonic()}
-
-
-def main() -> None:
+def play_openai(url: str, model: str, i: int, turns: int, max_tokens: int) -> None:
     from openai import AsyncOpenAI
 
-    url, model, i, turns, max_tokens = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+    async def play(client) -> dict:
+        began, tokens = time.monotonic(), 0
+        for turn in range(turns):
+            response = await client.chat.completions.create(model=model, messages=messages(i, turn),
+                                                            max_tokens=max_tokens)  # fmt: skip
+            tokens += response.usage.completion_tokens
+        return {"tokens": tokens, "began": began, "ended": time.monotonic()}
 
     async def serve() -> None:
         client = AsyncOpenAI(base_url=url, api_key="bench", max_retries=0, timeout=300)
         print(json.dumps({"ready": True}), flush=True)
         while (await asyncio.to_thread(sys.stdin.readline)).strip() == "go":
-            print(json.dumps(await play(client, model, i, turns, max_tokens)), flush=True)
+            print(json.dumps(await play(client)), flush=True)
         await client.close()
 
     asyncio.run(serve())
+
+
+def play_stdlib(url: str, model: str, i: int, turns: int, max_tokens: int) -> None:
+    import urllib.request
+
+    def call(turn: int) -> int:
+        body = json.dumps({"model": model, "messages": messages(i, turn), "max_tokens": max_tokens}).encode()
+        request = urllib.request.Request(f"{url}/chat/completions", data=body, headers={
+            "Content-Type": "application/json", "Authorization": "Bearer bench"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=300) as reply:
+            return json.loads(reply.read())["usage"]["completion_tokens"]
+
+    print(json.dumps({"ready": True}), flush=True)
+    while sys.stdin.readline().strip() == "go":
+        began = time.monotonic()
+        tokens = sum(call(turn) for turn in range(turns))
+        print(json.dumps({"tokens": tokens, "began": began, "ended": time.monotonic()}), flush=True)
+
+
+def main() -> None:
+    url, model, client = sys.argv[1], sys.argv[2], sys.argv[6]
+    i, turns, max_tokens = map(int, sys.argv[3:6])
+    {"openai": play_openai, "stdlib": play_stdlib}[client](url, model, i, turns, max_tokens)
 
 
 if __name__ == "__main__":
