@@ -20,7 +20,7 @@ def _boot_id() -> str:
     return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
-def _start_ticks(pid: int) -> str | None:
+def start_ticks(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat); None if gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -32,7 +32,7 @@ def _start_ticks(pid: int) -> str | None:
 def owner_labels(pid: int | None = None) -> dict[str, str]:
     """The label naming this process (or `pid`) as the owner of the sandboxes it makes."""
     pid = os.getpid() if pid is None else pid
-    ticks = _start_ticks(pid)
+    ticks = start_ticks(pid)
     if ticks is None:
         raise ProcessLookupError(f"no process {pid}")
     return {OWNER_LABEL: f"{_boot_id()}:{pid}:{ticks}"}
@@ -48,7 +48,7 @@ def owner_alive(value: str) -> bool:
         return True
     if boot != _boot_id():
         return False  # the machine rebooted since: the owner is gone
-    return _start_ticks(pid_number) == ticks
+    return start_ticks(pid_number) == ticks
 
 
 def keeper_labels(path: str | os.PathLike) -> dict[str, str]:

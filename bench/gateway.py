@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import threading
@@ -90,9 +89,9 @@ class Served:
 
 def cpu_seconds(stat: str) -> float:
     """User plus system CPU seconds of a process or thread, from its ``/proc/.../stat``."""
-    with open(stat, "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    from agentenv.backend.ksm import stat_cpu_seconds
+
+    return stat_cpu_seconds(Path(stat).read_text())
 
 
 def gateway_for(engine, tokenizer, window_s: float, rows: int, new_tokens: int):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentenv.errors import AgentEnvError
+from agentenv.owner import start_ticks
 
 QMP_SOCKET = "qmp.sock"
 PID_FILE = "qemu.pid"
@@ -152,7 +153,7 @@ def kill(vm_dir: Path, wait_s: float = 10.0) -> None:
 def wait_gone(vm_dir: Path, pid: int, wait_s: float) -> bool:
     """Wait until the QEMU `pid` of `vm_dir` is gone with every thread: its leader turns zombie (and its
     cmdline empty) before its vCPU threads end, and those still map the guest's RAM file."""
-    started = _start_time(pid)
+    started = start_ticks(pid)
     deadline = time.monotonic() + wait_s
     while running_pid(vm_dir) == pid or (started is not None and _threads_alive(pid, started)):
         if time.monotonic() > deadline:
@@ -161,18 +162,10 @@ def wait_gone(vm_dir: Path, pid: int, wait_s: float) -> bool:
     return True
 
 
-def _start_time(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _threads_alive(pid: int, started: int) -> bool:
+def _threads_alive(pid: int, started: str) -> bool:
     """Whether a thread of the process `pid` that started at `started` (not a later one of the same pid)
     has not exited yet."""
-    if _start_time(pid) != started:
+    if start_ticks(pid) != started:
         return False
     try:
         tids = os.listdir(f"/proc/{pid}/task")
