@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,13 @@ import yaml
 from agentenv.paths import conf_dir
 
 ENV = ("AGENTENV_HOME", "AGENTENV_BACKEND", "AGENTENV_BACKEND_CONFIG")
+
+
+def resident_pages(path: Path) -> int:
+    """Pages of a file in the page cache (util-linux `fincore`)."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "-o", "PAGES", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
 
 
 def backend_config(folder: Path, **overrides: object) -> Path:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from agentenv_testutil import SMALL, TOKEN_PROCESS, run_cli
-from microvm_env import backend_config, microvm_home
+from microvm_env import backend_config, microvm_home, resident_pages
 from test_agentenv_fork import (  # noqa: F401 - collected here with this module's fixtures
     test_a_failed_fork_leaves_no_fork_and_the_running_source_running,
     test_fork_carries_the_writable_layer_when_the_root_is_writable,
@@ -69,13 +69,6 @@ def _vm(sb: Sandbox) -> VmDir:
     return VmDir(BackendSettings.load().microvm_dir / "vms", sb.container_id or "")
 
 
-def _resident_pages(path: Path) -> int:
-    """Pages of a file in the page cache (util-linux `fincore`)."""
-    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "-o", "PAGES", str(path)],
-                         capture_output=True, text=True, check=True).stdout
-    return int(out.split()[0])
-
-
 def _token(sb: Sandbox) -> str:
     return sb.exec("cat /tmp/token").stdout
 
@@ -114,7 +107,7 @@ def test_a_paused_sandbox_has_no_process_and_no_memory_and_comes_back_whole(sand
         assert qemu.running_pid(vm.path) is None  # no QEMU: no process at all
         st = sandbox.stats()
         assert (st.state, st.rss_bytes, st.pids) == ("paused", 0, 0) and st.checkpoint_bytes > 0
-        assert _resident_pages(vm.ram) == 0  # the guest's memory is on disk, not in the page cache
+        assert resident_pages(vm.ram) == 0  # the guest's memory is on disk, not in the page cache
         sandbox.resume()
         assert _token(sandbox) == token and sandbox.read_file("notes.txt") == b"kept"
         assert sandbox.exec(["pgrep", "-x", "python3"]).stdout.split() == pid  # the same process

@@ -9,22 +9,18 @@ import subprocess
 import sys
 import time
 
+from microvm_env import resident_pages
+
 from agentenv.backend.microvm import qemu
 from agentenv.backend.microvm.snapshots import settle_ram
 
-# maps the file, starts a thread that outlives the leader by `hold` seconds, then ends only the leader
+# maps the file (argv 1), starts a thread that outlives the leader by argv 2 seconds, ends the leader
 _LEADER_EXITS_FIRST = """
 import ctypes, mmap, sys, threading, time
 f = open(sys.argv[1], "r+b"); m = mmap.mmap(f.fileno(), 0); m.read()
 threading.Thread(target=time.sleep, args=(float(sys.argv[2]),)).start()
 ctypes.CDLL(None).syscall(60, 0)  # SYS_exit: the calling thread only
 """
-
-
-def _resident_pages(path) -> int:
-    out = subprocess.run(["fincore", "--noheadings", "--raw", "-o", "PAGES", str(path)],
-                         capture_output=True, text=True, check=True).stdout
-    return int(out.split()[0])
 
 
 def test_wait_gone_waits_for_the_threads_that_outlive_the_leader(tmp_path):
@@ -39,12 +35,12 @@ def test_wait_gone_waits_for_the_threads_that_outlive_the_leader(tmp_path):
         while qemu.running_pid(tmp_path) is not None:  # the leader has exited: it looks gone already
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        assert _resident_pages(ram) > 0
+        assert resident_pages(ram) > 0
         t0 = time.monotonic()
         assert qemu.wait_gone(tmp_path, proc.pid, 10.0)
         assert time.monotonic() - t0 > 0.3  # it waited for the thread, not only for the leader
         settle_ram(ram)
-        assert _resident_pages(ram) == 0
+        assert resident_pages(ram) == 0
     finally:
         proc.kill()
         proc.wait()
