@@ -184,25 +184,26 @@ def concurrent(engine, tokenizer, clients: int, turns: int, rounds: int, new_tok
                 raise SystemExit(f"bench/gateway.py: an agent program exited (code {p.wait()})")
             return json.loads(line)
 
-        def gateway_run() -> tuple[int, float]:
+        def gateway_run(counted: bool = True) -> tuple[int, float]:
             stats = [f"/proc/{p.pid}/stat" for p in procs]
             before = (sum(map(cpu_seconds, stats)), cpu_seconds(served.stat), cpu_seconds("/proc/self/stat"))
             for p in procs:
                 p.stdin.write("go\n")
                 p.stdin.flush()
             got = [answer(p) for p in procs]
-            calls = clients * turns
-            cpu["programs"].append((sum(map(cpu_seconds, stats)) - before[0]) / calls * 1000)
-            cpu["loop"].append((cpu_seconds(served.stat) - before[1]) / calls * 1000)
-            cpu_s["gateway"].append(sum(map(cpu_seconds, stats)) - before[0] + cpu_seconds("/proc/self/stat")
-                                    - before[2])  # fmt: skip
+            programs = sum(map(cpu_seconds, stats)) - before[0]
+            loop, process = cpu_seconds(served.stat) - before[1], cpu_seconds("/proc/self/stat") - before[2]
+            if counted:
+                calls = clients * turns
+                cpu["programs"].append(programs / calls * 1000)
+                cpu["loop"].append(loop / calls * 1000)
+                cpu_s["gateway"].append(programs + process)
             return sum(g["tokens"] for g in got), max(g["ended"] for g in got) - min(g["began"] for g in got)
 
         try:
             for p in procs:
                 answer(p)  # ready: its imports are done
-            gateway_run()  # warm-up of both sides, uncounted
-            cpu["programs"].clear(), cpu["loop"].clear(), cpu_s["gateway"].clear()
+            gateway_run(counted=False)  # warm-up of both sides, uncounted
             engine_run(engine, prompts, new_tokens, 10_000)
             for r in range(rounds):
                 for side in ("gateway", "engine") if r % 2 == 0 else ("engine", "gateway"):
