@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import uuid
 
 import pytest
@@ -162,3 +163,39 @@ def test_second_process_sees_and_resumes_members(pool_factory):
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["from-parent", "1"]
     assert a.status == "running", "the other process resumed it through the shared registry"
+
+
+def test_a_lease_holder_killed_mid_exec_loses_nothing_and_its_lease_expires(pool_factory):
+    """kill -9 of a process that holds a lease on a member (inside `using`, an exec running): the member
+    is still there, running, with its files; its lease (a committed row of the pool's state file, which
+    commits without fsync) still keeps the pool from pausing it, until `lease_timeout_s` ends it."""
+    pool = pool_factory("killed", memory_budget="1g", idle_after_s=0.0, lease_timeout_s=3.0)
+    a = pool.create()
+    a.exec("echo kept > /workspace/note")
+    script = textwrap.dedent(
+        f"""
+        from agentenv.pool import SandboxPool
+        pool = SandboxPool({pool.name!r}, memory_budget="1g", idle_after_s=0.0, lease_timeout_s=3.0)
+        with pool.using({a.id!r}) as sb:
+            print("leased", flush=True)
+            sb.exec("sleep 60")
+        """
+    )
+    holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "leased"
+        holder.kill()  # SIGKILL while it holds the lease and its exec runs
+        assert holder.wait(timeout=30) == -9
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    killed_at = time.monotonic()
+    assert a.status == "running" and a.exec("cat /workspace/note").stdout.strip() == "kept"
+    if time.monotonic() - killed_at < 2.5:  # the dead holder's lease is still live: no pause yet
+        assert not pool.pause(a)
+    deadline = time.monotonic() + 30
+    while not pool.pause(a):  # it ends with its timeout, then the pool pauses the member
+        assert time.monotonic() < deadline, "the dead holder's lease never expired"
+        time.sleep(0.2)
+    assert a.status == "paused"
+    assert a.exec("cat /workspace/note").stdout.strip() == "kept"  # resumed, nothing lost
