@@ -455,7 +455,8 @@ class SandboxPool:
             yield sandbox
 
     def _resume(self, sandbox: Sandbox) -> None:
-        self.ensure_budget(sandbox.stats().checkpoint_bytes, exclude={sandbox.id})
+        checkpoint = sandbox.stats().checkpoint_bytes  # what it holds once its pages are in
+        self.ensure_budget(checkpoint, exclude={sandbox.id})
         t, token = time.perf_counter(), OP_CPU.start()
         try:
             sandbox.resume()
@@ -470,7 +471,10 @@ class SandboxPool:
         seconds, stats = time.perf_counter() - t, sandbox.stats()
         self.state.record("resume", seconds, OP_CPU.stop(token, restored_cpu_s=stats.cpu_seconds_since_start))
         self.state.mark(sandbox.id, paused=False)
-        self.state.set_rss(sandbox.id, footprint(stats))
+        # the largest since its start, as `_running` keeps it: a lazy restore returns with few pages in
+        # and no checkpoint left, so its footprint now would count it at a fraction of its size
+        member = self.state.get(sandbox.id)
+        self.state.set_rss(sandbox.id, max(checkpoint, footprint(stats), member.rss_bytes if member else 0))
 
     def exec(self, sb: PooledSandbox | Sandbox | str, cmd: str | list[str], **kwargs: Any) -> ExecResult:
         """`Sandbox.exec` on a member, resuming it first when it is paused."""
@@ -497,6 +501,19 @@ class SandboxPool:
             return self._pause_member(sandbox)
         finally:
             self.state.end_pause(sid)
+
+    def unpaused_reason(self, sb: PooledSandbox | Sandbox | str) -> str:
+        """Why `pause` left a member running, as its state row says now (for a warning)."""
+        member, now = self.state.get(self._id(sb)), time.time()
+        if member is None:
+            return "not a member of the pool"
+        if member.leased(now):
+            return f"in use ({member.leases} lease(s), held {member.lease_until - now:.0f} s more at most)"
+        if member.pausing_since:
+            return f"another holder has been pausing it for {now - member.pausing_since:.1f} s"
+        if self._frozen(member.sandbox_id):
+            return "frozen by the pool (pause_method: freeze)"
+        return "its pause failed and left it running"
 
     def fork(self, sb: PooledSandbox | Sandbox | str, n: int,
              labels: Mapping[str, str] | None = None) -> list[PooledSandbox]:

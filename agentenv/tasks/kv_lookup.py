@@ -234,8 +234,12 @@ class KVLookup(SandboxTask):
         reply = result.output.strip()
         if result.exit_code != 0 or not reply.startswith(f"{request_id} "):
             request = " ".join(map(str, words))
+            try:  # which way it failed: the service died, or it runs and dropped the answer
+                state = "is gone" if self.run(f"{alive} || echo gone").output.strip() == "gone" else "runs"
+            except Exception as exc:  # noqa: BLE001 - the first failure is the one to report
+                state = f"could not be checked ({type(exc).__name__})"
             raise RuntimeError(f"KVLookup: the sandbox's KV service did not answer {request!r} "
-                               f"(exit {result.exit_code}: {reply[-200:]!r})")
+                               f"(exit {result.exit_code}: {reply[-200:]!r}); its process {state}")
         reply = reply[len(request_id) + 1:]
         if reply.startswith("error"):
             raise RuntimeError(f"KVLookup: the sandbox's KV service answered {reply!r}")

@@ -199,3 +199,22 @@ def test_a_lease_holder_killed_mid_exec_loses_nothing_and_its_lease_expires(pool
         time.sleep(0.2)
     assert a.status == "paused"
     assert a.exec("cat /workspace/note").stdout.strip() == "kept"  # resumed, nothing lost
+
+
+def test_a_lazily_resumed_member_is_counted_at_its_full_size(pool_factory):
+    """A resume with lazy pages returns with few pages in and no checkpoint left. The member's recorded
+    size (what a budget slot must hold) stays what its pause wrote, not that first footprint: else one
+    pause + resume shrinks the slot size and the residency admits more sandboxes than its budget holds."""
+    pool = pool_factory("lazy", memory_budget="1g", idle_after_s=3600.0)
+    a = pool.create()
+    a.exec("python3 -c \"import os; b = bytearray(64 * 2**20)\n"
+           "for i in range(0, len(b), 4096): b[i] = 1\nos.mkfifo('/tmp/go'); open('/tmp/go').read()\" "
+           ">/dev/null 2>&1 & while [ ! -p /tmp/go ]; do sleep 0.05; done")
+    assert pool.pause(a)
+    checkpoint = a.sandbox.stats().checkpoint_bytes
+    assert checkpoint >= 64 * 2**20
+    slot_before = pool.residency.sandbox_bytes()
+    assert a.exec("true").exit_code == 0  # a transparent resume
+    assert pool.state.get(a.id).rss_bytes >= checkpoint
+    pool.residency._size_at = -math.inf  # re-read the members' sizes now
+    assert pool.residency.sandbox_bytes() >= max(slot_before, checkpoint)
