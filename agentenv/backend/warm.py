@@ -87,6 +87,7 @@ class WarmRuntime(CriuRuntime):
         if not info["State"].get("Running"):
             raise ContainerNotRunning(f"its container is {info['State'].get('Status')}")
         t0 = time.perf_counter()
+        self._wait_pages_in(info["Id"])
         pid = int(info["State"]["Pid"])
         rss = self.usage(ref)[0]
         processes = process_tree(pid)
@@ -370,6 +371,26 @@ class WarmRuntime(CriuRuntime):
             raise RestoreNotVerified(f"the restored tree has no task {root_pid} (the dumped init)")
         helpers = [p for p in cgroup_pids(pid) if p != pid and _session(p) == copy[0]]
         _signal_all(copy + helpers, signal.SIGKILL)
+
+    def _wait_pages_in(self, container_id: str) -> None:
+        """Before a dump (a pause, or the checkpoint a fork of a running sandbox takes): wait until the
+        page daemon of the container's last lazy restore in this process has sent its last page. A dump
+        taken while pages are still on their way loses them: the processes of every restore of it (the
+        sandbox, its forks) come back with memory missing and crash. CheckpointError, the sandbox still
+        running, when the daemon still sends after `op_timeout_s`."""
+        with self._state_lock:
+            daemon = self._last_daemon.get(container_id)
+        if daemon is None:
+            return
+        daemon.wait_done(self.settings.op_timeout_s)
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            raise CheckpointError("the page daemon of its last restore is still sending pages after "
+                                  f"op_timeout_s={self.settings.op_timeout_s:g} s; a checkpoint now would "
+                                  "lose the pages not yet in")
+        if daemon.finished is None:
+            log.warning("the page daemon of the last restore of container %s failed (exit %s); pages it "
+                        "did not send are not in this checkpoint", container_id[:12],
+                        daemon.proc.returncode if daemon.proc is not None else "?")
 
     def page_fill_seconds(self, container_id: str, timeout_s: float = 60.0) -> float | None:
         """Wait until the page daemon of the container's last restore in this process sent every page:

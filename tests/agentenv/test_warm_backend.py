@@ -6,6 +6,9 @@ PIDs, sessions and process groups; forks restore into spare shells made ahead, t
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 
 import pytest
@@ -75,6 +78,53 @@ def test_memory_comes_back_lazily_and_whole(sandbox):
         assert time.monotonic() < deadline + 10
         time.sleep(0.1)
     assert sandbox.exec("cat /tmp/again").stdout == sandbox.exec("cat /tmp/sum").stdout
+
+
+HASHER = ("nohup python3 -c \"import hashlib,os,time\n"
+          "b = [os.urandom(4096) for _ in range(40000)] + [bytearray(os.urandom(1 << 20)) * 96]\n"
+          "h = lambda: hashlib.sha256(b''.join(bytes(x) for x in b)).hexdigest()\n"
+          "open('/tmp/sum', 'w').write(h())\n"
+          "while True:\n"
+          "    if os.path.exists('/tmp/ask'):\n"
+          "        os.remove('/tmp/ask'); open('/tmp/h.tmp', 'w').write(h())\n"
+          "        os.rename('/tmp/h.tmp', '/tmp/h')\n"
+          "    time.sleep(0.02)\" >/dev/null 2>&1 &")
+
+
+def _rehashed(sb: Sandbox) -> bool:
+    """Whether the HASHER process of `sb` still runs and hashes its memory to what it hashed at first."""
+    sb.exec("rm -f /tmp/h; touch /tmp/ask")
+    deadline = time.monotonic() + 40
+    while sb.exec("test -s /tmp/h").exit_code != 0:
+        if "python3" not in sb.exec("ps -eo args").stdout or time.monotonic() > deadline:
+            return False  # it crashed (memory missing) or hangs
+        time.sleep(0.1)
+    return sb.exec("cat /tmp/h").stdout == sb.exec("cat /tmp/sum").stdout
+
+
+def test_a_fork_of_a_sandbox_whose_pages_still_arrive_waits_for_them_and_loses_none(make_sandbox):
+    """Forking a running sandbox dumps it first. When that sandbox is itself a fresh lazy restore (a fork,
+    a resume) whose page daemon still sends pages, the dump waits for the last one: a dump taken before
+    loses the missing pages, and the sandbox and all its forks come back with a crashed process."""
+    source = make_sandbox(memory="1g")
+    source.exec(HASHER)
+    deadline = time.monotonic() + 60
+    while source.exec("test -s /tmp/sum").exit_code != 0:
+        assert time.monotonic() < deadline, "the hashing process did not start"
+        time.sleep(0.1)
+    source.pause()
+    middle = source.fork(1)[0]
+    daemon = runtime().backend._last_daemon[middle.container_id]
+    os.kill(daemon.proc.pid, signal.SIGSTOP)  # its pages still on their way, for 2 s
+    assert daemon.proc.poll() is None and daemon.finished is None, "the page daemon was done already"
+    threading.Timer(2.0, os.kill, (daemon.proc.pid, signal.SIGCONT)).start()
+    kids = middle.fork(2)
+    try:
+        assert _rehashed(middle), "the forked sandbox's memory came back whole"
+        assert all(_rehashed(k) for k in kids), "its forks' memory came back whole"
+    finally:
+        for sb in (*kids, middle):
+            sb.close()
 
 
 def test_a_stopped_shell_is_started_and_its_tmpfs_unpacked(sandbox):
