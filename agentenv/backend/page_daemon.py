@@ -110,3 +110,34 @@ class PageDaemon:
 
     def log_path(self) -> Path:
         return self.work / LOG
+
+    def write_marker(self, path: Path) -> None:
+        """Name this daemon in `path` ("PID START_TICKS") for other processes to wait for (`wait_marked`)."""
+        assert self.proc is not None
+        stat = _stat(self.proc.pid)
+        if stat is not None:
+            path.write_text(f"{self.proc.pid} {stat[1]}")
+
+
+def _stat(pid: int) -> tuple[str, str] | None:
+    """(state, start time in clock ticks) of process `pid` from /proc/PID/stat; None if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], fields[19]  # fields 3 and 22: the ones after "(comm)" start at field 3
+
+
+def wait_marked(path: Path, timeout_s: float) -> bool:
+    """Wait until the daemon named in `path` (`write_marker`, maybe by another process) has exited: True
+    when it has, or none is named; False when it still runs after `timeout_s`."""
+    try:
+        pid, ticks = path.read_text().split()
+    except (OSError, ValueError):
+        return True
+    deadline = time.monotonic() + timeout_s
+    while (stat := _stat(int(pid))) is not None and stat[1] == ticks and stat[0] not in "ZX":
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True

@@ -37,7 +37,7 @@ from agentenv.backend.cgroups import cgroup_pids, read_usage
 from agentenv.backend.criu_images import ids_in_use, read_pstree, renumber_root
 from agentenv.backend.docker_client import docker_errors
 from agentenv.backend.nsexec import bump_last_pid, host_program, run_in_mounts, start_criu
-from agentenv.backend.page_daemon import PageDaemon
+from agentenv.backend.page_daemon import PageDaemon, wait_marked
 from agentenv.backend.procs import ns_pid, process_tree
 from agentenv.backend.runtime import CriuRuntime, drop_host_clock_image
 from agentenv.backend.shell_files import prepare_runtime_files
@@ -355,9 +355,15 @@ class WarmRuntime(CriuRuntime):
             shutil.rmtree(work, ignore_errors=True)
             return
         daemon.reap_in_background(cleanup=work)
+        with contextlib.suppress(OSError):
+            daemon.write_marker(self._pages_marker(container))
         with self._state_lock:
             self._serving.setdefault(str(record.path), []).append(daemon)
             self._last_daemon[container] = daemon
+
+    def _pages_marker(self, container_id: str) -> Path:
+        """Names the page daemon of the container's last lazy restore, for a dump in another process."""
+        return self.files.logs / f"{container_id}.pages"
 
     def restore_log(self, container_id: str) -> Path:
         """CRIU's log of the container's last restore (kept until the next one)."""
@@ -374,23 +380,27 @@ class WarmRuntime(CriuRuntime):
 
     def _wait_pages_in(self, container_id: str) -> None:
         """Before a dump (a pause, or the checkpoint a fork of a running sandbox takes): wait until the
-        page daemon of the container's last lazy restore in this process has sent its last page. A dump
-        taken while pages are still on their way loses them: the processes of every restore of it (the
-        sandbox, its forks) come back with memory missing and crash. CheckpointError, the sandbox still
-        running, when the daemon still sends after `op_timeout_s`."""
+        page daemon of the container's last lazy restore has sent its last page (one this process started,
+        or one another process named in the container's marker). A dump taken while pages are still on
+        their way loses them: the processes of every restore of it (the sandbox, its forks) come back with
+        memory missing and crash. CheckpointError, the sandbox still running, when the daemon still sends
+        after `op_timeout_s`."""
         with self._state_lock:
             daemon = self._last_daemon.get(container_id)
-        if daemon is None:
-            return
-        daemon.wait_done(self.settings.op_timeout_s)
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            raise CheckpointError("the page daemon of its last restore is still sending pages after "
-                                  f"op_timeout_s={self.settings.op_timeout_s:g} s; a checkpoint now would "
-                                  "lose the pages not yet in")
-        if daemon.finished is None:
-            log.warning("the page daemon of the last restore of container %s failed (exit %s); pages it "
-                        "did not send are not in this checkpoint", container_id[:12],
-                        daemon.proc.returncode if daemon.proc is not None else "?")
+        if daemon is not None:
+            daemon.wait_done(self.settings.op_timeout_s)
+            if daemon.proc is not None and daemon.proc.poll() is None:
+                raise CheckpointError("the page daemon of its last restore is still sending pages after "
+                                      f"op_timeout_s={self.settings.op_timeout_s:g} s; a checkpoint now "
+                                      "would lose the pages not yet in")
+            if daemon.finished is None:
+                log.warning("the page daemon of the last restore of container %s failed (exit %s); pages "
+                            "it did not send are not in this checkpoint", container_id[:12],
+                            daemon.proc.returncode if daemon.proc is not None else "?")
+        if not wait_marked(self._pages_marker(container_id), self.settings.op_timeout_s):
+            raise CheckpointError("the page daemon of its last restore (started by another process) is still "
+                                  f"sending pages after op_timeout_s={self.settings.op_timeout_s:g} s; a "
+                                  "checkpoint now would lose the pages not yet in")
 
     def page_fill_seconds(self, container_id: str, timeout_s: float = 60.0) -> float | None:
         """Wait until the page daemon of the container's last restore in this process sent every page:
@@ -488,6 +498,7 @@ class WarmRuntime(CriuRuntime):
         super().remove(ref)
         if ref.container:
             self.restore_log(ref.container).unlink(missing_ok=True)
+            self._pages_marker(ref.container).unlink(missing_ok=True)
             self._cpu_baseline(ref.container).unlink(missing_ok=True)
 
     @docker_errors

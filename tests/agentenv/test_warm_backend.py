@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -102,10 +104,21 @@ def _rehashed(sb: Sandbox) -> bool:
     return sb.exec("cat /tmp/h").stdout == sb.exec("cat /tmp/sum").stdout
 
 
+FORK_AND_STOP_ITS_DAEMON = (
+    "import os, signal, sys\n"
+    "from agentenv import Sandbox\n"
+    "from agentenv.runtime import runtime\n"
+    "child = Sandbox.get(sys.argv[1]).fork(1)[0]\n"
+    "daemon = runtime().backend._last_daemon[child.container_id]\n"
+    "os.kill(daemon.proc.pid, signal.SIGSTOP)\n"
+    "print(child.id, daemon.proc.pid, daemon.finished is None, flush=True)\n")
+
+
 def test_a_fork_of_a_sandbox_whose_pages_still_arrive_waits_for_them_and_loses_none(make_sandbox):
     """Forking a running sandbox dumps it first. When that sandbox is itself a fresh lazy restore (a fork,
-    a resume) whose page daemon still sends pages, the dump waits for the last one: a dump taken before
-    loses the missing pages, and the sandbox and all its forks come back with a crashed process."""
+    a resume) whose page daemon still sends pages, the dump waits for the last one, whichever process
+    started the daemon: a dump taken before loses the missing pages, and the sandbox and all its forks
+    come back with a crashed process. Each daemon here is stopped for 2 s to hold its pages back."""
     source = make_sandbox(memory="1g")
     source.exec(HASHER)
     deadline = time.monotonic() + 60
@@ -113,17 +126,30 @@ def test_a_fork_of_a_sandbox_whose_pages_still_arrive_waits_for_them_and_loses_n
         assert time.monotonic() < deadline, "the hashing process did not start"
         time.sleep(0.1)
     source.pause()
-    middle = source.fork(1)[0]
-    daemon = runtime().backend._last_daemon[middle.container_id]
-    os.kill(daemon.proc.pid, signal.SIGSTOP)  # its pages still on their way, for 2 s
-    assert daemon.proc.poll() is None and daemon.finished is None, "the page daemon was done already"
-    threading.Timer(2.0, os.kill, (daemon.proc.pid, signal.SIGCONT)).start()
-    kids = middle.fork(2)
+    # restored by another process, which exits with its daemon stopped: this process knows only its marker
+    out = subprocess.run([sys.executable, "-c", FORK_AND_STOP_ITS_DAEMON, source.id], capture_output=True,
+                         text=True, env=os.environ.copy(), timeout=120)
+    middle_id, pid, pending = out.stdout.split()
+    assert pending == "True", "the page daemon was done already"
+    middle = Sandbox.get(middle_id)
+    threading.Timer(2.0, os.kill, (int(pid), signal.SIGCONT)).start()
+    made = [middle]
     try:
+        kid = middle.fork(1)[0]
+        made.append(kid)
+        daemon = runtime().backend._last_daemon[kid.container_id]  # restored by this process: its own daemon
+        try:
+            os.kill(daemon.proc.pid, signal.SIGSTOP)
+        except ProcessLookupError:  # done: all its pages came at once, or its process crashed at once
+            assert _rehashed(middle), "the forked sandbox's memory came back whole"
+            pytest.fail("the page daemon of the fork's fork was done already")
+        assert daemon.finished is None, "the page daemon was done already"
+        threading.Timer(2.0, os.kill, (daemon.proc.pid, signal.SIGCONT)).start()
+        made.append(kid.fork(1)[0])
         assert _rehashed(middle), "the forked sandbox's memory came back whole"
-        assert all(_rehashed(k) for k in kids), "its forks' memory came back whole"
+        assert all(_rehashed(sb) for sb in made[1:]), "its forks' memory came back whole"
     finally:
-        for sb in (*kids, middle):
+        for sb in made:
             sb.close()
 
 
