@@ -411,24 +411,27 @@ class SandboxMemorySampler:
 
     def _sample(self) -> list[dict]:
         """Each of the pools' containers that have processes: its cgroup RSS in bytes, its memory limit
-        (None: none set) and how many processes its cgroup holds."""
+        (None: none set) and how many processes its cgroup holds. A pool's sandboxes are found by the
+        registry's labels, not the containers': a fork restored into a spare shell runs in a container
+        made before the pool named it (Docker cannot relabel one), so only the registry says whose it is."""
+        from agentenv import Sandbox
         from agentenv.backend import docker_client
         from agentenv.backend.cgroups import cgroup_dirs, cgroup_pids, read_usage
         from agentenv.pool.pool import LABEL_POOL
 
         api, parts = docker_client.api(), []
-        for c in api.containers(filters={"label": LABEL_POOL}):
-            if not (c.get("Labels") or {}).get(LABEL_POOL, "").startswith(f"{self.prefix}-"):
-                continue
+        containers = {sb.container_id for sb in Sandbox.list()
+                      if sb.container_id and sb.labels.get(LABEL_POOL, "").startswith(f"{self.prefix}-")}
+        for cid in sorted(containers):
             try:
-                pid = int(api.inspect_container(c["Id"])["State"].get("Pid") or 0)
+                pid = int(api.inspect_container(cid)["State"].get("Pid") or 0)
             except Exception:  # removed meanwhile
                 continue
             dirs = cgroup_dirs(pid) if pid else {}
             memory_dir = dirs.get("memory") or dirs.get("unified")
             # only the container's own cgroup: a pid that is gone (or reused) would read another one's
-            if memory_dir is not None and c["Id"] in str(memory_dir):
-                parts.append({"container": c["Id"][:12], "rss": read_usage(pid).rss_bytes,
+            if memory_dir is not None and cid in str(memory_dir):
+                parts.append({"container": cid[:12], "rss": read_usage(pid).rss_bytes,
                               "limit": memory_limit(memory_dir), "processes": len(cgroup_pids(pid))})
         return parts
 

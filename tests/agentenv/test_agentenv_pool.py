@@ -12,7 +12,7 @@ import time
 import uuid
 
 import pytest
-from agentenv_testutil import TOKEN_PROCESS
+from agentenv_testutil import ROOT, TOKEN_PROCESS
 
 from agentenv import SandboxConfig
 from agentenv.errors import ConfigError
@@ -218,3 +218,32 @@ def test_a_lazily_resumed_member_is_counted_at_its_full_size(pool_factory):
     assert pool.state.get(a.id).rss_bytes >= checkpoint
     pool.residency._size_at = -math.inf  # re-read the members' sizes now
     assert pool.residency.sandbox_bytes() >= max(slot_before, checkpoint)
+
+
+def test_the_bench_memory_sampler_counts_a_pools_forks_restored_into_spare_shells(pool_factory):
+    """bench/train.py's host-side memory sampler finds a pool's sandboxes by the registry's labels: a fork
+    restored into a spare shell runs in a container made before the pool named it, which Docker's labels
+    do not name (the sampler once read those and missed every such fork)."""
+    sys.path.append(str(ROOT / "bench"))
+    from train import SandboxMemorySampler
+
+    from agentenv.backend.docker_client import api
+    from agentenv.pool.pool import LABEL_POOL
+    from agentenv.runtime import runtime
+
+    name = f"sampled{uuid.uuid4().hex[:6]}"
+    pool = pool_factory(name, memory_budget="1g", idle_after_s=3600.0)
+    a = pool.create()
+    a.exec("python3 -c \"import os, time; b = os.urandom(24 * 2**20); time.sleep(3600)\" >/dev/null 2>&1 &")
+    forks = pool.fork(a, 1)
+    deadline = time.monotonic() + 60  # the fork's process makes a spare again in the background
+    while not [r for r in runtime().registry.list_sandboxes() if r.state == "spare"]:
+        assert time.monotonic() < deadline, "no spare shell was made after the fork"
+        time.sleep(0.2)
+    forks += pool.fork(a, 1)
+    containers = {sb.sandbox.container_id for sb in (a, *forks)}
+    unlabelled = [c for c in containers if LABEL_POOL not in api().inspect_container(c)["Config"]["Labels"]]
+    assert unlabelled, "no fork ran in a spare shell: the test checks nothing"
+    parts = SandboxMemorySampler(name)._sample()
+    assert {c[:12] for c in containers} <= {p["container"] for p in parts}, parts  # with the pool's template
+    assert sum(p["rss"] for p in parts) >= 24 * 2**20, parts  # forks may share the source's pages (KSM)
