@@ -4,8 +4,8 @@ fork). A spare is a registry row in state `spare` whose container runs its init;
 its template (image, user and config) under one host-wide lock, copies the source's files into them and
 restores the checkpoint there. After a fork of n the process that forked makes n spares again in the
 background, for the next fork of the group; spares nobody claimed within `spare_ttl_s` are removed
-(`expire`, run at each claim and by `agentenv gc`). `spare_shells: false` in conf/agentenv/backend.yaml
-turns them off.
+(`expire`, run at each claim and by `agentenv gc`), and a closed pool removes its templates' (`discard`).
+`spare_shells: false` in conf/agentenv/backend.yaml turns them off.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from agentenv.backend.base import LABEL_HOME, ContainerRef, ContainerSpec
@@ -100,14 +100,29 @@ def _make(rt, image: str, user: str, config: dict[str, Any], key: str, count: in
             _making[key] -= count
 
 
-def expire(rt, ttl_s: float | None = None) -> list[str]:
-    """Remove spares older than `ttl_s` (default: the backend's `spare_ttl_s`); their ids."""
+def expire(rt, ttl_s: float | None = None, keys: Collection[str] | None = None) -> list[str]:
+    """Remove spares older than `ttl_s` (default: the backend's `spare_ttl_s`), of the templates `keys`
+    only if given; their ids."""
     ttl = ttl_s if ttl_s is not None else getattr(rt.backend.settings, "spare_ttl_s", 0.0)
     now, gone = time.time(), []
     with file_lock(rt.registry.lock_dir / "spares.lock"):
         for rec in rt.registry.list_sandboxes():
-            if rec.state == SPARE and now - rec.created_at > ttl:
+            if rec.state == SPARE and now - rec.created_at > ttl and \
+                    (keys is None or rec.labels.get(TEMPLATE_LABEL) in keys):
                 rt.backend.remove(ContainerRef(rec.container or "", rec.volume or ""))
                 rt.registry.delete_sandbox(rec.id)
                 gone.append(rec.id)
     return gone
+
+
+def discard(rt, keys: Collection[str], wait_s: float = 30.0) -> list[str]:
+    """Remove every spare of the templates `keys`, once the ones this process is making are made (at most
+    `wait_s`): a pool closed at the end of a run leaves no started shells behind. A spare holds nothing,
+    so a fork elsewhere of the same template only starts its shells afresh."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        with _making_lock:
+            if not any(_making.get(k, 0) for k in keys):
+                break
+        time.sleep(0.05)
+    return expire(rt, ttl_s=0.0, keys=set(keys))

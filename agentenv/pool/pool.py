@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from agentenv import checks
+from agentenv import checks, spares
 from agentenv.config import SandboxConfig
 from agentenv.errors import (
     AgentEnvError,
@@ -59,6 +59,7 @@ from agentenv.pool.residency import Residency
 from agentenv.pool.settings import PoolSettings
 from agentenv.pool.state import PoolState
 from agentenv.results import ExecResult, SandboxStats
+from agentenv.runtime import runtime
 from agentenv.sandbox import Sandbox
 from agentenv.session import Session
 
@@ -678,16 +679,22 @@ class SandboxPool:
         )
 
     def close(self, templates: bool = True) -> None:
-        """Close every member (and the templates): containers, volumes and images are removed."""
+        """Close every member (and the templates, with the spare shells made for their forks): containers,
+        volumes and images are removed."""
         for m in self.state.members():
             self.remove(m.sandbox_id)
         if templates:
+            rt, kinds = runtime(), set()
             for key, sid in self.state.templates().items():
+                rec = rt.registry.get_sandbox(sid)
+                if rec is not None:  # its members' forks made spare shells of this kind
+                    kinds.add(spares.template_key(rec.image, rec.user, rec.config))
                 try:
                     Sandbox.get(sid).close()
                 except SandboxNotFound:
                     pass
                 self.state.set_template(key, None)
+            spares.discard(rt, kinds)
 
     def __enter__(self) -> SandboxPool:
         return self

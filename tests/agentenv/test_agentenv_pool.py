@@ -247,3 +247,28 @@ def test_the_bench_memory_sampler_counts_a_pools_forks_restored_into_spare_shell
     parts = SandboxMemorySampler(name)._sample()
     assert {c[:12] for c in containers} <= {p["container"] for p in parts}, parts  # with the pool's template
     assert sum(p["rss"] for p in parts) >= 24 * 2**20, parts  # forks may share the source's pages (KSM)
+
+
+def test_a_closed_pool_leaves_no_spare_shells_behind(pool_factory):
+    """A warm start forks the pool's template, and the fork makes a spare shell in the background for the
+    next one. Closing the pool right away (a run's end) waits for that shell and removes it with the
+    template: no started container outlives the pool."""
+    from agentenv import spares
+    from agentenv.backend.docker_client import api
+    from agentenv.runtime import runtime
+
+    pool = pool_factory("spares", memory_budget="1g", idle_after_s=3600.0)
+    a = pool.create()
+    registry = runtime().registry
+    rec = registry.get_sandbox(a.id)
+    kind = spares.template_key(rec.image, rec.user, rec.config)
+
+    def spare_rows() -> list:
+        return [r for r in registry.list_sandboxes()
+                if r.state == spares.SPARE and r.labels.get(spares.TEMPLATE_LABEL) == kind]
+
+    pool.close()
+    time.sleep(0.5)  # a shell still being made would have its row by now
+    assert spare_rows() == []
+    left = api().containers(all=True, filters={"label": f"org.k3rl.agentenv.home={runtime().home}"})
+    assert not [c for c in left if c["Id"] == rec.container], "the member's container is still there"
