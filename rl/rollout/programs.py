@@ -2,24 +2,22 @@
 
 For a task that ``runs_program``, `EpisodeRunner.run` hands its groups to `ProgramEpisodes`. Each episode:
 the env is reset as any task's (the runner's group starts: seeds or forks, slots, failures), an episode
-key is opened on the runner's own gateway (`rl.rollout.gateway.service.Gateway` over the runner's engine, so
-the
-same weights, ``env.action_vocabulary`` and version), the program is started by the env's one step with
-`SandboxLink.env`'s variables (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``) and ``OPENAI_MODEL``, and waited
-for within the task's ``program.timeout_s``. The key's calls (`rl.rollout.gateway.capture`) become the
-episode's
-tokens through `rl.rollout.gateway.samples.episode_samples`, without re-tokenising: prompts' new parts are
-observation tokens (out of the loss), completions action tokens with their captured log-probs, versions
-and routes; the verifier's reward sits on the last action token.
+key is opened on the runner's own gateway (`rl.rollout.gateway.service.Gateway` over the runner's engine,
+so the same weights, ``env.action_vocabulary`` and version), the program is started by the env's one step
+with `SandboxLink.env`'s variables (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``) and ``OPENAI_MODEL``, and
+waited for within the task's ``program.timeout_s``. The key's calls (`rl.rollout.gateway.capture`) become
+the episode's tokens through `rl.rollout.gateway.samples.episode_samples`, without re-tokenising: prompts'
+new parts are observation tokens (out of the loss), completions action tokens with their captured
+log-probs, versions and routes; the verifier's reward sits on the last action token.
 
-One episode is one training row (the learner's groups have ``group_size`` rows): when the program's
-calls make several samples (it rewrote its history), the one with the most action tokens is trained and
-the others' calls are counted in the task metric ``untrained_calls``. A program that crashes fails the
-episode as ``runtime_error``, one past its timeout as ``exec_timeout`` (`rl.failures`): weight 0, its
-captured tokens kept for inspection. The policy version is read once per wave, before the programs
-start: in async training new weights are swapped in between waves, never under a running program. An
-in-flight checkpoint (`EpisodeRunner.snapshot`) is taken at the next wave boundary: the finished
-episodes as they are and the groups not started yet, which `ProgramEpisodes.resume` plays after a restart.
+One episode is one training row (the learner's groups have ``group_size`` rows): when the program's calls
+make several samples (it rewrote its history), the one with the most action tokens is trained and the
+others' calls are counted in the task metric ``untrained_calls``. A program that crashes fails the episode
+as ``runtime_error``, one past its timeout as ``exec_timeout`` (`rl.failures`): weight 0, its captured
+tokens kept for inspection. The policy version is read once per wave, before the programs start: in async
+training new weights are swapped in between waves, never under a running program. An in-flight checkpoint
+(`EpisodeRunner.snapshot`) is taken at the next wave boundary: the finished episodes as they are and the
+groups not started yet, which `ProgramEpisodes.resume` plays after a restart.
 """
 
 from __future__ import annotations
