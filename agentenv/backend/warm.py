@@ -452,6 +452,10 @@ class WarmRuntime(CriuRuntime):
 
     def _settle_paused(self, pid: int, checkpoint: Checkpoint | None) -> Settled:
         if not pid or not [p for p in cgroup_pids(pid) if p != pid]:
+            if pid and checkpoint is not None and self.store.record_at(checkpoint.path) is None:
+                # a tree of nothing but its init, resumed: its resume dropped the checkpoint, then died
+                # before it recorded the sandbox running (kept paused, it could never resume again)
+                return Settled("running", drop_checkpoint=True, note="resumed")
             return Settled("paused")  # a stopped or an empty (warm) shell
         if checkpoint is not None and self.store.record_at(checkpoint.path) is not None:
             self._clear_shell(pid)  # a resume outlived its caller: the intact checkpoint stays true
