@@ -20,13 +20,26 @@ def _boot_id() -> str:
     return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
-def start_ticks(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat); None if gone."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after "(comm)" (its field 3 is the first); None if gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    return stat.rsplit(")", 1)[1].split()[19]  # fields after "(comm)" start at field 3
+    return stat.rsplit(")", 1)[1].split()
+
+
+def start_ticks(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat); None if gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else fields[19]
+
+
+def still_running(pid: int, ticks: str) -> bool:
+    """Whether process `pid`, started at `ticks` (`start_ticks`; not a later one of the same pid), has not
+    exited yet (a zombie has: it only waits to be reaped)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[19] == ticks and fields[0] not in ("Z", "X")
 
 
 def owner_labels(pid: int | None = None) -> dict[str, str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from agentenv.backend.nsexec import criu_program
 from agentenv.errors import CheckpointError
+from agentenv.owner import start_ticks, still_running
 
 SOCKET = "lazy-pages.socket"
 LOG = "lazy-pages.log"
@@ -114,18 +115,9 @@ class PageDaemon:
     def write_marker(self, path: Path) -> None:
         """Name this daemon in `path` ("PID START_TICKS") for other processes to wait for (`wait_marked`)."""
         assert self.proc is not None
-        stat = _stat(self.proc.pid)
-        if stat is not None:
-            path.write_text(f"{self.proc.pid} {stat[1]}")
-
-
-def _stat(pid: int) -> tuple[str, str] | None:
-    """(state, start time in clock ticks) of process `pid` from /proc/PID/stat; None if it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return fields[0], fields[19]  # fields 3 and 22: the ones after "(comm)" start at field 3
+        ticks = start_ticks(self.proc.pid)
+        if ticks is not None:
+            path.write_text(f"{self.proc.pid} {ticks}")
 
 
 def wait_marked(path: Path, timeout_s: float) -> bool:
@@ -136,7 +128,7 @@ def wait_marked(path: Path, timeout_s: float) -> bool:
     except (OSError, ValueError):
         return True
     deadline = time.monotonic() + timeout_s
-    while (stat := _stat(int(pid))) is not None and stat[1] == ticks and stat[0] not in "ZX":
+    while still_running(int(pid), ticks):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.005)
