@@ -451,16 +451,16 @@ class WarmRuntime(CriuRuntime):
         return Settled("running")
 
     def _settle_paused(self, pid: int, checkpoint: Checkpoint | None) -> Settled:
+        dropped = checkpoint is not None and self.store.record_at(checkpoint.path) is None
+        if pid and dropped:  # its resume restored it and dropped the checkpoint, then died before recording
+            # it running; a tree of nothing but its init looks like a paused shell, but it has no images left
+            return Settled("running", drop_checkpoint=True, note="resumed")
         if not pid or not [p for p in cgroup_pids(pid) if p != pid]:
-            if pid and checkpoint is not None and self.store.record_at(checkpoint.path) is None:
-                # a tree of nothing but its init, resumed: its resume dropped the checkpoint, then died
-                # before it recorded the sandbox running (kept paused, it could never resume again)
-                return Settled("running", drop_checkpoint=True, note="resumed")
             return Settled("paused")  # a stopped or an empty (warm) shell
-        if checkpoint is not None and self.store.record_at(checkpoint.path) is not None:
+        if checkpoint is not None:
             self._clear_shell(pid)  # a resume outlived its caller: the intact checkpoint stays true
             return Settled("paused", note="rolled back")
-        return Settled("running", drop_checkpoint=checkpoint is not None, note="resumed")
+        return Settled("running", note="resumed")
 
     def _init_pid(self, ref: ContainerRef) -> int:
         try:
