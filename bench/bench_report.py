@@ -1,6 +1,7 @@
 """What the bench scripts share: writing one benchmark's section of docs/benchmarks.md (leaving every
 other section as it is), the typed training config for Hydra overrides, the line naming the machine,
-and the host's busy CPU time (over an operation, or before a benchmark starts: other jobs' load).
+the checkout's commit, and the host's busy CPU time (over an operation, or before a benchmark starts:
+other jobs' load).
 
 Each script under bench/ owns the text between its `<!-- bench:NAME:start -->` and
 `<!-- bench:NAME:end -->` markers and replaces it whole on every run.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,6 +41,14 @@ def training_machine() -> str:
     return (f"Python {platform.python_version()}, torch {torch.__version__}, ray {ray.__version__}; "
             f"{os.cpu_count()} CPU cores ({platform.machine()}), no GPU; "
             f"load average {os.getloadavg()[0]:.1f} at the start")
+
+
+def git_commit() -> str:
+    """The checkout's commit (``+changes`` when tracked files differ from it): what a benchmark ran."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+    return head + ("+changes" if dirty else "")
 
 
 def host_cpu_seconds() -> float:

@@ -16,14 +16,21 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench_report import ROOT, busy_cores_before, compose, host_cpu_seconds, other_load_text, write_section
+from bench_report import (
+    ROOT,
+    busy_cores_before,
+    compose,
+    git_commit,
+    host_cpu_seconds,
+    other_load_text,
+    write_section,
+)
 from bench_stats import spread
 from memory_sweep import (
     MIN_REPEATS,
@@ -932,14 +939,6 @@ def part_memory(args: argparse.Namespace, user: list[str], command: str) -> str:
         cores=os.cpu_count() or 1,
     )
     return memory_section(records, setup)
-
-
-def git_commit() -> str:
-    """The checkout's commit (``+changes`` when tracked files differ from it): what a row ran."""
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True).stdout.strip() or "unknown"
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
-    return head + ("+changes" if dirty else "")
 
 
 def reused_rows(args: argparse.Namespace, rows: dict, latencies: list[float]) -> list[dict]:

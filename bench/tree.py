@@ -2,8 +2,9 @@
 wall time on FindValue and StoreRecall, seeds 0-2, the trainer otherwise the same.
 
 Each (task, method, seed) is one ``python -m rl.train`` for ``--minutes`` (no stop rule), one after the
-other; chain = ``algo=grpo``, tree = ``algo=tree_grpo`` with the task's `TREES` shape. Writes the ``tree``
-section of docs/benchmarks.md and a plot per task. Usage: python bench/tree.py [--minutes M] [--seeds N]
+other, each appended to a runs log as it ends; ``--reuse-runs LOG`` takes the runs an earlier, cut-off
+invocation finished and runs only the rest. Writes the ``tree`` section of docs/benchmarks.md and a plot
+per task. Usage: python bench/tree.py [--minutes M] [--seeds N] [--reuse-runs LOG ...]
 
 Design: docs/design/benchmarks.md#bench-tree.
 """
@@ -19,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_report import ROOT, busy_cores_before, other_load_text, training_machine, write_section
+from bench_report import ROOT, busy_cores_before, git_commit, other_load_text, training_machine, write_section
 
 SECTION = "tree"
 # task -> (conf/env name, the tree of its tree runs): branch where the early, shared turns are done
@@ -121,14 +122,35 @@ def fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
-def section(runs: list[dict], tasks: list[str], args: argparse.Namespace, machine: str, busy: float,
-            started: str) -> str:
+def unusable(r: dict | None) -> str:
+    """Why a run gives no curve ("" when it does)."""
+    if r is None:
+        return "not run"
+    if r["error"]:
+        return "failed: " + (r["error"].strip().splitlines() or ["no output"])[-1]
+    return "" if r["history"] else "recorded no iteration"
+
+
+def provenance(runs: list[dict]) -> str:
+    """When the runs ran, on which commits and machine, and the most load other processes put on it before
+    any of them started."""
+    starts = sorted(r["started"] for r in runs)
+    commits: dict[str, int] = {}
+    for r in runs:
+        commits[r["commit"]] = commits.get(r["commit"], 0) + 1
+    when = f"Measured {starts[0]}" + (f" to {starts[-1]}" if starts[-1] != starts[0] else "")
+    on = ", ".join(f"{c} ({n} run{'s' * (n > 1)})" for c, n in commits.items())
+    busy = max(r["busy"] for r in runs)
+    return f"{when}, on commit {on}. {runs[0]['machine']}; before a run, {other_load_text(busy)}"
+
+
+def section(runs: list[dict], tasks: list[str], args: argparse.Namespace) -> str:
     command = f"python bench/tree.py --minutes {args.minutes:g} --seeds {args.seeds}" + "".join(
         f" {o}" for o in args.overrides)
     lines = [
         "## Chain GRPO vs tree GRPO (`bench/tree.py`)",
         "",
-        f"Measured {started}. Command: `{command}`. {machine}; {other_load_text(busy)}",
+        f"{provenance(runs)} Command: `{command}`." if runs else f"No run yet. Command: `{command}`.",
         "",
         f"Each run: `python -m rl.train env=TASK seed=S` for {args.minutes:g} min (`trainer.time_limit_s`, "
         f"no stop rule), {' '.join(GROUP)}; chain = `algo=grpo`, tree = `algo=tree_grpo` with "
@@ -145,8 +167,7 @@ def section(runs: list[dict], tasks: list[str], args: argparse.Namespace, machin
     for task in tasks:
         for seed in range(args.seeds):
             pair = {r["method"]: r for r in runs if r["task"] == task and r["seed"] == seed}
-            broken = [f"{m} failed: {pair[m]['error'].strip().splitlines()[-1]}" for m in pair
-                      if pair[m]["error"] or not pair[m]["history"]]
+            broken = [f"{m} {why}" for m in ("chain", "tree") if (why := unusable(pair.get(m)))]
             if broken:
                 lines.append(f"| {task} | {seed} | - | - | - | - | - | - | {'; '.join(broken)} |")
                 continue
@@ -171,43 +192,67 @@ def section(runs: list[dict], tasks: list[str], args: argparse.Namespace, machin
     return "\n".join(lines)
 
 
+def logged_runs(paths: list[Path], minutes: float, overrides: list[str]) -> dict[tuple, dict]:
+    """The finished runs in the ``--reuse-runs`` logs (JSON lines, read in order: a later line wins) made
+    with these ``minutes`` and ``overrides``, by (task, method, seed); a failed run is run again."""
+    found: dict[tuple, dict] = {}
+    for path in paths:
+        if not path.is_file():
+            raise SystemExit(f"--reuse-runs: {path} is not a file")
+        for number, text in enumerate(path.read_text().splitlines(), 1):
+            if not text.strip():
+                continue
+            try:
+                r = json.loads(text)
+                key = (r["task"], r["method"], r["seed"])
+                same = r["minutes"] == minutes and r["overrides"] == overrides
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise SystemExit(f"{path}, line {number}: not a run of bench/tree.py ({exc!r})") from exc
+            if same and not r["error"] and r["history"]:
+                found[key] = r
+    return found
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=20.0, help="wall time of each training run")
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 of each task and method")
     parser.add_argument("--tasks", nargs="+", choices=list(TREES), default=list(TREES))
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
-    parser.add_argument("--render", type=Path,
-                        help="no runs: write the section from the runs.json an earlier run saved")
+    parser.add_argument("--reuse-runs", type=Path, nargs="+", default=[], metavar="LOG",
+                        help="runs logs of earlier invocations: their finished runs with the same --minutes "
+                        "and overrides are taken as they are, not run again (all there: only the section)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_args(argv)
     if args.minutes <= 0 or args.seeds < 1:
         parser.error("--minutes must be above 0 and --seeds at least 1")
-    if args.render is not None:
-        saved = json.loads(args.render.read_text())
-        args.minutes, args.seeds, args.overrides = saved["minutes"], saved["seeds"], saved["overrides"]
-        tasks, runs = saved["tasks"], saved["runs"]
-        busy, machine, started = saved["busy"], saved["machine"], saved["started"]
-    else:
-        tasks = [t for t in TREES if t in args.tasks]
-        busy = busy_cores_before()
-        machine = training_machine()
-        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        runs = []
+    tasks = [t for t in TREES if t in args.tasks]
+    done = logged_runs(args.reuse_runs, args.minutes, args.overrides)
+    wanted = [(t, m, s) for t in tasks for s in range(args.seeds) for m in ("chain", "tree")]
+    runs = [done[k] for k in wanted if k in done]
+    todo = [k for k in wanted if k not in done]
+    if runs:
+        print(f"{len(runs)} runs taken from {', '.join(map(str, args.reuse_runs))}; {len(todo)} to run",
+              flush=True)
+    if todo:
+        log = ROOT / "outputs" / "bench_tree" / time.strftime("%Y%m%dT%H%M%S", time.gmtime()) / "runs.jsonl"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        print(f"each run is appended to {log} as it ends (--reuse-runs {log} takes them if this is cut off)",
+              flush=True)
+        machine, commit = training_machine(), git_commit()
         with tempfile.TemporaryDirectory(prefix="k3rl-bench-tree-") as tmp:
-            for task in tasks:
-                for seed in range(args.seeds):
-                    for method in ("chain", "tree"):
-                        print(f"{task} {method} seed {seed} ...", flush=True)
-                        runs.append(run(task, method, seed, args.minutes,
-                                        Path(tmp) / f"{task}-{method}-{seed}", args.overrides))
-        kept = ROOT / "outputs" / "bench_tree" / time.strftime("%Y%m%dT%H%M%S", time.gmtime()) / "runs.json"
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        kept.write_text(json.dumps({"minutes": args.minutes, "seeds": args.seeds, "overrides": args.overrides,
-                                    "tasks": tasks, "busy": busy, "machine": machine, "started": started,
-                                    "runs": runs}))
-        print(f"the runs' records: {kept} (python bench/tree.py --render {kept} writes the section again)")
-    text = section(runs, tasks, args, machine, busy, started)
+            for task, method, seed in todo:
+                print(f"{task} {method} seed {seed} ...", flush=True)
+                busy = busy_cores_before()
+                started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+                folder = Path(tmp) / f"{task}-{method}-{seed}"
+                r = run(task, method, seed, args.minutes, folder, args.overrides)
+                r.update(minutes=args.minutes, overrides=args.overrides, commit=commit, machine=machine,
+                         busy=busy, started=started)
+                with open(log, "a") as out:
+                    out.write(json.dumps(r) + "\n")
+                runs.append(r)
+    text = section(runs, tasks, args)
     print(text)
     if not args.no_write:
         for task in tasks:

@@ -1,8 +1,10 @@
 """bench/tree.py's verdicts from training records: the cost at which tree GRPO first reaches chain GRPO's
-final success, as a share of chain's, and both runs' success at the tokens both generated."""
+final success, as a share of chain's, and both runs' success at the tokens both generated; and the runs
+log that lets a cut-off invocation's finished runs be taken instead of run again."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import pytest
 
 sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
-from tree import curve, seed_verdict, success_at  # noqa: E402
+from tree import curve, logged_runs, main, seed_verdict, success_at  # noqa: E402
 
 
 def records(success: list[float], tokens: int, sandbox_s: float) -> list[dict]:
@@ -50,3 +52,44 @@ def test_a_chain_that_learned_nothing_gives_no_verdict():
     learned = seed_verdict(curve(records([0.0, 0.3, 0.6], 100, 10.0)), tree)
     assert learned["learned"]
 
+
+
+def logged(task: str, method: str, seed: int, success: list[float], tokens: int, **fields) -> dict:
+    run = {"task": task, "method": method, "seed": seed, "history": records(success, tokens, 10.0),
+           "wall_s": 60.0, "error": None, "minutes": 20.0, "overrides": [], "commit": "abc1234",
+           "machine": "Python 3.11 on the test's machine", "busy": 0.0, "started": "2026-12-06 06:00 UTC"}
+    return run | fields
+
+
+def test_the_runs_log_gives_back_the_finished_runs_of_the_same_settings_and_a_later_line_wins(tmp_path):
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first.write_text("\n".join(json.dumps(r) for r in [
+        logged("FindValue", "chain", 0, [0.1], 100),
+        logged("FindValue", "tree", 0, [0.2], 100, minutes=12.0),  # other settings: not comparable
+        logged("FindValue", "chain", 1, [0.3], 100, overrides=["trainer.lr=1"]),
+        logged("StoreRecall", "tree", 0, [], 100, error="Traceback ...\nRuntimeError: boom"),  # run again
+    ]) + "\n\n")
+    second.write_text(json.dumps(logged("FindValue", "chain", 0, [0.9], 100, commit="def5678")) + "\n")
+    found = logged_runs([first, second], 20.0, [])
+    assert set(found) == {("FindValue", "chain", 0)} and found["FindValue", "chain", 0]["commit"] == "def5678"
+    assert set(logged_runs([first], 20.0, ["trainer.lr=1"])) == {("FindValue", "chain", 1)}
+    (tmp_path / "bad.jsonl").write_text('{"task": "FindValue"}\n')
+    with pytest.raises(SystemExit, match=r"bad.jsonl, line 1: not a run of bench/tree.py"):
+        logged_runs([tmp_path / "bad.jsonl"], 20.0, [])
+    with pytest.raises(SystemExit, match="is not a file"):
+        logged_runs([tmp_path / "missing.jsonl"], 20.0, [])
+
+
+def test_an_invocation_whose_runs_are_all_logged_runs_none_and_writes_the_section_from_them(tmp_path, capsys):
+    log = tmp_path / "runs.jsonl"
+    runs = [logged("FindValue", "chain", 0, [0.0, 0.3, 0.6, 0.6, 0.6], 100),
+            logged("FindValue", "tree", 0, [0.0, 0.6, 0.6, 0.9], 60, commit="def5678",
+                   started="2026-12-07 01:00 UTC")]
+    log.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    main(["--seeds", "1", "--tasks", "FindValue", "--no-write", "--reuse-runs", str(log)])
+    out = capsys.readouterr().out
+    assert "2 runs taken from" in out and "0 to run" in out and "appended to" not in out
+    when = "Measured 2026-12-06 06:00 UTC to 2026-12-07 01:00 UTC"
+    assert f"{when}, on commit abc1234 (1 run), def5678 (1 run)" in out
+    (row,) = [line for line in out.splitlines() if line.startswith("| FindValue | 0 |")]
+    assert "| 0.60 | 0.70 |" in row and "**met**" in row
