@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench_report import ROOT, compose, training_machine, write_section
+from cold_start import Recipe, make, stage
 
 TASKS = {
     "guess_number_32": {
@@ -55,17 +54,6 @@ TASKS = {
         "section": "teacher-find-value",
     },
 }
-
-
-def run(command: list[str]) -> float:
-    """Run one stage (a fresh process); its wall seconds. Exits with the stage's output if it fails."""
-    started = time.monotonic()
-    proc = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(
-            f"{' '.join(command[:3])} exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}"
-        )
-    return time.monotonic() - started
 
 
 def evaluate(overrides: list[str], episodes: int):
@@ -111,44 +99,17 @@ def pipeline(task: str, demos: int | None, rl_minutes: float | None, eval_episod
     demos = demos or spec["demos"]
     rl_minutes = rl_minutes or spec["rl_minutes"]
     env = spec["env"]
-    data, sft_dir, rl_dir = tmp / "demos.jsonl", tmp / "sft", tmp / "rl"
-    print(f"{task}: demonstrations ...", flush=True)
-    demo_s, parts = 0.0, []
-    for index, (quality, share) in enumerate(spec["experts"].items()):
-        part = tmp / f"demos-{quality}.jsonl"
-        demo_s += run(
-            [
-                "-m",
-                "rl.sft.demonstrations",
-                *env,
-                f"expert.quality={quality}",
-                f"num_episodes={round(demos * share)}",
-                f"seed={index}",  # each expert plays games of its own
-                f"out={part}",
-            ]
-        )
-        parts.append(part.read_text())
-    text = "".join(parts)
-    data.write_text(text)  # SFT shuffles its episodes
-    lines = [json.loads(line) for line in text.splitlines()]
-    expert = sum(bool(e["success"]) for e in lines) / len(lines)
-    print(f"{task}: SFT ...", flush=True)
-    sft_s = run(
-        [
-            "-m",
-            "rl.train",
-            "stage=sft",
-            f"data={data}",
-            *env,
-            *spec["sft"],
-            "trainer.progress_bar=false",
-            f"hydra.run.dir={sft_dir}",
-        ]
-    )
+    rl_dir = tmp / "rl"
+    recipe = Recipe(env=tuple(env), experts=tuple((f"expert.quality={q}", share)
+                                                  for q, share in spec["experts"].items()),
+                    demos=demos, sft=tuple(spec["sft"]))  # fmt: skip
+    print(f"{task}: demonstrations and SFT ...", flush=True)
+    start = make(recipe, tmp / "cold_start")
+    sft_dir, expert, demo_s, sft_s = Path(start["sft_dir"]), start["expert"], start["demo_s"], start["sft_s"]
     print(f"{task}: evaluating the SFT policy ...", flush=True)
     sft_eval = evaluate([*env, f"model.init_from={sft_dir}"], eval_episodes)
     print(f"{task}: GRPO ...", flush=True)
-    rl_s = run(
+    rl_s = stage(
         [
             "-m",
             "rl.train",
@@ -168,7 +129,7 @@ def pipeline(task: str, demos: int | None, rl_minutes: float | None, eval_episod
         "task": task,
         "expert_quality": " + ".join(f"{q} {share:.0%}" for q, share in spec["experts"].items()),
         "expert": expert,
-        "demos": len(lines),
+        "demos": start["demos"],
         "demo_s": demo_s,
         "sft_s": sft_s,
         "sft": sft_eval,

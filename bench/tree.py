@@ -1,12 +1,10 @@
 """Chain GRPO against tree GRPO (`rl.rollout.trees`): success against generated tokens, sandbox-seconds and
-wall time on FindValue and StoreRecall, seeds 0-2, the trainer otherwise the same.
+wall time on FindValue and StoreRecall, seeds 0-2, from one supervised cold start per task.
 
-Each (task, method, seed) is one ``python -m rl.train`` for ``--minutes`` (no stop rule), one after the
-other, each appended to a runs log as it ends; ``--reuse-runs LOG`` takes the runs an earlier, cut-off
-invocation finished and runs only the rest. Writes the ``tree`` section of docs/benchmarks.md and a plot
-per task. Usage: python bench/tree.py [--minutes M] [--seeds N] [--reuse-runs LOG ...]
-
-Design: docs/design/benchmarks.md#bench-tree.
+Each (task, method, seed) is one ``python -m rl.train`` for ``--minutes``, one after the other, each
+appended to a runs log as it ends (``--reuse-runs LOG`` takes a cut-off invocation's finished runs). Writes
+the ``tree`` section of docs/benchmarks.md and a plot per task. Usage: python bench/tree.py [--minutes M]
+[--seeds N] [--reuse-runs LOG ...]. Design: docs/design/benchmarks.md#bench-tree.
 """
 
 from __future__ import annotations
@@ -18,15 +16,47 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench_report import ROOT, busy_cores_before, git_commit, other_load_text, training_machine, write_section
+from cold_start import Recipe, cached
 
 SECTION = "tree"
-# task -> (conf/env name, the tree of its tree runs): branch where the early, shared turns are done
-TREES = {
-    "FindValue": ("find_value", "{branch_at: [2, 4], width: 2, depth: 2, budget: 4}"),
-    "StoreRecall": ("store_recall", "{branch_at: [2, 3], width: 2, depth: 2, budget: 4}"),
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of the comparison: both methods train it from the same cold start with the same GRPO."""
+
+    env: str  # its conf/env name
+    tree: str  # the rollout.tree of its tree runs: branch where the early, shared turns are done
+    cold_start: Recipe  # the supervised start of every run (bench/cold_start.py)
+    rl: tuple[str, ...]  # GRPO overrides of both methods
+
+
+TEACHER_RL = ("algo.entropy_coef=0.0", "algo.optim.lr=3e-4")  # bench/teacher.py's GRPO from an SFT policy
+TASKS = {
+    # bench/teacher.py's FindValue recipe (learns from S_sft 0.37): `grep` ends most games in 2-3 turns,
+    # so paths branch after the first and the second turn
+    "FindValue": Task(
+        env="find_value",
+        tree="{branch_at: [1, 2], width: 2, depth: 2, budget: 4}",
+        cold_start=Recipe(env=("env=find_value",), demos=1000, sft=("sft.optim.decay_steps=290",),
+                          experts=(("expert.quality=wasteful", 0.75), ("expert.quality=grep", 0.25))),
+        rl=(*TEACHER_RL, "env.group_start=seed", "algo.kl_coef=0.05", "algo.kl_estimator=k2",
+            "rollout.sandbox_pool.pause_policy=never"),
+    ),  # fmt: skip
+    # the cold start copies the instructions (the shared setup) and guesses low (wins half the games):
+    # what is left to learn, bisection, is in the answers after the branch
+    "StoreRecall": Task(
+        env="store_recall",
+        tree="{branch_at: [2, 3], width: 2, depth: 2, budget: 4}",
+        cold_start=Recipe(env=("env=store_recall",), demos=1000,
+                          experts=(("env.expert=agentenv.tasks.store_recall:copy_then_linear", 0.75),
+                                   ("env.expert=agentenv.tasks.store_recall:copy_then_bisect", 0.25))),
+        rl=TEACHER_RL,
+    ),  # fmt: skip
 }
 GROUP = ("algo.group_size=8", "algo.episodes_per_step=32")  # 8 leaves per prompt: 2 trees of 4 leaves
 TOKENS_TARGET, SANDBOX_TARGET = 0.67, 0.8  # tree's cost to reach chain's final success, as a share of chain's
@@ -34,14 +64,16 @@ LEARNED_FLOOR = 0.05  # a chain run whose final success is at most this learned 
 WINDOW = 3  # iterations a success figure is the mean of
 
 
-def run(task: str, method: str, seed: int, minutes: float, folder: Path, extra: list[str]) -> dict:
-    """One training run: its per-iteration records, or its error."""
-    env, tree = TREES[task]
-    algo = ["algo=grpo"] if method == "chain" else ["algo=tree_grpo", f"rollout.tree={tree}"]
-    command = [sys.executable, "-m", "rl.train", f"env={env}", *algo, *GROUP, f"seed={seed}",
-               "trainer.iterations=100000", "trainer.stop_at_success=null",
-               f"trainer.time_limit_s={minutes * 60:g}", "trainer.progress_bar=false", "trainer.eval_every=0",
-               f"hydra.run.dir={folder}", *extra]
+def run(task: str, method: str, seed: int, minutes: float, start: dict, folder: Path,
+        extra: list[str]) -> dict:
+    """One training run from the cold start ``start`` (`cold_start.cached`): its per-iteration records, or
+    its error."""
+    spec = TASKS[task]
+    algo = ["algo=grpo"] if method == "chain" else ["algo=tree_grpo", f"rollout.tree={spec.tree}"]
+    command = [sys.executable, "-m", "rl.train", f"env={spec.env}", *algo, *GROUP, *spec.rl, f"seed={seed}",
+               f"model.init_from={start['sft_dir']}", "trainer.iterations=100000",
+               "trainer.stop_at_success=null", f"trainer.time_limit_s={minutes * 60:g}",
+               "trainer.progress_bar=false", "trainer.eval_every=0", f"hydra.run.dir={folder}", *extra]
     started = time.monotonic()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     wall = time.monotonic() - started
@@ -144,7 +176,7 @@ def provenance(runs: list[dict]) -> str:
     return f"{when}, on commit {on}. {runs[0]['machine']}; before a run, {other_load_text(busy)}"
 
 
-def section(runs: list[dict], tasks: list[str], args: argparse.Namespace) -> str:
+def section(runs: list[dict], tasks: list[str], starts: dict[str, dict], args: argparse.Namespace) -> str:
     command = f"python bench/tree.py --minutes {args.minutes:g} --seeds {args.seeds}" + "".join(
         f" {o}" for o in args.overrides)
     lines = [
@@ -152,9 +184,18 @@ def section(runs: list[dict], tasks: list[str], args: argparse.Namespace) -> str
         "",
         f"{provenance(runs)} Command: `{command}`." if runs else f"No run yet. Command: `{command}`.",
         "",
-        f"Each run: `python -m rl.train env=TASK seed=S` for {args.minutes:g} min (`trainer.time_limit_s`, "
-        f"no stop rule), {' '.join(GROUP)}; chain = `algo=grpo`, tree = `algo=tree_grpo` with "
-        + ", ".join(f"{t}: `rollout.tree={TREES[t][1]}`" for t in tasks)
+        "Both methods of a task start from the same supervised cold start (`bench/cold_start.py`: "
+        "demonstrations of weak scripted experts, then `stage=sft`), so that GRPO has a success to build "
+        "on in the time it gets: "
+        + "; ".join(f"{t}: {starts[t]['demos']} demonstrations of {TASKS[t].cold_start.describe()} "
+                    f"(their success {starts[t]['expert']:.2f}), SFT overrides "
+                    f"`{' '.join(TASKS[t].cold_start.sft) or 'none'}` (made {starts[t]['made']} on commit "
+                    f"{starts[t]['commit']})" for t in tasks)
+        + f". Each run: `python -m rl.train env=TASK seed=S model.init_from=<the cold start>` for "
+        f"{args.minutes:g} min (`trainer.time_limit_s`, no stop rule), {' '.join(GROUP)}, GRPO overrides "
+        + "; ".join(f"{t}: `{' '.join(TASKS[t].rl)}`" for t in tasks)
+        + "; chain = `algo=grpo`, tree = `algo=tree_grpo` with "
+        + ", ".join(f"{t}: `rollout.tree={TASKS[t].tree}`" for t in tasks)
         + f". Success is the mean of the last {WINDOW} iterations. Sandbox-seconds: the seconds the rollout "
         "pool's sandboxes ran (`sandbox_running_s`), summed over iterations. Targets, per seed: tree reaches "
         f"chain's final success with <= {TOKENS_TARGET}x its generated tokens and <= {SANDBOX_TARGET}x its "
@@ -192,9 +233,11 @@ def section(runs: list[dict], tasks: list[str], args: argparse.Namespace) -> str
     return "\n".join(lines)
 
 
-def logged_runs(paths: list[Path], minutes: float, overrides: list[str]) -> dict[tuple, dict]:
+def logged_runs(paths: list[Path], minutes: float, overrides: list[str], starts: dict[str, dict]
+                ) -> dict[tuple, dict]:
     """The finished runs in the ``--reuse-runs`` logs (JSON lines, read in order: a later line wins) made
-    with these ``minutes`` and ``overrides``, by (task, method, seed); a failed run is run again."""
+    with these ``minutes`` and ``overrides`` from the cold starts ``starts`` (by task: a run from another
+    one is not comparable), by (task, method, seed); a failed run is run again."""
     found: dict[tuple, dict] = {}
     for path in paths:
         if not path.is_file():
@@ -205,7 +248,8 @@ def logged_runs(paths: list[Path], minutes: float, overrides: list[str]) -> dict
             try:
                 r = json.loads(text)
                 key = (r["task"], r["method"], r["seed"])
-                same = r["minutes"] == minutes and r["overrides"] == overrides
+                same = (r["minutes"] == minutes and r["overrides"] == overrides
+                        and r["cold_start"] == starts.get(r["task"], {}).get("made"))
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise SystemExit(f"{path}, line {number}: not a run of bench/tree.py ({exc!r})") from exc
             if same and not r["error"] and r["history"]:
@@ -217,17 +261,25 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=20.0, help="wall time of each training run")
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 of each task and method")
-    parser.add_argument("--tasks", nargs="+", choices=list(TREES), default=list(TREES))
+    parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
     parser.add_argument("--reuse-runs", type=Path, nargs="+", default=[], metavar="LOG",
-                        help="runs logs of earlier invocations: their finished runs with the same --minutes "
-                        "and overrides are taken as they are, not run again (all there: only the section)")
+                        help="runs logs of earlier invocations: their finished runs with the same --minutes, "
+                        "overrides and cold start are taken as they are, not run again (all there: only "
+                        "the section)")
+    parser.add_argument("--work", type=Path, default=ROOT / "outputs" / "bench_tree",
+                        help="where the cold starts are kept (WORK/cold_start/TASK, reused while their "
+                        "recipe holds) and each invocation's runs log goes (default outputs/bench_tree)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_args(argv)
     if args.minutes <= 0 or args.seeds < 1:
         parser.error("--minutes must be above 0 and --seeds at least 1")
-    tasks = [t for t in TREES if t in args.tasks]
-    done = logged_runs(args.reuse_runs, args.minutes, args.overrides)
+    tasks = [t for t in TASKS if t in args.tasks]
+    starts = {}
+    for task in tasks:
+        print(f"{task}: the cold start ...", flush=True)
+        starts[task] = cached(TASKS[task].cold_start, args.work / "cold_start" / task)
+    done = logged_runs(args.reuse_runs, args.minutes, args.overrides, starts)
     wanted = [(t, m, s) for t in tasks for s in range(args.seeds) for m in ("chain", "tree")]
     runs = [done[k] for k in wanted if k in done]
     todo = [k for k in wanted if k not in done]
@@ -235,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{len(runs)} runs taken from {', '.join(map(str, args.reuse_runs))}; {len(todo)} to run",
               flush=True)
     if todo:
-        log = ROOT / "outputs" / "bench_tree" / time.strftime("%Y%m%dT%H%M%S", time.gmtime()) / "runs.jsonl"
+        log = args.work / time.strftime("%Y%m%dT%H%M%S", time.gmtime()) / "runs.jsonl"
         log.parent.mkdir(parents=True, exist_ok=True)
         print(f"each run is appended to {log} as it ends (--reuse-runs {log} takes them if this is cut off)",
               flush=True)
@@ -246,13 +298,13 @@ def main(argv: list[str] | None = None) -> None:
                 busy = busy_cores_before()
                 started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
                 folder = Path(tmp) / f"{task}-{method}-{seed}"
-                r = run(task, method, seed, args.minutes, folder, args.overrides)
+                r = run(task, method, seed, args.minutes, starts[task], folder, args.overrides)
                 r.update(minutes=args.minutes, overrides=args.overrides, commit=commit, machine=machine,
-                         busy=busy, started=started)
+                         busy=busy, started=started, cold_start=starts[task]["made"])
                 with open(log, "a") as out:
                     out.write(json.dumps(r) + "\n")
                 runs.append(r)
-    text = section(runs, tasks, args)
+    text = section(runs, tasks, starts, args)
     print(text)
     if not args.no_write:
         for task in tasks:

@@ -92,10 +92,26 @@ def copy_then_bisect(observation: str) -> str:
     store = _STORE.search(observation)
     if store:
         return store.group(1)
+    low, high = _allowed(observation)
+    return str((low + high) // 2)
+
+
+def copy_then_linear(observation: str) -> str:
+    """A weaker expert, for a cold start that leaves RL a strategy to find: it stores as
+    `copy_then_bisect` does, then guesses the lowest value the sandbox's answers allow, so it wins only
+    when the asked value is among the first ``max_turns - num_keys`` (half the games by default)."""
+    store = _STORE.search(observation)
+    if store:
+        return store.group(1)
+    return str(_allowed(observation)[0])
+
+
+def _allowed(observation: str) -> tuple[int, int]:
+    """The range of values the observation's last answer allows (``higher 3-5`` -> (3, 5))."""
     found = _RANGE.search(observation.strip())
     if found is None:
         raise ValueError(f"StoreRecall expert: cannot read the observation {observation!r}")
-    return str((int(found.group(1)) + int(found.group(2))) // 2)
+    return int(found.group(1)), int(found.group(2))
 
 
 class StoreRecall(SandboxTask):

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
-from tree import curve, logged_runs, main, seed_verdict, success_at  # noqa: E402
+from tree import TASKS, curve, logged_runs, main, seed_verdict, success_at  # noqa: E402
 
 
 def records(success: list[float], tokens: int, sandbox_s: float) -> list[dict]:
@@ -54,10 +55,14 @@ def test_a_chain_that_learned_nothing_gives_no_verdict():
 
 
 
+MADE = "2026-12-06 05:00 UTC"  # when the cold start of the logged runs was made
+
+
 def logged(task: str, method: str, seed: int, success: list[float], tokens: int, **fields) -> dict:
     run = {"task": task, "method": method, "seed": seed, "history": records(success, tokens, 10.0),
            "wall_s": 60.0, "error": None, "minutes": 20.0, "overrides": [], "commit": "abc1234",
-           "machine": "Python 3.11 on the test's machine", "busy": 0.0, "started": "2026-12-06 06:00 UTC"}
+           "machine": "Python 3.11 on the test's machine", "busy": 0.0, "started": "2026-12-06 06:00 UTC",
+           "cold_start": MADE}
     return run | fields
 
 
@@ -68,16 +73,18 @@ def test_the_runs_log_gives_back_the_finished_runs_of_the_same_settings_and_a_la
         logged("FindValue", "tree", 0, [0.2], 100, minutes=12.0),  # other settings: not comparable
         logged("FindValue", "chain", 1, [0.3], 100, overrides=["trainer.lr=1"]),
         logged("StoreRecall", "tree", 0, [], 100, error="Traceback ...\nRuntimeError: boom"),  # run again
+        logged("FindValue", "tree", 1, [0.4], 100, cold_start="2026-12-01 00:00 UTC"),  # another start
     ]) + "\n\n")
     second.write_text(json.dumps(logged("FindValue", "chain", 0, [0.9], 100, commit="def5678")) + "\n")
-    found = logged_runs([first, second], 20.0, [])
+    starts = {"FindValue": {"made": MADE}, "StoreRecall": {"made": MADE}}
+    found = logged_runs([first, second], 20.0, [], starts)
     assert set(found) == {("FindValue", "chain", 0)} and found["FindValue", "chain", 0]["commit"] == "def5678"
-    assert set(logged_runs([first], 20.0, ["trainer.lr=1"])) == {("FindValue", "chain", 1)}
+    assert set(logged_runs([first], 20.0, ["trainer.lr=1"], starts)) == {("FindValue", "chain", 1)}
     (tmp_path / "bad.jsonl").write_text('{"task": "FindValue"}\n')
     with pytest.raises(SystemExit, match=r"bad.jsonl, line 1: not a run of bench/tree.py"):
-        logged_runs([tmp_path / "bad.jsonl"], 20.0, [])
+        logged_runs([tmp_path / "bad.jsonl"], 20.0, [], starts)
     with pytest.raises(SystemExit, match="is not a file"):
-        logged_runs([tmp_path / "missing.jsonl"], 20.0, [])
+        logged_runs([tmp_path / "missing.jsonl"], 20.0, [], starts)
 
 
 def test_an_invocation_whose_runs_are_all_logged_runs_none_and_writes_the_section_from_them(tmp_path, capsys):
@@ -86,10 +93,44 @@ def test_an_invocation_whose_runs_are_all_logged_runs_none_and_writes_the_sectio
             logged("FindValue", "tree", 0, [0.0, 0.6, 0.6, 0.9], 60, commit="def5678",
                    started="2026-12-07 01:00 UTC")]
     log.write_text("".join(json.dumps(r) + "\n" for r in runs))
-    main(["--seeds", "1", "--tasks", "FindValue", "--no-write", "--reuse-runs", str(log)])
+    kept = tmp_path / "work" / "cold_start" / "FindValue"  # the cold start the runs came from, kept
+    (kept / "sft").mkdir(parents=True)
+    (kept / "cold_start.json").write_text(json.dumps({
+        "recipe": asdict(TASKS["FindValue"].cold_start), "sft_dir": str(kept / "sft"), "expert": 0.57,
+        "demos": 1000, "demo_s": 60.0, "sft_s": 600.0, "commit": "0123abc", "made": MADE}))
+    main(["--seeds", "1", "--tasks", "FindValue", "--no-write", "--reuse-runs", str(log),
+          "--work", str(tmp_path / "work")])
     out = capsys.readouterr().out
     assert "2 runs taken from" in out and "0 to run" in out and "appended to" not in out
     when = "Measured 2026-12-06 06:00 UTC to 2026-12-07 01:00 UTC"
     assert f"{when}, on commit abc1234 (1 run), def5678 (1 run)" in out
     (row,) = [line for line in out.splitlines() if line.startswith("| FindValue | 0 |")]
     assert "| 0.60 | 0.70 |" in row and "**met**" in row
+    experts = TASKS["FindValue"].cold_start.describe()
+    assert f"FindValue: 1000 demonstrations of {experts} (their success 0.57)" in out
+    assert f"made {MADE} on commit 0123abc" in out
+
+
+def test_a_kept_cold_start_is_reused_while_its_recipe_holds_and_an_unfinished_one_is_made_again(
+        tmp_path, monkeypatch):
+    """`cold_start.cached`'s decision (the stages themselves are bench/teacher.py's, run by the bench)."""
+    import cold_start
+
+    made = []
+
+    def make(recipe, folder):
+        made.append(recipe)
+        (folder / "sft").mkdir(parents=True)
+        return {"sft_dir": str(folder / "sft"), "expert": 0.5, "demos": recipe.demos, "demo_s": 1.0,
+                "sft_s": 2.0}
+
+    monkeypatch.setattr(cold_start, "make", make)
+    recipe = cold_start.Recipe(env=("env=store_recall",), experts=(("expert.quality=x", 1.0),), demos=10)
+    folder = tmp_path / "cs"
+    (folder / "sft").mkdir(parents=True)
+    (folder / "sft" / "half_written").write_text("")  # a cut-off cold start: no record
+    first = cold_start.cached(recipe, folder)
+    assert len(made) == 1 and not (folder / "sft" / "half_written").exists() and first["demos"] == 10
+    assert cold_start.cached(recipe, folder) == first and len(made) == 1  # kept: the very same weights
+    other = cold_start.Recipe(env=recipe.env, experts=recipe.experts, demos=20)
+    assert cold_start.cached(other, folder)["demos"] == 20 and len(made) == 2

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from agentenv.tasks.store_recall import StoreRecall, copy_then_bisect
+from agentenv.tasks.store_recall import StoreRecall, copy_then_bisect, copy_then_linear
 from rl.sft.experts import expert_for
 
 pytestmark = pytest.mark.docker
@@ -48,6 +48,20 @@ def test_the_scripted_policy_wins_every_game_and_a_random_one_almost_none(make_t
     rng = random.Random(0)
     random_wins = sum(play(env, seed, lambda _: str(rng.randrange(10)))[0] for seed in range(60))
     assert random_wins <= 3  # expectation 0.6 (1 % set up right, then ~50 % of those answered)
+
+
+def test_the_weaker_expert_stores_right_and_wins_only_when_the_value_is_among_its_first_guesses(make_task):
+    env = make_task(ENV_ID)
+    linear = expert_for("agentenv.tasks.store_recall:copy_then_linear")  # as env.expert=... names it
+    assert linear.quality == "copy_then_linear"
+    outcomes = []
+    for seed in range(12):
+        won, _, seen = play(env, seed, linear.act)
+        asked = env.plan[env.query]
+        assert won == (asked <= 2), (seed, asked, seen)  # 2 stores + 3 answers: guesses 0, 1, 2
+        assert seen[2].endswith("0-5") and "wrong" not in " ".join(seen)
+        outcomes.append(won)
+    assert 0 < sum(outcomes) < 12
 
 
 def test_the_answer_is_read_from_the_store_a_planted_wrong_state_scores_zero(make_task):
@@ -121,5 +135,7 @@ def test_bad_config_is_refused_naming_the_key(kwargs, message):
 
 def test_the_expert_refuses_an_observation_it_cannot_read():
     assert copy_then_bisect("store 3 5") == "3" and copy_then_bisect("higher 3-5") == "4"
-    with pytest.raises(ValueError, match="cannot read the observation 'correct'"):
-        copy_then_bisect("correct")
+    assert copy_then_linear("box 0=3, store 5") == "5" and copy_then_linear("higher 3-5") == "3"
+    for expert in (copy_then_bisect, copy_then_linear):
+        with pytest.raises(ValueError, match="cannot read the observation 'correct'"):
+            expert("correct")
