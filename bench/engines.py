@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if str(Path(__file__).resolve().parent) not in sys.path:  # imported by a test: after the checkout, so that
+    sys.path.append(str(Path(__file__).resolve().parent))  # bench/model.py never shadows model/
 from bench_report import (  # noqa: E402
     busy_cores_before,
     compose,

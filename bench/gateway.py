@@ -34,7 +34,8 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if str(Path(__file__).resolve().parent) not in sys.path:  # imported by a test: after the checkout, so that
+    sys.path.append(str(Path(__file__).resolve().parent))  # bench/model.py never shadows model/
 from bench_report import busy_cores_before, compose, other_load_text, training_machine, write_section  # noqa: E402
 from gateway_program import messages  # noqa: E402
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if str(Path(__file__).resolve().parent) not in sys.path:  # imported by a test: after the checkout, so that
+    sys.path.append(str(Path(__file__).resolve().parent))  # bench/model.py never shadows model/
 from bench_report import compose, training_machine, write_section  # noqa: E402
 
 SECTION = "routing-replay"

@@ -22,7 +22,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if str(Path(__file__).resolve().parent) not in sys.path:  # imported by a test: after the checkout, so that
+    sys.path.append(str(Path(__file__).resolve().parent))  # bench/model.py never shadows model/
 from bench_report import busy_cores_before, other_load_text, write_section  # noqa: E402
 from bench_stats import quantile  # noqa: E402
 from sandbox_server import Server, close_all, private_home, rss_mib  # noqa: E402
