@@ -214,6 +214,7 @@ class BreakEven:
     worst: tuple[str, float | None]  # from min (c) / max (a)
     best: tuple[str, float | None]  # from max (c) / min (a)
     refusal: str | None
+    lowest_s: float | None = None  # the lowest latency with a ratio: reached there, the break-even is below
 
 
 def break_even(comparisons: Sequence[Comparison], threshold: float) -> BreakEven:
@@ -223,10 +224,11 @@ def break_even(comparisons: Sequence[Comparison], threshold: float) -> BreakEven
     refused = [c for c in comparisons if c.refusal]
     refusal = None if not refused else refused[0].refusal + (
         "; no verdict either at " + ", ".join(f"{c.latency:g} s" for c in refused[1:]) if refused[1:] else "")
+    measured = [c.latency for c in comparisons if c.ratio is not None]
     return BreakEven(crossing(lats, [c.ratio for c in comparisons], threshold),
                      crossing(lats, [c.worst for c in comparisons], threshold),
                      crossing(lats, [c.best for c in comparisons], threshold),
-                     refusal if comparisons else "no latency compared")
+                     refusal if comparisons else "no latency compared", min(measured, default=None))
 
 
 def break_even_verdict(be: BreakEven, limit_s: float) -> str:
@@ -234,6 +236,10 @@ def break_even_verdict(be: BreakEven, limit_s: float) -> str:
     medians' crossing, with the extremes' crossings; or **no verdict** and why."""
     if be.refusal is not None:
         return no_verdict(f"{be.refusal} (from the medians: {be.median[0]}, for information only)")
+    if be.median[1] is not None and be.median[1] == be.lowest_s and be.lowest_s > limit_s:
+        return no_verdict(f"reached already at the lowest latency measured, {be.lowest_s:g} s, above the "
+                          f"target's {limit_s:g} s: the break-even lies somewhere below it (a sweep over "
+                          "lower latencies places it)")
     at = lambda found: found[1] is not None and found[1] <= limit_s  # noqa: E731
     return (f"**{'met' if at(be.median) else 'missed'}** on the median: {be.median[0]}; from the extremes' "
             f"ratios: min (c) / max (a) {be.worst[0]}, max (c) / min (a) {be.best[0]} "

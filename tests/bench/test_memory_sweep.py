@@ -169,6 +169,14 @@ def test_break_even_on_the_medians_and_the_extremes_and_none_when_a_latency_has_
                            f"{EARLIER}, commit abc1234; no verdict either at 10 s, 30 s (from the medians: ")
     assert text.endswith("for information only)")
     assert break_even_verdict(break_even([], 1.0), 10.0).startswith("**no verdict**: no latency compared")
+    only_30 = break_even([comparisons[2]], 1.0)  # reached at the one latency measured, above the target's
+    assert only_30.median == ("at or below 30 s (reached at every measured latency)", 30.0)
+    assert break_even_verdict(only_30, 10.0) == (
+        "**no verdict**: reached already at the lowest latency measured, 30 s, above the target's 10 s: the "
+        "break-even lies somewhere below it (a sweep over lower latencies places it)")
+    assert break_even_verdict(only_30, 30.0).startswith("**met** on the median: at or below 30 s")
+    late = break_even(comparisons[1:], 3.0)  # 3x: not reached at 10 s, reached at 30 s
+    assert break_even_verdict(late, 10.0).startswith("**missed**")
 
 
 def test_the_plot_draws_each_rows_median_with_min_max_bars(tmp_path):
