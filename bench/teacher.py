@@ -25,7 +25,8 @@ TASKS = {
         "experts": {"random_split": 1.0},  # quality -> share of the demonstrations
         "demos": 1000,
         "sft": [],
-        "rl": ["algo.entropy_coef=0.0", "algo.optim.lr=3e-4", "trainer.stop_at_success=0.92"],
+        "rl": ["algo.entropy_coef=0.0", "algo.optim.lr=3e-4"],  # GRPO from the SFT policy
+        "stop_at_success": 0.92,
         "rl_minutes": 25.0,
         "min_gain": 0.2,
         "beat_expert": True,  # S_rl must also end above the weak expert's success
@@ -45,8 +46,8 @@ TASKS = {
             # exponentially (k3 spiked the gradient norm to 27-47 on a few tokens: measured)
             "rollout.sandbox_pool.pause_policy=never",  # 64 small sandboxes: pausing them between
             # iterations frees memory nobody needs and costs 64 dumps and restores on the learner's cores
-            "trainer.stop_at_success=0.92",
         ],
+        "stop_at_success": 0.92,
         "rl_minutes": 33.0,
         "min_gain": 0.15,
         "beat_expert": False,
@@ -93,18 +94,24 @@ def plot(history: list[dict], expert: float, sft: float, rl: float, path: Path, 
     plt.close(fig)
 
 
+def recipe(task: str, demos: int | None = None) -> Recipe:
+    """The cold start of ``task``'s pipeline (``demos``: None = the task's own count)."""
+    spec = TASKS[task]
+    return Recipe(env=tuple(spec["env"]), experts=tuple((f"expert.quality={q}", share)
+                                                        for q, share in spec["experts"].items()),
+                  demos=demos or spec["demos"], sft=tuple(spec["sft"]))  # fmt: skip
+
+
 def pipeline(task: str, demos: int | None, rl_minutes: float | None, eval_episodes: int, tmp: Path) -> dict:
     """Every stage of one task (``demos`` and ``rl_minutes``: None = the task's own)."""
     spec = TASKS[task]
     demos = demos or spec["demos"]
     rl_minutes = rl_minutes or spec["rl_minutes"]
     env = spec["env"]
+    rl = [*spec["rl"], f"trainer.stop_at_success={spec['stop_at_success']}"]
     rl_dir = tmp / "rl"
-    recipe = Recipe(env=tuple(env), experts=tuple((f"expert.quality={q}", share)
-                                                  for q, share in spec["experts"].items()),
-                    demos=demos, sft=tuple(spec["sft"]))  # fmt: skip
     print(f"{task}: demonstrations and SFT ...", flush=True)
-    start = make(recipe, tmp / "cold_start")
+    start = make(recipe(task, demos), tmp / "cold_start")
     sft_dir, expert, demo_s, sft_s = Path(start["sft_dir"]), start["expert"], start["demo_s"], start["sft_s"]
     print(f"{task}: evaluating the SFT policy ...", flush=True)
     sft_eval = evaluate([*env, f"model.init_from={sft_dir}"], eval_episodes)
@@ -115,7 +122,7 @@ def pipeline(task: str, demos: int | None, rl_minutes: float | None, eval_episod
             "rl.train",
             f"model.init_from={sft_dir}",
             *env,
-            *spec["rl"],
+            *rl,
             "trainer.iterations=2000",
             f"trainer.time_limit_s={rl_minutes * 60}",
             "trainer.progress_bar=false",
@@ -141,7 +148,7 @@ def pipeline(task: str, demos: int | None, rl_minutes: float | None, eval_episod
         "beat_expert": spec["beat_expert"],
         "max_minutes": spec["max_minutes"],
         "sft_overrides": spec["sft"],
-        "rl_overrides": spec["rl"],
+        "rl_overrides": rl,
         "env": env,
     }
 

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from bench_report import ROOT, busy_cores_before, git_commit, other_load_text, training_machine, write_section
 from cold_start import Recipe, cached
+from teacher import TASKS as TEACHER
+from teacher import recipe as teacher_recipe
 
 SECTION = "tree"
 
@@ -29,33 +31,31 @@ SECTION = "tree"
 class Task:
     """One task of the comparison: both methods train it from the same cold start with the same GRPO."""
 
-    env: str  # its conf/env name
+    env: tuple[str, ...]  # the overrides naming the task
     tree: str  # the rollout.tree of its tree runs: branch where the early, shared turns are done
     cold_start: Recipe  # the supervised start of every run (bench/cold_start.py)
     rl: tuple[str, ...]  # GRPO overrides of both methods
 
 
-TEACHER_RL = ("algo.entropy_coef=0.0", "algo.optim.lr=3e-4")  # bench/teacher.py's GRPO from an SFT policy
 TASKS = {
-    # bench/teacher.py's FindValue recipe (learns from S_sft 0.37): `grep` ends most games in 2-3 turns,
-    # so paths branch after the first and the second turn
+    # bench/teacher.py's FindValue cold start and GRPO (learns from S_sft 0.37): `grep` ends most games in
+    # 2-3 turns, so paths branch after the first and the second turn
     "FindValue": Task(
-        env="find_value",
+        env=tuple(TEACHER["find_value"]["env"]),
         tree="{branch_at: [1, 2], width: 2, depth: 2, budget: 4}",
-        cold_start=Recipe(env=("env=find_value",), demos=1000, sft=("sft.optim.decay_steps=290",),
-                          experts=(("expert.quality=wasteful", 0.75), ("expert.quality=grep", 0.25))),
-        rl=(*TEACHER_RL, "env.group_start=seed", "algo.kl_coef=0.05", "algo.kl_estimator=k2",
-            "rollout.sandbox_pool.pause_policy=never"),
-    ),  # fmt: skip
+        cold_start=teacher_recipe("find_value"),
+        rl=tuple(TEACHER["find_value"]["rl"]),
+    ),
     # the cold start copies the instructions (the shared setup) and guesses low (wins half the games):
-    # what is left to learn, bisection, is in the answers after the branch
+    # what is left to learn, bisection, is in the answers after the branch; GRPO as bench/teacher.py's
+    # GuessNumber from its SFT policy
     "StoreRecall": Task(
-        env="store_recall",
+        env=("env=store_recall",),
         tree="{branch_at: [2, 3], width: 2, depth: 2, budget: 4}",
         cold_start=Recipe(env=("env=store_recall",), demos=1000,
                           experts=(("env.expert=agentenv.tasks.store_recall:copy_then_linear", 0.75),
                                    ("env.expert=agentenv.tasks.store_recall:copy_then_bisect", 0.25))),
-        rl=TEACHER_RL,
+        rl=tuple(TEACHER["guess_number_32"]["rl"]),
     ),  # fmt: skip
 }
 GROUP = ("algo.group_size=8", "algo.episodes_per_step=32")  # 8 leaves per prompt: 2 trees of 4 leaves
@@ -70,9 +70,10 @@ def run(task: str, method: str, seed: int, minutes: float, start: dict, folder: 
     its error."""
     spec = TASKS[task]
     algo = ["algo=grpo"] if method == "chain" else ["algo=tree_grpo", f"rollout.tree={spec.tree}"]
-    command = [sys.executable, "-m", "rl.train", f"env={spec.env}", *algo, *GROUP, *spec.rl, f"seed={seed}",
+    command = [sys.executable, "-m", "rl.train", *spec.env, *algo, *GROUP, *spec.rl, f"seed={seed}",
                f"model.init_from={start['sft_dir']}", "trainer.iterations=100000",
-               "trainer.stop_at_success=null", f"trainer.time_limit_s={minutes * 60:g}",
+               "trainer.stop_at_success=null",
+               f"trainer.time_limit_s={minutes * 60:g}",
                "trainer.progress_bar=false", "trainer.eval_every=0", f"hydra.run.dir={folder}", *extra]
     started = time.monotonic()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
