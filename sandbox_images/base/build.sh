@@ -35,6 +35,10 @@ install -m 0755 "$(dirname "$0")/sudo" "$root/usr/bin/sudo"
 # Keep the image small: no docs, man pages, locales or apt lists.
 rm -rf "$root"/usr/share/{doc,man,info,locale}/* "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin
 find "$root/usr/lib" -name __pycache__ -type d -prune -exec rm -rf {} +
+# Python's standard library compiled once here: sandboxes run with PYTHONDONTWRITEBYTECODE=1 (nothing
+# written into a checkpointed work dir), so without these every python3 start in a sandbox compiled
+# each module it imports again (an agent program's json, argparse and urllib.request: 0.2 s a start).
+chroot "$root" sh -c 'for lib in /usr/lib/python3.[0-9]*; do python3 -m compileall -q "$lib"; done' >&2
 
 tar -C "$root" --numeric-owner -c . | docker import \
   --change 'WORKDIR /workspace' \

@@ -4,8 +4,9 @@ the same env, sees none of them and starts from the same first observation.
 
 A task that restores its template (the default) is planted into through its action channel *and* from
 outside, by commands in its own session; a task that declares ``in_place_reset`` is planted into through
-its action channel, the only way an episode reaches its sandbox, and the check that nothing landed even in
-episode k is what its declaration claims. An environment variable cannot outlive its command: each
+its action channel, the only way an episode reaches its sandbox (for an agent program: the command it
+hands the policy's text, `PROGRAM_CHANNELS`), and the check that nothing landed even in episode k is what
+its declaration claims. An environment variable cannot outlive its command: each
 command of a task's session is its own ``sh -c`` (checked in episode k), so what could carry an
 environment change to the next episode is a file, and files are checked. The tasks' sandboxes are
 members of one pool without warm starts, as the trainer's (conf/rollout/torch.yaml): a restore is a new
@@ -13,6 +14,7 @@ sandbox and ``install()``, the cheaper path for these tasks (bench/reset_cost.py
 
 from __future__ import annotations
 
+import shlex
 import uuid
 from pathlib import Path
 
@@ -30,6 +32,9 @@ SHIPPED = sorted(p.stem for p in CONF.glob("*.yaml"))
 SMALLER = {"kv_lookup": {"data_mib": 1}}  # the isolation does not depend on the size of the table
 # the agent's best try: files in the work dir and in /tmp, a detached process, a variable of its shell
 PLANT = "touch /workspace/planted /tmp/planted; setsid sleep 3600 >/dev/null 2>&1 & export PLANTED=1"
+# A program task that reuses its sandbox: the one command through which its program hands the sandbox
+# text the policy wrote (the example's program hands play.sh a guess; here the whole plant instead).
+PROGRAM_CHANNELS = {"agent_guess_number": "/workspace/play.sh {}"}
 LOOK = ("ls /workspace/planted /tmp/planted /workspace/planted-outside 2>/dev/null; "
         "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -o 'sleep 360[01]'; "
         "echo \"var=${PLANTED:-}${OUTSIDE:-}\"")
@@ -57,7 +62,11 @@ def test_an_episode_sees_nothing_an_earlier_episode_left(name, pool, sandbox_con
     env = gymnasium.make(cfg["id"], sandboxes=PooledSandboxes(pool), **kwargs).unwrapped
     try:
         first, _ = env.reset(seed=7)
-        if getattr(env, "runs_program", False):  # its agent program acts by commands in the sandbox
+        if getattr(env, "runs_program", False) and env.in_place_reset:
+            channel = PROGRAM_CHANNELS.get(name)
+            assert channel, f"{name} reuses its sandbox: name the command its program hands the policy's text"
+            env.run(channel.format(shlex.quote(PLANT)))  # the policy's worst text, where its program puts it
+        elif getattr(env, "runs_program", False):  # its agent program may run any command in the sandbox
             env.run(PLANT)
         else:
             env.step(PLANT)
