@@ -86,11 +86,13 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"Per seed, one `python -m rl.train seed=S` (`make train`'s config: GuessNumber played turn by turn "
         f"by the trainer), then `python -m rl.train {' '.join(AGENT)} seed=S` (the shipped agent program "
-        "plays the same game from inside each sandbox through the policy gateway; every episode in a new "
-        f"sandbox), limited to {TIME_TARGET:g}x the first run's time to its target. Target: mean success "
+        "plays the same game from inside each sandbox through the policy gateway; its episodes reuse their "
+        f"sandbox, `program.in_place_reset`), limited to {TIME_TARGET:g}x the first run's time to its "
+        "target. Target: mean success "
         f"of the last {window} iterations >= {target}, reached by the agent within {TIME_TARGET:g}x "
         "`make train`'s time (both from the trainer's start). Seconds per iteration: the median over "
-        "iterations after the first; the agent's split: resets (new sandboxes and `program.setup`), "
+        "iterations after the first; the agent's split: resets (`program.setup`; new sandboxes at the "
+        "first), "
         "the programs (their whole run, generation included), generation inside it, the learner.",
         "",
         "| seed | make train: time to target | agent program: time to target | ratio | s/iteration: make "

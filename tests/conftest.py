@@ -95,3 +95,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             super()._assign_work_unit(node)
 
     return LaneScheduling(config, log)
+
+
+def pytest_ignore_collect(collection_path, config: pytest.Config) -> bool | None:
+    """`make test`'s second pass (`-m serial`) imports only the test modules whose source names the mark:
+    the others hold no serial test, and importing all of them (torch, Ray, vLLM) took most of the pass."""
+    if config.getoption("markexpr", "") != "serial" or not collection_path.name.startswith("test_") \
+            or collection_path.suffix != ".py":
+        return None
+    return True if "mark.serial" not in collection_path.read_text() else None
