@@ -276,7 +276,7 @@ def report(out: Path, dry_run: bool, doc: Path | None) -> str:
              "Error: max |ours − reference| / max(1, max |reference|) over the output and every input's "
              "gradient, the reference in fp32 on the same (rounded) inputs; tolerance 5e-3 in fp32 (Triton's "
              "`tl.dot` takes fp32 operands as TF32 on the GPU) and 5e-2 in bf16. The decode kernel has no "
-             "backward. Times: " + ("best of 3 wall times in the interpreter, and Triton 3.9's interpreter "
+             "backward. Times: " + ("one wall time in the interpreter, and Triton 3.9's interpreter "
              "gets bf16 `tl.dot` wrong (the GEMM kernels' bf16 errors here mean nothing)" if dry_run else
              "median ms (`triton.testing.do_bench`)") + ", the reference in the same dtype.\n"]
     kernels = read_json(out, "kernels")
@@ -353,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         parser.error(f"{args.step} needs --out DIR")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.dry_run:  # tiny shapes: a second intra-op thread only spins against the machine's other work
+        torch.set_num_threads(1)  # (on 2 busy cores, a k3_tiny learner step: 0.3-1.5 s on one, 3-19 s on two)
     if args.step == "report":
         report(args.out, args.dry_run, args.doc)  # prints where it wrote the section
         return 0

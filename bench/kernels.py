@@ -81,16 +81,13 @@ def cuda_ms(fn: Callable[[], object]) -> float:
 
 
 def time_ms(fn: Callable[[], object], device: str) -> float:
-    """Milliseconds of one ``fn()``: `cuda_ms` on the GPU; on the CPU the best of 3 wall times (the
-    GPU check's dry run: there the figure only shows the step ran)."""
+    """Milliseconds of one ``fn()``: `cuda_ms` on the GPU; on the CPU one wall time (the GPU check's dry
+    run, whose figures only show the step ran: repeats would run Triton's interpreter again for nothing)."""
     if device == "cuda":
         return cuda_ms(fn)
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
 
 
 # ---------------------------------------------------------------------------------------------- CPU

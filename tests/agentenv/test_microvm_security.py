@@ -51,11 +51,24 @@ def sandbox(make_sandbox):
     return make_sandbox()
 
 
+@pytest.fixture(scope="module")
+def probed(microvm):
+    """One default sandbox for the tests that only look at it (its profile, its devices): a VM less."""
+    sb = Sandbox.create(config=SandboxConfig.load(**SMALL))
+    yield sb
+    sb.close()
+
+
+def _statuses(sb) -> dict[str, str]:
+    """The fields of /proc/self/status of a command in the sandbox."""
+    lines = sb.exec("cat /proc/self/status").stdout.splitlines()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
 def _status(sb, field: str) -> str:
-    for line in sb.exec("cat /proc/self/status").stdout.splitlines():
-        if line.startswith(field + ":"):
-            return line.split(":", 1)[1].strip()
-    raise AssertionError(field)
+    status = _statuses(sb)
+    assert field in status, field
+    return status[field]
 
 
 def _qemu_argv(sb) -> list[str]:
@@ -65,21 +78,22 @@ def _qemu_argv(sb) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
 
 
-def test_default_profile_inside_the_guest(sandbox):
-    assert _status(sandbox, "CapEff") == "0000000000000000"
-    assert _status(sandbox, "CapBnd") == "0000000000000000"
-    assert _status(sandbox, "NoNewPrivs") == "1"
-    net_dev = sandbox.exec("cat /proc/net/dev").stdout.splitlines()[2:]
+def test_default_profile_inside_the_guest(probed):
+    status = _statuses(probed)
+    assert status["CapEff"] == "0000000000000000"
+    assert status["CapBnd"] == "0000000000000000"
+    assert status["NoNewPrivs"] == "1"
+    net_dev = probed.exec("cat /proc/net/dev").stdout.splitlines()[2:]
     assert [ln.split(":")[0].strip() for ln in net_dev] == ["lo"]
-    assert sandbox.exec(["python3", "-c", LOOPBACK_ROUND_TRIP]).stdout == "ok\n"
-    refused = sandbox.exec("touch /etc/x /usr/x")
+    assert probed.exec(["python3", "-c", LOOPBACK_ROUND_TRIP]).stdout == "ok\n"
+    refused = probed.exec("touch /etc/x /usr/x")
     assert refused.exit_code != 0 and "Read-only file system" in refused.stderr
-    assert sandbox.exec("touch /workspace/ok /tmp/ok && echo yes").stdout == "yes\n"
-    assert sandbox.exec("id -u").stdout.strip() == "1000" and sandbox.user == "agent"
-    assert sandbox.exec("chown 1234 /workspace/ok").exit_code != 0
+    assert probed.exec("touch /workspace/ok /tmp/ok && echo yes").stdout == "yes\n"
+    assert probed.exec("id -u").stdout.strip() == "1000" and probed.user == "agent"
+    assert probed.exec("chown 1234 /workspace/ok").exit_code != 0
     # the limits live in the guest's cgroup, which the sandbox cannot write
-    assert sandbox.exec("cat /sys/fs/cgroup/sandbox/pids.max").stdout.strip().isdigit()
-    assert sandbox.exec("echo max > /sys/fs/cgroup/sandbox/pids.max").exit_code != 0
+    assert probed.exec("cat /sys/fs/cgroup/sandbox/pids.max").stdout.strip().isdigit()
+    assert probed.exec("echo max > /sys/fs/cgroup/sandbox/pids.max").exit_code != 0
 
 
 def test_root_in_the_guest_is_not_root_on_the_host(make_sandbox, tmp_path):
@@ -101,15 +115,15 @@ def test_root_in_the_guest_is_not_root_on_the_host(make_sandbox, tmp_path):
     assert ports and all(sb.exec(f"head -c1 /dev/{p}", timeout=5).exit_code != 0 for p in ports)
 
 
-def test_the_guest_reaches_nothing_but_its_agent_ports(sandbox):
-    argv = _qemu_argv(sandbox)
+def test_the_guest_reaches_nothing_but_its_agent_ports(probed):
+    argv = _qemu_argv(probed)
     devices = [argv[i + 1].split(",")[0] for i, a in enumerate(argv) if a == "-device"]
     assert sorted(set(devices)) == ["virtio-blk-device", "virtio-serial-device", "virtserialport"], devices
     assert "-nodefaults" in argv and not {"-netdev", "-nic", "-net", "-fsdev", "-virtfs"} & set(argv)
     drives = [argv[i + 1] for i, a in enumerate(argv) if a == "-drive"]
     assert len(drives) == 1 and "readonly=on" in drives[0]
     assert argv[argv.index("-sandbox") + 1].startswith("on,")  # QEMU under seccomp
-    assert sandbox.exec("ls /sys/class/net").stdout.split() == ["lo"]
+    assert probed.exec("ls /sys/class/net").stdout.split() == ["lo"]
     # inside: virtio devices are the console's ports and the disk (ids 3 and 2), nothing else
-    kinds = sandbox.exec("cat /sys/bus/virtio/devices/*/device").stdout.split()
+    kinds = probed.exec("cat /sys/bus/virtio/devices/*/device").stdout.split()
     assert sorted(kinds) == ["0x0002", "0x0003"], kinds

@@ -168,6 +168,17 @@ def stop_node(node: RayNode, grace_s: float = 2.0) -> None:
             return
 
 
+def kill_node(node: RayNode, timeout_s: float = 10.0) -> None:
+    """SIGKILL to every process of the node's namespace, until none is left: the end of a cluster whose
+    state nothing reads any more (`stop_node` gives them a SIGTERM and its grace first)."""
+    deadline = time.monotonic() + timeout_s
+    while (pids := node.pids()) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
 def _start(cluster: RayCluster, node: RayNode, head: bool) -> None:
     argv = [RAY, "start", "--node-ip-address", node.ip, "--num-cpus", str(node.num_cpus),
             "--resources", json.dumps(node.resources), "--temp-dir", str(node.temp_dir),
@@ -190,9 +201,13 @@ def _start(cluster: RayCluster, node: RayNode, head: bool) -> None:
 
 
 def _wait_for_nodes(cluster: RayCluster, timeout_s: float = 120.0) -> None:
-    """Until the head sees every node alive (asked from the head's namespace, as a driver there would)."""
-    script = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
-              "print(sum(n['Alive'] for n in ray.nodes()))")
+    """Until the head's GCS counts exactly the cluster's nodes alive (asked from the head's namespace; a node
+    killed earlier must have been declared dead). The GCS is asked directly, as `ray start` asks it whether
+    its node registered: a `ray.init` driver would cost a second more, every time."""
+    script = ("import sys; from ray._raylet import GcsClient; "
+              "from ray.core.generated.gcs_pb2 import GcsNodeInfo; "
+              "nodes = GcsClient(address=sys.argv[1]).get_all_node_info(timeout=30).values(); "
+              "print(sum(n.state == GcsNodeInfo.GcsNodeState.ALIVE for n in nodes))")
     deadline = time.monotonic() + timeout_s
     while True:
         done = cluster.run(cluster.head, [sys.executable, "-c", script, cluster.address], timeout_s=120)
@@ -227,20 +242,21 @@ def ray_cluster(base: Path, workers: int = 2, worker_rollout: float = 2,
         runs.mkdir(exist_ok=True)
         cluster = RayCluster(nodes[0], nodes[1:], lan, make_token(base / "ray_auth_token"), nodes, runs)
         try:
-            with ThreadPoolExecutor(len(nodes)) as pool:  # the machines set up at once, as real ones do
-                # each machine builds the sandbox image for its own AgentENV home
-                list(pool.map(lambda node: subprocess.run(
-                    [sys.executable, "-m", "agentenv.cli", "images", "build", "base", "--quiet"],
-                    env=cluster.environment(node), check=True, cwd=ROOT, capture_output=True, timeout=600),
-                    nodes))
+            with ThreadPoolExecutor(2 * len(nodes)) as pool:  # the machines set up at once, as real ones do
+                # each machine builds the sandbox image for its own AgentENV home while Ray starts (no
+                # sandbox is made before the first run)
+                build = [sys.executable, "-m", "agentenv.cli", "images", "build", "base", "--quiet"]
+                builds = [pool.submit(subprocess.run, build, env=cluster.environment(node), cwd=ROOT,
+                                      check=True, capture_output=True, timeout=600) for node in nodes]
                 _start(cluster, cluster.head, head=True)
                 list(pool.map(lambda node: _start(cluster, node, head=False), cluster.workers))
+                for built in builds:
+                    built.result()
             _wait_for_nodes(cluster)
             yield cluster
         finally:
             with ThreadPoolExecutor(len(nodes)) as pool:
-                list(pool.map(stop_node, cluster.workers))  # workers first: the head's GCS outlives them
-            stop_node(cluster.head)
-            for node in nodes:
-                remove_labelled(node.home)
+                list(pool.map(kill_node, cluster.workers))  # workers first: the head's GCS outlives them
+                kill_node(cluster.head)
+                list(pool.map(lambda node: remove_labelled(node.home), nodes))
             shutil.rmtree(tmp, ignore_errors=True)

@@ -19,10 +19,10 @@ from rl.rollout.runner import EpisodeRunner, RolloutStats
 from rl.rollout.torch_engine import TorchEngine
 from rl.tokenizer import ByteTokenizer
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("one_torch_thread")]
 TOK = ByteTokenizer()
-DATA_MIB = 8  # a KVLookup sandbox then holds ~16 MiB (its service's table, Python, the shell)
-BUDGET_MIB = 40  # two of them, not three
+DATA_MIB = 8  # a KVLookup sandbox then holds ~13 MiB (its service's table, Python, the shell)
+BUDGET_MIB = 32  # two of them, not three
 
 
 class RunningSampler:
@@ -117,9 +117,14 @@ def test_under_a_binding_budget_running_sandboxes_wait_running_and_step_first(sa
         "+rollout.sandbox_pool.overrides.idle_after_s=0",
     )
     engine = TorchEngine(build_policy(cfg.model, seed=0), TOK)
-    runner = EpisodeRunner(cfg.env, cfg.rollout, engine, TOK, sandbox=sandbox_config)
+    instant = replace(cfg.rollout, policy_latency_s=0.0)  # measuring a sandbox needs no slow policy
+    runner = EpisodeRunner(cfg.env, instant, engine, TOK, sandbox=sandbox_config)
     try:
         runner.run([1], group_size=2, generator=torch.Generator().manual_seed(0))  # measures a sandbox
+        # the 3 s policy from here on, expected at its latency until its first call (as if it had played
+        # that measuring run: its turns would have taken that long)
+        runner.policy_latency_s = cfg.rollout.policy_latency_s
+        runner._generate_s.clear()
         with RunningSampler(runner.sandbox_pool) as sampler:
             episodes, stats = runner.run([1, 2, 3], group_size=2, generator=torch.Generator().manual_seed(0))
         slots = runner.residency.slots()
@@ -147,23 +152,25 @@ def test_a_policy_too_fast_to_pay_for_pauses_plays_waves_that_fit_the_slots(sand
         f"+rollout.sandbox_pool.overrides.memory_budget={BUDGET_MIB}m",
     )
     seeds = [4, 5, 6]
-    runs = {}
-    for policy in ("cost", "always"):
-        pool_cfg = replace(cfg.rollout.sandbox_pool, pause_policy=policy)
-        engine = TorchEngine(build_policy(cfg.model, seed=0), TOK)
-        runner = EpisodeRunner(cfg.env, replace(cfg.rollout, sandbox_pool=pool_cfg), engine, TOK,
-                               sandbox=sandbox_config)
-        try:
-            runner.run([1], group_size=2, generator=torch.Generator().manual_seed(0))  # measures a sandbox
-            assert runner.residency.slots() == 2
-            runs[policy] = runner.run(seeds, group_size=2, generator=torch.Generator().manual_seed(1))
-            if policy == "cost":  # the same pool's costs against a policy that takes a minute per turn
-                assert runner._groups_per_wave(2, 3) == 1
-                runner.expected_generation_s = lambda batch_size: 60.0
-                assert runner._groups_per_wave(2, 3) == 3  # one long wait beats three
-        finally:
-            runner.close()
-    (episodes, stats), (all_episodes, all_stats) = runs["cost"], runs["always"]
+    pool_cfg = replace(cfg.rollout.sandbox_pool, pause_policy="cost")
+    engine = TorchEngine(build_policy(cfg.model, seed=0), TOK)
+    runner = EpisodeRunner(cfg.env, replace(cfg.rollout, sandbox_pool=pool_cfg), engine, TOK,
+                           sandbox=sandbox_config)
+    try:
+        runner.run([1], group_size=2, generator=torch.Generator().manual_seed(0))  # measures a sandbox
+        assert runner.residency.slots() == 2
+        episodes, stats = runner.run(seeds, group_size=2, generator=torch.Generator().manual_seed(1))
+        # the same pool's costs against a policy that takes a minute per turn
+        assert runner._groups_per_wave(2, 3) == 1
+        runner.expected_generation_s = lambda batch_size: 60.0
+        assert runner._groups_per_wave(2, 3) == 3  # one long wait beats three
+        del runner.expected_generation_s
+        # the same run under pause_policy=always, in the same measured pool (its two slots)
+        runner.residency.configure("always", pool_cfg.admission)
+        assert runner.residency.slots() == 2
+        all_episodes, all_stats = runner.run(seeds, group_size=2, generator=torch.Generator().manual_seed(1))
+    finally:
+        runner.close()
     assert stats.waves == 3 and stats.slot_wait_s == 0 and not stats.pause_waits
     assert stats.failed == 0 and [e.seed for e in episodes] == [s for s in seeds for _ in range(2)]
     assert all_stats.waves == 1 and all_stats.slot_wait_s > 0 and all_stats.pause_waits
@@ -214,7 +221,7 @@ def test_a_snapshot_and_its_resume_finish_under_a_one_slot_budget(sandbox_config
     from agentenv.owner import KEEPER_LABEL
 
     cfg = compose(
-        "env.kwargs.max_turns=3",
+        "env.kwargs.max_turns=2",  # turn 2 plays on after the snapshot, and again after the resume
         "env.kwargs.num_values=9",
         "rollout.env_threads=4",
         "+rollout.sandbox_pool.overrides.memory_budget=1",

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -115,8 +116,14 @@ def test_trains_on_the_nodes_its_resources_name_and_a_lost_worker_node_costs_onl
     kill = f"{{cls: 'user_wrappers:KillsProcessOnce', kwargs: {{seeds: {seeds}, pid: {raylet}, " \
            f"marker: '{marker}'}}}}"
     before = {node.name: made_on(node.home) for node in cluster.nodes}
-    records, placement = train(cluster, tmp_path / "run", *TWO_WORKERS, "trainer.iterations=3",
-                               f"env.wrappers=[{kill}]")
+    # The same run on local Ray (below) plays meanwhile, in this process: the two share nothing (their
+    # own Ray, AgentENV homes and run folders), and a sync run's results do not depend on its timing.
+    with ThreadPoolExecutor(1) as pool:
+        on_cluster = pool.submit(train, cluster, tmp_path / "run", *TWO_WORKERS, "trainer.iterations=3",
+                                 f"env.wrappers=[{kill}]")
+        local = compose(*TWO_WORKERS, "trainer.iterations=3", "trainer.num_cpus=3")
+        history = Trainer(local, tmp_path / "local").run().history
+        records, placement = on_cluster.result()
     assert marker.exists() and raylet not in victim.pids()  # the fault really fired
     assert [r["iteration"] for r in records] == [0, 1, 2]
     assert all(r["episodes"] == 4 and r["failed_episodes"] == 0 and r["env_steps"] > 0 for r in records)
@@ -133,8 +140,6 @@ def test_trains_on_the_nodes_its_resources_name_and_a_lost_worker_node_costs_onl
     assert made == {"head": 0, victim.name: 2, survivor.name: 4}, made
     # The same run on local Ray (same seeds, same split of the groups over 2 workers, nothing killed)
     # learns the same: the retried share replayed exactly what the lost worker would have played.
-    local = Trainer(compose(*TWO_WORKERS, "trainer.iterations=3", "trainer.num_cpus=3"), tmp_path / "local")
-    history = local.run().history
     for key in ("success", "reward", "loss"):
         assert [r[key] for r in history] == [r[key] for r in records], key
 
@@ -216,7 +221,7 @@ def test_two_learner_ranks_on_nodes_that_share_no_folder_checkpoint_whole_and_a_
         deadline = time.monotonic() + 240
         own = run_dir / "checkpoints" / "iter_00001" / "trainer_state.json"  # the resumed run's first
         while not own.exists() and run.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
+            time.sleep(0.1)
         if not own.exists():
             ended = run.poll()
             pytest.fail(f"no checkpoint (rl.train: {ended}) {run.stderr.read()[-3000:] if ended else ''}")

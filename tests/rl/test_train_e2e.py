@@ -2,7 +2,8 @@
 with a KL reference model and routing replay trains through the user's gymnasium wrappers; and exact
 resume for both,
 so for every kind of learner state (policy, value head, frozen reference, AdamW moments): N iterations
-straight == N/2 + resume + N/2, bit for bit."""
+straight == N/2 + resume + N/2, bit for bit (the N/2 of a run stopped there, or a checkpoint N/2 into the
+straight run)."""
 
 import json
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 from rl_testutil import TINY, compose
 from safetensors.torch import load_file
 
+from rl.checkpoints import checkpoint_dir
 from rl.driver.trainer import Trainer
 from rl.learner.shard_checkpoint import read_learner_state
 from rl.seeds import group_seeds
@@ -88,8 +90,9 @@ def grpo_run(local_ray, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ppo_run(local_ray, tmp_path_factory):
-    """2 iterations of `PPO`, run straight."""
-    return run(tmp_path_factory.mktemp("ppo"), "ppo", *PPO)
+    """2 iterations of `PPO`, run straight, with a checkpoint after each (the first one is where
+    `test_ppo_with_a_kl_reference_resumes_exactly` resumes)."""
+    return run(tmp_path_factory.mktemp("ppo"), "ppo", *PPO, "trainer.checkpoint_every=1")
 
 
 def test_grpo_two_iterations_survive_a_dead_rollout_worker(grpo_run):
@@ -132,9 +135,12 @@ def test_grpo_resume_continues_exactly(grpo_run, tmp_path):
 
 
 def test_ppo_with_a_kl_reference_resumes_exactly(ppo_run, tmp_path):
-    """Value head, frozen reference and their optimizer state: 2 straight == 1 + resume + 1."""
-    half = run(tmp_path, "half", *PPO, "trainer.iterations=1")
-    resumed = run(tmp_path, "resumed", *PPO, f"trainer.resume={half.run_dir}")
+    """Value head, frozen reference and their optimizer state: 2 straight == 1 + resume + 1, resumed from
+    the checkpoint the straight run wrote after its first iteration (what a run stopped there would have
+    written: a checkpoint that changed the run it was taken from would fail the comparison too)."""
+    first = checkpoint_dir(ppo_run.run_dir, 0)
+    assert first.is_dir() and ppo_run.checkpoint == checkpoint_dir(ppo_run.run_dir, 1)
+    resumed = run(tmp_path, "resumed", *PPO, f"trainer.resume={first}")
     state = learner_state(resumed.checkpoint)
     assert state["reference"] and any(name.startswith("value_head.") for name in state["model"])
     assert_same_run(ppo_run, resumed)

@@ -25,8 +25,10 @@ def test_the_trainer_runs_on_microvm_sandboxes(tmp_path):
     env = {**os.environ, "AGENTENV_HOME": str(home), "AGENTENV_BACKEND": "microvm",
            "AGENTENV_BACKEND_CONFIG": str(backend_config(tmp_path))}
     try:
+        # one group of two episodes (TINY's two groups only double the TCG guests' work) in one minibatch
         r = subprocess.run([sys.executable, "-m", "rl.train", *TINY, "trainer.iterations=1",
-                            "trainer.tensorboard=false", f"hydra.run.dir={tmp_path / 'run'}"],
+                            "algo.episodes_per_step=2", "algo.minibatches=1", "trainer.tensorboard=false",
+                            f"hydra.run.dir={tmp_path / 'run'}"],
                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
         history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

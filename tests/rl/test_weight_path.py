@@ -101,9 +101,11 @@ def test_the_learner_trains_on_episode_references_and_publishes_each_version_onc
 
 
 def test_a_restarted_worker_refuses_the_batch_until_it_reloads_the_current_weights(cfg, local_ray):
-    learner = ray.remote(LearnerActor).remote(cfg)
+    # the learner in this process (its actor is the test above's): its train step puts the weights in
+    # Ray's object store all the same, and the worker, a real actor, loads them by reference
+    learner = LearnerActor(cfg)
     worker = rollout_worker_actor().options(max_restarts=1).remote(cfg, 0)
-    _metrics, version, blocks = ray.get(learner.train_step.remote(episodes()))
+    _metrics, version, blocks = learner.train_step(episodes())
     weights = PublishedWeights(version, blocks)
     assert ray.get(worker.load_weights.remote(version, weights)) == 1
     ray.kill(worker, no_restart=False)  # as an OOM kill: Ray restarts it, with no weights
@@ -123,7 +125,6 @@ def test_a_restarted_worker_refuses_the_batch_until_it_reloads_the_current_weigh
     with pytest.raises(RayTaskError, match="refusing older v0"):
         ray.get(worker.load_weights.remote(0, ray.put(Learner(cfg).weights()[1])))
     ray.kill(worker)
-    ray.kill(learner)
 
 
 @pytest.mark.docker

@@ -15,18 +15,23 @@ import httpx
 import pytest
 import yaml
 from netns_hosts import API_KEY, ROOT
-from test_server_e2b import COUNTER, _n, _poll, test_commands_through_the_sdk  # noqa: F401 - collected here
+from test_server_e2b import _n, _poll, test_commands_through_the_sdk  # noqa: F401 - collected here
 from test_server_faults import CALL_TIMEOUT_S, Served, _listed, _sdk
 
 pytestmark = pytest.mark.docker
 
 sys.path.insert(0, str(ROOT / "tests" / "agentenv"))
 from agentenv_testutil import SMALL  # noqa: E402
-from microvm_env import microvm_home  # noqa: E402
+from microvm_env import TOKEN_PROCESS, microvm_home  # noqa: E402
 
-TOKEN = ("nohup python3 -c \"import os,time; t=os.urandom(8).hex(); open('/tmp/token','w').write(t); "
-         "time.sleep(10**6)\" >/dev/null 2>&1 & while [ ! -s /tmp/token ]; do sleep 0.05; done; "
-         "cat /tmp/token")
+TOKEN = TOKEN_PROCESS + "; cat /tmp/token"
+# test_server_e2b's COUNTER that first writes a random token into /tmp (tmpfs: the guest's memory): one
+# python3 start in the guest for both (a cold one costs seconds under TCG)
+COUNTER_WITH_TOKEN = ("python3 -u -c 'import os, time\n"
+                      "open(\"/tmp/token\", \"w\").write(os.urandom(8).hex())\n"
+                      "n = 0\nwhile True:\n    n += 1\n    print(n, flush=True)\n"
+                      "    open(\"/workspace/n.tmp\", \"w\").write(str(n))\n"
+                      "    os.replace(\"/workspace/n.tmp\", \"/workspace/n\")\n    time.sleep(0.1)'")
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +115,11 @@ def test_files_and_the_pty_through_the_sdk(sdk_sandbox):
 
 def test_pause_connect_fork_kill(served, sdk_sandbox):
     sb = sdk_sandbox(timeout=300)
-    token = sb.commands.run(TOKEN).stdout.strip()
     sb.files.write("note.txt", "kept")
-    counter = sb.commands.run(COUNTER, background=True)
-    before = _poll(lambda: _n(sb) >= 2 and _n(sb), 30, "the counter to count")
+    counter = sb.commands.run(COUNTER_WITH_TOKEN, background=True)
+    before = _poll(lambda: (n := _n(sb)) >= 2 and n, 30, "the counter to count")
+    token = sb.commands.run("cat /tmp/token").stdout.strip()  # written before the first count
+    assert len(token) == 16, token
     assert sb.pause() is True
     assert _vm_pid(served, sb.sandbox_id) == 0  # the VM's QEMU is gone: no process
     sb = _sdk().connect(sb.sandbox_id, timeout=300)
