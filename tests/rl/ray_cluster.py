@@ -154,29 +154,19 @@ def make_token(path: Path) -> Path:
     return path
 
 
-def stop_node(node: RayNode, grace_s: float = 2.0) -> None:
-    """SIGTERM then SIGKILL to every process of the node's namespace (all started by this fixture)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def stop_node(node: RayNode, grace_s: float = 2.0, term: bool = True) -> None:
+    """SIGTERM then SIGKILL to every process of the node's namespace (all started by this fixture);
+    ``term=False``: SIGKILL at once (the end of a cluster whose state nothing reads any more)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL) if term else (signal.SIGKILL,):
         pids = node.pids()
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + grace_s
         while node.pids() and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(0.05)
         if not node.pids():
             return
-
-
-def kill_node(node: RayNode, timeout_s: float = 10.0) -> None:
-    """SIGKILL to every process of the node's namespace, until none is left: the end of a cluster whose
-    state nothing reads any more (`stop_node` gives them a SIGTERM and its grace first)."""
-    deadline = time.monotonic() + timeout_s
-    while (pids := node.pids()) and time.monotonic() < deadline:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
 
 
 def _start(cluster: RayCluster, node: RayNode, head: bool) -> None:
@@ -256,7 +246,8 @@ def ray_cluster(base: Path, workers: int = 2, worker_rollout: float = 2,
             yield cluster
         finally:
             with ThreadPoolExecutor(len(nodes)) as pool:
-                list(pool.map(kill_node, cluster.workers))  # workers first: the head's GCS outlives them
-                kill_node(cluster.head)
+                # workers first: the head's GCS outlives them
+                list(pool.map(lambda node: stop_node(node, term=False), cluster.workers))
+                stop_node(cluster.head, term=False)
                 list(pool.map(lambda node: remove_labelled(node.home), nodes))
             shutil.rmtree(tmp, ignore_errors=True)

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 from netns_hosts import API_KEY, ROOT
-from test_server_e2b import _n, _poll, test_commands_through_the_sdk  # noqa: F401 - collected here
+from test_server_e2b import COUNTER, _n, _poll, test_commands_through_the_sdk  # noqa: F401 - collected here
 from test_server_faults import CALL_TIMEOUT_S, Served, _listed, _sdk
 
 pytestmark = pytest.mark.docker
@@ -27,11 +27,8 @@ from microvm_env import TOKEN_PROCESS, microvm_home  # noqa: E402
 TOKEN = TOKEN_PROCESS + "; cat /tmp/token"
 # test_server_e2b's COUNTER that first writes a random token into /tmp (tmpfs: the guest's memory): one
 # python3 start in the guest for both (a cold one costs seconds under TCG)
-COUNTER_WITH_TOKEN = ("python3 -u -c 'import os, time\n"
-                      "open(\"/tmp/token\", \"w\").write(os.urandom(8).hex())\n"
-                      "n = 0\nwhile True:\n    n += 1\n    print(n, flush=True)\n"
-                      "    open(\"/workspace/n.tmp\", \"w\").write(str(n))\n"
-                      "    os.replace(\"/workspace/n.tmp\", \"/workspace/n\")\n    time.sleep(0.1)'")
+COUNTER_WITH_TOKEN = COUNTER.replace("import os, time\n", "import os, time\n"
+                                     "open(\"/tmp/token\", \"w\").write(os.urandom(8).hex())\n", 1)
 
 
 @pytest.fixture(scope="module")
