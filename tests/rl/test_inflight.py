@@ -141,7 +141,7 @@ def train(ray_address: str, run_dir: Path, *overrides: str) -> subprocess.Popen:
     """`python -m rl.train` as a user starts it, joining the session's local Ray (its actors die with it)."""
     cmd = [sys.executable, "-m", "rl.train", *ASYNC, *overrides, f"trainer.ray_address={ray_address}",
            f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=interruptible
     )
@@ -180,6 +180,16 @@ def wait_for_iterations(driver: subprocess.Popen, run_dir: Path, after: int, cou
         time.sleep(0.2)
 
 
+def wait_for_file(driver: subprocess.Popen, path: Path) -> bool:
+    """Whether ``path`` appears (within 120 s, while the driver runs)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and driver.poll() is None:
+        if path.exists():
+            return True
+        time.sleep(0.05)
+    return path.exists()
+
+
 def checkpoint_iteration(checkpoint: Path) -> int:
     return int(json.loads((checkpoint / "trainer_state.json").read_text())["iteration"])
 
@@ -216,7 +226,9 @@ def test_an_async_run_killed_then_interrupted_resumes_each_time_with_its_episode
     """SIGKILL after a periodic checkpoint; the resumed run (no periodic checkpoints) is stopped with
     Ctrl-C (SIGINT) and writes one with its episodes in flight as it stops; the run resumed from that
     one finishes. Each restart goes on with the episodes its checkpoint recorded."""
-    killed = train(local_ray, tmp_path / "run", "trainer.iterations=50", "trainer.checkpoint_every=1")
+    hold = tmp_path / "hold"  # its HoldsMidGame keeps an episode mid-game while the Ctrl-C lands
+    holds = f"env.wrappers=[{{cls: 'user_wrappers:HoldsMidGame', kwargs: {{flag: '{hold}', hold_s: 3.0}}}}]"
+    killed = train(local_ray, tmp_path / "run", holds, "trainer.iterations=50", "trainer.checkpoint_every=1")
     try:
         summary = wait_for_playing_checkpoint(killed, tmp_path / "run")
         assert summary is not None, f"no checkpoint kept episodes: {killed.stderr.read1()[-3000:]!r}"
@@ -227,11 +239,14 @@ def test_an_async_run_killed_then_interrupted_resumes_each_time_with_its_episode
     kept = kept_sandboxes(first)
     assert kept and all(Sandbox.get(sid).status == "paused" for sid in kept), "the kill took kept sandboxes"
 
-    interrupted = train(local_ray, tmp_path / "resumed", "trainer.iterations=50",
+    interrupted = train(local_ray, tmp_path / "resumed", holds, "trainer.iterations=50",
                         "trainer.checkpoint_every=0", f"trainer.resume={first}")
     try:
         wait_for_iterations(interrupted, tmp_path / "resumed", checkpoint_iteration(first), 1)
+        hold.touch()
+        assert wait_for_file(interrupted, hold.with_name("hold.held")), interrupted.stderr.read1()[-3000:]
         interrupted.send_signal(signal.SIGINT)
+        hold.unlink()
         assert interrupted.wait(timeout=300) == 130, interrupted.stderr.read()[-3000:]
     finally:
         stopped(interrupted)
@@ -247,7 +262,7 @@ def test_an_async_run_killed_then_interrupted_resumes_each_time_with_its_episode
     # queued before any new call, and each recorded call is the first its worker plays), as the one
     # iteration before the Ctrl-C showed; the checkpoint at the end of the run closes what second kept.
     done = checkpoint_iteration(second)
-    finished = train(local_ray, tmp_path / "finished", f"trainer.iterations={done + 2}",
+    finished = train(local_ray, tmp_path / "finished", holds, f"trainer.iterations={done + 2}",
                      f"trainer.resume={second}")
     _, err = finished.communicate(timeout=600)
     assert finished.returncode == 0, err[-5000:].decode()

@@ -97,3 +97,20 @@ class KillsProcessThenWaits(KillsProcessOnce):
         while self.marker.exists() and not self._restarted() and time.monotonic() < deadline:
             time.sleep(0.2)
         return result
+
+
+class HoldsMidGame(gymnasium.Wrapper):
+    """While file ``flag`` exists, a step after which its episode goes on touches ``flag``.held and keeps
+    the episode there for ``hold_s`` seconds: a test that waits for ``held`` and then stops the run knows
+    that an episode is mid-game at the next turn boundary, however loaded the machine is."""
+
+    def __init__(self, env: gymnasium.Env, flag: str, hold_s: float) -> None:
+        super().__init__(env)
+        self.flag, self.hold_s = Path(flag), hold_s
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        if not (terminated or truncated) and self.flag.exists():
+            self.flag.with_name(self.flag.name + ".held").touch()
+            time.sleep(self.hold_s)
+        return observation, reward, terminated, truncated, info
