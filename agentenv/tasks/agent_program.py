@@ -210,7 +210,9 @@ class AgentProgram(SandboxTask):
         """The verifier's `Verdict` on the sandbox's current state (in a fork with ``verifier.fork``)."""
         self.hold_sandbox()  # leased until the episode ends (resumed first if its pool paused it)
         if not self.verifier_fork:
-            return self._verify_in(self._live or self.sandbox)
+            sandbox = self._live or self.sandbox
+            return self._verify_in(SessionExec(sandbox, self._session_in(sandbox)) if self.use_session
+                                   else sandbox)
         fork = self.factory().fork(self._live or self.sandbox, 1)[0]
         try:
             return self._verify_in(fork)
@@ -231,6 +233,26 @@ class AgentProgram(SandboxTask):
             output = (result.stdout + result.stderr)[-300:]
             raise RuntimeError(f"verifier.command exited {result.exit_code}: {output!r}")
         return verdict(result.stdout, "verifier.command")
+
+
+class SessionExec:
+    """``sandbox`` as a verifier sees it where the agent played: its plain ``exec`` calls run in the
+    episode's shell ``session`` (the same result and limits; a few ms each, where a new exec costs a
+    container runtime's exec, about 65 ms of CPU here), everything else is the sandbox's own."""
+
+    def __init__(self, sandbox: SandboxHandle, session: Any) -> None:
+        self._sandbox, self._session = sandbox, session
+
+    def exec(self, cmd, timeout: float | None = None, stdin: bytes | str | None = None,
+             env: Mapping[str, str] | None = None, workdir: str | None = None,
+             raise_on_timeout: bool = False):
+        if env is not None or workdir is not None or raise_on_timeout:
+            return self._sandbox.exec(cmd, timeout=timeout, stdin=stdin, env=env, workdir=workdir,
+                                      raise_on_timeout=raise_on_timeout)
+        return self._session.run(cmd, timeout=timeout, stdin=stdin)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sandbox, name)
 
 
 def program_variables(action: str) -> dict[str, str]:

@@ -14,10 +14,12 @@ One episode is one training row (the learner's groups have ``group_size`` rows):
 make several samples (it rewrote its history), the one with the most action tokens is trained and the
 others' calls are counted in the task metric ``untrained_calls``. A program that crashes fails the episode
 as ``runtime_error``, one past its timeout as ``exec_timeout`` (`rl.failures`): weight 0, its captured
-tokens kept for inspection. The policy version is read once per wave, before the programs start: in async
-training new weights are swapped in between waves, never under a running program. An in-flight checkpoint
-(`EpisodeRunner.snapshot`) is taken at the next wave boundary: the finished episodes as they are and the
-groups not started yet, which `ProgramEpisodes.resume` plays after a restart.
+tokens kept for inspection. A wave's programs all run at once (the wave is what the runner's slots and
+``rollout.max_concurrent_episodes`` allow; ``rollout.env_threads`` caps only turn-based stepping), so the
+gateway batches their calls together. The policy version is read once per wave, before the programs
+start: in async training new weights are swapped in between waves, never under a running program. An
+in-flight checkpoint (`EpisodeRunner.snapshot`) is taken at the next wave boundary: the finished episodes
+as they are and the groups not started yet, which `ProgramEpisodes.resume` plays after a restart.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from __future__ import annotations
 import importlib
 import json
 import time
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 import gymnasium
 import torch
@@ -35,12 +38,14 @@ from agentenv.errors import ConfigError
 from rl.episode import Episode
 from rl.rollout.gateway.capture import EpisodeRecord
 from rl.rollout.gateway.samples import episode_samples
-from rl.rollout.gateway.sandbox_link import SandboxLink
 from rl.rollout.gateway.service import Gateway
 from rl.rollout.gateway.settings import GatewaySettings
 from rl.rollout.inflight import InFlightEpisode
 from rl.rollout.wrappers import task
 from rl.rollout_stats import RolloutStats
+
+if TYPE_CHECKING:  # the HTTP stack (FastAPI, uvicorn) is imported by the workers of program tasks only
+    from rl.rollout.gateway.sandbox_link import SandboxLink
 
 EpisodeRunner = Any  # the `rl.rollout.runner.EpisodeRunner` that owns this part (it imports this module)
 
@@ -95,6 +100,8 @@ class ProgramEpisodes:
 
     def _link(self) -> SandboxLink:
         if self.link is None:
+            from rl.rollout.gateway.sandbox_link import SandboxLink
+
             r = self.runner
             settings = GatewaySettings(
                 model_name=MODEL_NAME, context_tokens=r.max_episode_tokens, max_tokens=r.max_new_tokens,
@@ -166,7 +173,11 @@ class ProgramEpisodes:
             self._play(envs[i], episode, stats)
 
         t, engine_s = time.perf_counter(), link.gateway.batcher.engine_s
-        list(r.threads.map(play, range(len(wave))))
+        # every program of the wave at once (the wave is what the slots and max_concurrent_episodes
+        # allow): an episode's thread only waits on its program, and the more programs call at once, the
+        # fuller the gateway's batches; rollout.env_threads caps turn-based stepping, not this
+        with ThreadPoolExecutor(max_workers=len(wave), thread_name_prefix="program") as threads:
+            list(threads.map(play, range(len(wave))))
         stats.env_step_s += time.perf_counter() - t
         stats.generate_s += link.gateway.batcher.engine_s - engine_s  # the wave's calls, in the gateway
         stats.env_steps += sum(1 for s in starts if s.error is None)

@@ -20,6 +20,7 @@ import torch
 from rl_testutil import ROOT, compose
 
 import agentenv.tasks  # noqa: F401  (registers the tasks)
+from agentenv import Sandbox
 from agentenv.errors import ConfigError
 from rl.policy import build_policy
 from rl.rollout.runner import EpisodeRunner
@@ -213,7 +214,7 @@ def test_rl_train_agent_guess_number_trains_in_async_mode(local_ray, tmp_path):
 
 @pytest.mark.docker
 @pytest.mark.parametrize("fork", [True, False])
-def test_a_command_verifier_scores_the_final_state_in_a_fork_when_asked(sandbox_config, fork):
+def test_a_command_verifier_scores_the_final_state_in_a_fork_when_asked(sandbox_config, fork, monkeypatch):
     env = gymnasium.make(
         ENV, program={"command": "echo $AGENT_TASK > answer.txt", "setup": "echo 4.5 {seed}"},
         verifier={"command": "touch verifier_was_here && cut -d' ' -f1 answer.txt", "fork": fork},
@@ -221,8 +222,14 @@ def test_a_command_verifier_scores_the_final_state_in_a_fork_when_asked(sandbox_
     )
     try:
         assert env.reset(seed=11)[0] == "4.5 11"
+        execs, exec_ = [], Sandbox.exec
+        monkeypatch.setattr(Sandbox, "exec", lambda sb, *a, **k: execs.append(sb.id) or exec_(sb, *a, **k))
         _, reward, terminated, _, info = env.step(json.dumps({"UNUSED": "1"}))
+        monkeypatch.undo()
         assert (reward, terminated, info["success"]) == (4.5, True, True)
+        # the program and, where the agent played, the verifier run in the episode's shell session: a new
+        # exec only in the fork
+        assert (env.unwrapped.sandbox.id not in execs and len(execs) == 1) if fork else execs == []
         seen = env.unwrapped.run("test -e verifier_was_here && echo seen || echo unseen").output.strip()
         assert seen == ("unseen" if fork else "seen")  # in a fork, nothing the verifier did stays
     finally:

@@ -1,4 +1,5 @@
-"""An agent loop that plays GuessNumber through an OpenAI-compatible chat API (python3's stdlib only).
+"""An agent loop that plays GuessNumber through an OpenAI-compatible chat API (python3's stdlib only:
+``http.client``, lighter to import than ``urllib.request``, which a short program pays at every start).
 
 Run inside the sandbox by the ``agent_guess_number`` task: ``$OPENAI_BASE_URL``, ``$OPENAI_API_KEY`` and
 ``$OPENAI_MODEL`` name the API, ``$AGENT_TASK`` holds the game's rules (``guess 0-5``). Each turn is one
@@ -8,13 +9,13 @@ call with ``--tools``), played with ``play.sh N``; the game's answer is the next
 """
 
 import argparse
+import http.client
 import json
 import os
 import re
 import subprocess
 import sys
-import urllib.error
-import urllib.request
+from urllib.parse import urlsplit
 
 NUMBER = re.compile(r"\d+")
 GUESS_TOOL = {
@@ -34,18 +35,19 @@ def chat(messages: list, tools: bool) -> dict:
     body = {"model": os.environ["OPENAI_MODEL"], "messages": messages}
     if tools:
         body["tools"] = [GUESS_TOOL]
-    request = urllib.request.Request(
-        os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={
-            "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json",
-        },
-    )
+    url = urlsplit(os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions")
+    connection = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=120)
     try:
-        with urllib.request.urlopen(request, timeout=120) as reply:
-            return json.loads(reply.read())["choices"][0]["message"]
-    except urllib.error.HTTPError as e:
-        sys.exit(f"the API answered {e.code}: {e.read()[:500]!r}")
+        connection.request("POST", url.path, body=json.dumps(body), headers={
+            "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json",
+        })
+        reply = connection.getresponse()
+        data = reply.read()
+    finally:
+        connection.close()
+    if reply.status != 200:
+        sys.exit(f"the API answered {reply.status}: {data[:500]!r}")
+    return json.loads(data)["choices"][0]["message"]
 
 
 def guess_of(message: dict) -> tuple[str, dict | None]:
