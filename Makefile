@@ -13,10 +13,10 @@ bootstrap:
 lock:
 	@python3 scripts/lock.py
 
-## The whole test suite (real dockerd, CRIU, Ray; Triton interpreter on CPU): the two host lanes and
-## the compute modules side by side, then the `serial` tests alone (tests/conftest.py says why).
+## The whole test suite (real dockerd, CRIU, Ray; Triton interpreter on CPU): the lanes side by side,
+## then the `serial` tests alone (tests/conftest.py says why).
 test: bootstrap
-	$(VENV)/bin/pytest tests -n 3 -m "not serial" --durations=30
+	$(VENV)/bin/pytest tests -n 2 -m "not serial" --durations=30
 	$(VENV)/bin/pytest tests -m serial --durations=10
 
 ## The main job: the tiny K3 policy learns the default task (override with ARGS="key=value ...").

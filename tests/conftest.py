@@ -1,4 +1,4 @@
-"""Lanes for `make test`: two host lanes and the compute modules side by side (pytest-xdist, `-n 3`),
+"""Lanes for `make test`: two host lanes and the compute modules side by side (pytest-xdist, `-n 2`),
 then the serial tests alone.
 
 Most of the suite talks to the machine's shared services: dockerd and CRIU (containers, checkpoints),
@@ -14,10 +14,10 @@ learner and the algorithms on hand-made batches, process groups on loopback, con
 in-process vLLM engine, the benchmarks' verdicts and the GPU check's CPU dry run. Each is a unit of its
 own (its module-scoped fixtures start once) and fills whichever worker is free. A module belongs there
 only when none of its tests starts a container, a Ray cluster, a server or a training subprocess. The
-units come longest first (`LONGEST_COMPUTE`, then xdist's order, most tests first), so that the last
-ones to finish are short and the workers end close together. Three workers on two cores: the host lanes
-wait on latency much of the time, and the third worker's compute modules fill those waits (on 2 cores
-`-n 2` took 12.4 min, `-n 3` 11.1 min: the cores were then busy throughout, so a fourth would not help).
+units a worker takes once its lane is done come longest first (`LONGEST_COMPUTE`, then xdist's order,
+most tests first), so that the last ones to finish are short and the two workers end close together. A
+third worker (`-n 3`, the compute modules beside both lanes) did not pay on two cores: the lanes are busy
+enough that it only slowed them (12.5 and 14.2 min against 12.4 and 12.5 with `-n 2`).
 
 A test marked `serial` changes what every other test relies on (it restarts dockerd, which stops every
 running container) or measures latencies a busy neighbour would distort: `make test` deselects them in
