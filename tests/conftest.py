@@ -17,7 +17,8 @@ only when none of its tests starts a container, a Ray cluster, a server or a tra
 units a worker takes once its lane is done come longest first (`LONGEST_COMPUTE`, then xdist's order,
 most tests first), so that the last ones to finish are short and the two workers end close together. A
 third worker (`-n 3`, the compute modules beside both lanes) did not pay on two cores: the lanes are busy
-enough that it only slowed them (12.5 and 14.2 min against 12.4 and 12.5 with `-n 2`).
+enough that it mostly slowed them (11.1 min with a test that failed early, 12.5, and 14.2 on a fresh
+clone, against 12.4 and 12.5 with `-n 2`).
 
 A test marked `serial` changes what every other test relies on (it restarts dockerd, which stops every
 running container) or measures latencies a busy neighbour would distort: `make test` deselects them in
