@@ -377,7 +377,9 @@ def test_a_pause_over_the_disk_cap_is_refused_and_the_sandbox_keeps_running(serv
     served.stop()  # the module's last test: the server stays capped until the module's teardown
     served.start(AGENTENV_BACKEND_CONFIG=str(capped))
     [(sbx, mark, _)] = _make(1)
-    sbx.commands.run("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > n.txt; sleep 0.1; done' "
+    # each count lands whole (written aside, then renamed): a read never sees the file truncated
+    sbx.commands.run("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > n.new; mv n.new n.txt; sleep 0.1; "
+                     "done' "
                      ">/dev/null 2>&1 &", request_timeout=CALL_TIMEOUT_S)
     with pytest.raises(SandboxException, match=r"507: .*1 MiB cap \(disk_cap in conf/agentenv/backend"):
         sbx.pause(request_timeout=CALL_TIMEOUT_S)
