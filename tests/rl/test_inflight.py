@@ -153,41 +153,48 @@ def interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def while_running(driver: subprocess.Popen, check, timeout_s: float = 300, every_s: float = 0.2):
+    """The first truthy value of ``check()``, polled while the driver runs (None: it ended, or
+    ``timeout_s`` passed, first)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and driver.poll() is None:
+        if value := check():
+            return value
+        time.sleep(every_s)
+    return None
+
+
 def wait_for_playing_checkpoint(driver: subprocess.Popen, run_dir: Path) -> Path | None:
     """The summary of the first checkpoint that kept playing episodes (None: the driver ended first)."""
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and driver.poll() is None:
+
+    def playing() -> Path | None:
         found = sorted((run_dir / "checkpoints").glob(f"iter_*/{IN_FLIGHT_SUMMARY}"))
         if found and any(r["playing"] for r in json.loads(found[-1].read_text())["rollouts"]):
             return found[-1]
-        time.sleep(0.2)
-    return None
+        return None
+
+    return while_running(driver, playing)
 
 
 def wait_for_iterations(driver: subprocess.Popen, run_dir: Path, after: int, count: int) -> None:
     """Until the run's metrics hold ``count`` iterations numbered above ``after``."""
-    deadline = time.monotonic() + 300
     metrics = run_dir / "metrics.jsonl"
-    while time.monotonic() < deadline and driver.poll() is None:
+
+    def enough() -> bool:
         logged = []
         for line in metrics.read_text().splitlines() if metrics.exists() else []:
             try:
                 logged.append(json.loads(line)["iteration"])
             except ValueError:  # the line being written
                 break
-        if sum(i > after for i in logged) >= count:
-            return
-        time.sleep(0.2)
+        return sum(i > after for i in logged) >= count
+
+    while_running(driver, enough)
 
 
 def wait_for_file(driver: subprocess.Popen, path: Path) -> bool:
     """Whether ``path`` appears (within 120 s, while the driver runs)."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and driver.poll() is None:
-        if path.exists():
-            return True
-        time.sleep(0.05)
-    return path.exists()
+    return bool(while_running(driver, path.exists, timeout_s=120, every_s=0.05)) or path.exists()
 
 
 def checkpoint_iteration(checkpoint: Path) -> int:
