@@ -18,7 +18,8 @@ import torch
 
 from model.moe import EXPERT_WEIGHTS, expert_key, stacked_slot
 from rl.checkpoints import POLICY
-from rl.learner.shard_checkpoint import OLD_STATE, set_rng_state
+from rl.learner.manifest import OLD_STATE
+from rl.learner.shard_checkpoint import set_rng_state
 from rl.learner.sharding import VALUE_HEAD, local, stacked_names
 
 OLD_SHARDS = "shards"

@@ -20,7 +20,7 @@ from typing import Any
 import ray
 
 from rl.checkpoints import LEARNER_DIR, MANIFEST
-from rl.learner.shard_checkpoint import check_files, file_facts, file_sha256, manifest, read_manifest
+from rl.learner.manifest import check_files, file_facts, file_sha256, manifest, read_manifest
 
 
 @dataclass

@@ -194,7 +194,7 @@ def test_two_learner_ranks_on_nodes_that_share_no_folder_checkpoint_whole_and_a_
     that rank and node, is not retried, and the newest complete checkpoint loads at world size 1."""
     from rl.checkpoints import read_checkpoint
     from rl.learner.learner import Learner
-    from rl.learner.shard_checkpoint import check_files, read_manifest
+    from rl.learner.manifest import check_files, read_manifest
 
     run_dir = cluster.runs / tmp_path.name
     overrides = (*TINY, "algo.minibatches=1", "trainer.checkpoint_every=1", "trainer.learner.world_size=2",
