@@ -1,10 +1,7 @@
 """`LearnerActor`, the Ray actor of the learner wing: it holds the `Learner` (one rank of it when
 ``trainer.learner.world_size`` > 1), publishes each weights version to Ray's object store unit by unit and
-moves its checkpoint files through it. The driver holds references, never the tensors.
-
-The driver imports this class to start the actor but never runs the learner, so the learner's modules
-(`rl.learner.learner`, `rl.learner.shard_checkpoint`: torch.distributed's checkpoint and sharding, about
-0.7 s of imports) load in the actor's process when it builds the learner, not in the driver's.
+moves its checkpoint files through it. The driver holds references, never the tensors; it imports this
+class but not the learner's modules, which load in the actor's process.
 
 Design: docs/design/training.md#rl-actors.
 """
