@@ -231,16 +231,18 @@ FOUR = ("algo.group_size=2", "algo.episodes_per_step=8", "algo.epochs=1", "algo.
 
 
 def spawn_ranks(main, args, nprocs: int) -> None:
-    """``mp.spawn`` of ``nprocs`` gloo ranks, started again once if a rank aborts (SIGABRT): a four-rank run
-    under a loaded CI once died in glibc's `malloc(): unaligned tcache chunk detected` inside torch's
-    DTensor redistribution, not reproduced in 4 runs since. An exception in a rank, or a second abort,
-    fails the test."""
+    """``nprocs`` gloo ranks, forked by a fork server that imported this module (and so torch and the
+    learner) once: clean processes like ``mp.spawn``'s, without each paying about 2.5 s of imports. Started
+    again once if a rank aborts (SIGABRT): a four-rank run under a loaded CI once died in glibc's
+    `malloc(): unaligned tcache chunk detected` inside torch's DTensor redistribution, not reproduced in 4
+    runs since. An exception in a rank, or a second abort, fails the test."""
+    mp.set_forkserver_preload([__name__])
     try:
-        mp.spawn(main, args=args(), nprocs=nprocs, join=True)
+        mp.start_processes(main, args=args(), nprocs=nprocs, join=True, start_method="forkserver")
     except mp.ProcessExitedException as exc:
         if exc.signal_name != "SIGABRT":
             raise
-        mp.spawn(main, args=args(), nprocs=nprocs, join=True)
+        mp.start_processes(main, args=args(), nprocs=nprocs, join=True, start_method="forkserver")
 
 
 def _four_main(rank: int, port: int, folder: str, out: str) -> None:
