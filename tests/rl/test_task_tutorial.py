@@ -108,6 +108,8 @@ def test_the_task_tutorial_runs_as_printed(task_home, tmp_path):
                 assert printed == shown, f"{command}: the doc shows\n{shown}\nbut it prints\n{printed}"
                 assert proc.returncode == (2 if "config error" in shown else 1), (command, proc.returncode)
         total = time.perf_counter() - started
+        listed = subprocess.run(["agentenv", "ls", "--json"], cwd=folder, env=env, capture_output=True,
+                                text=True, timeout=60)  # before the clean-up below, which would hide a leak
     finally:
         remove_labelled(home)  # whatever a failed step left (the assertions below check nothing was)
     print(f"\nthe task tutorial of {DOC.name}: {total:.1f} s in all")
@@ -137,6 +139,4 @@ def test_the_task_tutorial_runs_as_printed(task_home, tmp_path):
     assert len(demos) == 20 and all(d["success"] and d["expert"] == "expert" for d in demos)
     # no sandbox left: `agentenv ls` (run by the doc) listed none, and the registry agrees
     assert outputs["agentenv ls"].split() == ["ID", "STATE", "IMAGE", "USER", "PARENT"]
-    listed = subprocess.run(["agentenv", "ls", "--json"], cwd=folder, env=env, capture_output=True,
-                            text=True, timeout=60)
     assert json.loads(listed.stdout) == []
