@@ -48,6 +48,7 @@ from agentenv.backend.files import tree_bytes
 from agentenv.backend.procs import pids_named
 from agentenv.errors import AgentEnvError, BackendUnavailable, CheckpointError
 from agentenv.locks import sandbox_lock
+from agentenv.owner import start_ticks, still_running
 
 LABEL_PROBE = "org.k3rl.agentenv.probe"
 # PID 1 of every sandbox: sleeps forever, reaps orphaned children (dash's `wait` reaps any child),
@@ -94,6 +95,7 @@ class DockerContainers(SandboxBackend):
         self._experimental: bool | None = None
         self._probe: HostProbe | None = None
         self._lock = threading.Lock()
+        self._inits: dict[str, tuple[int, str]] = {}  # container -> its init's (host pid, start ticks)
 
     @property
     def api(self) -> docker.APIClient:
@@ -313,6 +315,7 @@ class DockerContainers(SandboxBackend):
     @docker_errors
     def remove(self, ref: ContainerRef) -> None:
         if ref.container:
+            self._inits.pop(ref.container, None)
             with contextlib.suppress(docker.errors.NotFound):
                 self.api.remove_container(ref.container, force=True)
         if ref.volume:
@@ -340,8 +343,8 @@ class DockerContainers(SandboxBackend):
     @docker_errors
     def usage(self, ref: ContainerRef) -> tuple[int, float, int, int]:
         try:
-            pid = int(self.api.inspect_container(ref.container)["State"].get("Pid") or 0)
-        except docker.errors.NotFound:
+            pid = self._init_pid(ref)
+        except ContainerNotRunning:
             return (0, 0.0, 0, 0)
         u = read_usage(pid)
         return (u.rss_bytes, u.cpu_seconds, u.pids, u.oom_kills)
@@ -357,18 +360,30 @@ class DockerContainers(SandboxBackend):
             raise ContainerNotRunning("its container is not running")
         return info, pid
 
+    def _init_pid(self, ref: ContainerRef) -> int:
+        """The running container's init's host PID; ContainerNotRunning else. Docker is asked once per init
+        process: its answer is kept with the process's start time, and while that process runs (same PID,
+        same start time, not a zombie) the container does, so an episode's calls make no API round trip."""
+        known = self._inits.get(ref.container or "")
+        if known is not None and still_running(*known):
+            return known[0]
+        pid = self._running_init(ref)[1]
+        if (ticks := start_ticks(pid)) is not None and ref.container:
+            self._inits[ref.container] = (pid, ticks)
+        return pid
+
     @docker_errors
     def container_root(self, ref: ContainerRef) -> Path:
-        return Path(f"/proc/{self._running_init(ref)[1]}/root")
+        return Path(f"/proc/{self._init_pid(ref)}/root")
 
     @docker_errors
     def loopback_listener(self, ref: ContainerRef, port: int) -> socket.socket:
-        return netns.listen_on_loopback(self._running_init(ref)[1], port)
+        return netns.listen_on_loopback(self._init_pid(ref), port)
 
     @docker_errors
     def network_namespace(self, ref: ContainerRef) -> int | None:
         try:
-            return netns.netns_id(self._running_init(ref)[1])
+            return netns.netns_id(self._init_pid(ref))
         except (ContainerNotRunning, FileNotFoundError, ProcessLookupError):
             return None
 

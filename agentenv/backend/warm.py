@@ -462,21 +462,22 @@ class WarmRuntime(CriuRuntime):
             return Settled("paused", note="rolled back")
         return Settled("running", note="resumed")
 
-    def _init_pid(self, ref: ContainerRef) -> int:
+    def _init_pid_or_0(self, ref: ContainerRef) -> int:
+        """The container's init's host PID, 0 when the container is stopped or gone."""
         try:
-            return int(self.api.inspect_container(ref.container)["State"].get("Pid") or 0)
-        except docker.errors.NotFound:
+            return self._init_pid(ref)
+        except ContainerNotRunning:
             return 0
 
     @docker_errors
     def dump_in_progress(self, ref: ContainerRef) -> bool:
-        pid = self._init_pid(ref)
+        pid = self._init_pid_or_0(ref)
         return bool(pid) and interrupted.dump_running(self._dump_of(pid))
 
     @docker_errors
     def drop_leftovers(self, ref: ContainerRef, keep: Checkpoint | None) -> list[str]:
         return interrupted.drop_leftovers(self.store, ref.container, Path(keep.path) if keep else None,
-                                          self._dump_of(self._init_pid(ref)))
+                                          self._dump_of(self._init_pid_or_0(ref)))
 
     # ---- disk hygiene ------------------------------------------------------------------------
     @docker_errors

@@ -1,6 +1,7 @@
 """What the server and the pool ask the backend instead of Docker (`SandboxBackend.container_root`,
 `workdir_on_host`, `sample`, `find`, `daemon_pids`), on real containers: each answer matches what the
-sandbox itself sees, and `find`'s default (for backends without labels) agrees with Docker's label filter."""
+sandbox itself sees, and `find`'s default (for backends without labels) agrees with Docker's label filter.
+The container's init is looked up in Docker once per init process, not at each call of an episode."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
+import docker
 import pytest
 
 from agentenv.backend.base import (
@@ -51,6 +53,29 @@ def test_the_host_sees_the_sandbox_files_where_the_backend_says(sandbox):
         backend.container_root(ref)
     assert backend.workdir_on_host(ref, sandbox.config.workspace) is None
     assert backend.sample(ref, sandbox.config.workspace) == ResourceSample(0, 0, 0)
+
+
+def test_a_running_init_is_asked_of_docker_once_and_again_when_it_is_replaced(make_sandbox, monkeypatch):
+    sandbox = make_sandbox()
+    backend, ref = runtime().backend, _ref(sandbox)
+    namespace = backend.network_namespace(ref)
+    asked: list[str] = []
+    inspect = docker.APIClient.inspect_container
+
+    def counted(api, container):
+        asked.append(container)
+        return inspect(api, container)
+
+    monkeypatch.setattr(docker.APIClient, "inspect_container", counted)
+    assert [backend.network_namespace(ref) for _ in range(3)] == [namespace] * 3
+    assert backend.usage(ref)[2] >= 1 and backend.container_root(ref).is_dir()  # pids, the init's root
+    assert asked == []  # the kept init still runs: no API round trip
+    sandbox.pause()  # the warm runtime keeps the container's init (its shell) through it; others do not
+    sandbox.resume()
+    ref = _ref(sandbox)
+    pid = docker.APIClient().inspect_container(ref.container)["State"]["Pid"]
+    assert backend.network_namespace(ref) == os.stat(f"/proc/{pid}/ns/net").st_ino
+    assert backend.container_root(ref) == Path(f"/proc/{pid}/root")
 
 
 def test_find_by_labels_and_its_default_agree(make_sandbox, agentenv_home):
