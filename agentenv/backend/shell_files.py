@@ -1,23 +1,28 @@
 """The host files every warm-backend container mounts read-only, kept under `runtime_dir`.
 
 `init` (a copy of the static `catatonit`, so a host upgrade never strands a stopped sandbox), CRIU's
-kernel-facts cache (saves 20-30 ms per CRIU run), the work folders of restores and CRIU's restore logs.
+kernel-facts cache (saves 20-30 ms per CRIU run), the work folders of restores (left-over ones swept at
+start) and CRIU's restore logs.
 
 Design: docs/design/sandboxes.md#agentenv-backend-shell-files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from agentenv.errors import BackendUnavailable
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+RESTORE_WORK = "restore-"  # a restore's work folder in `scratch`: restore-<12 hex digits>
+STALE_WORK_S = 3600.0  # a work folder this old that no running process names is left over
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,34 @@ def _kdat(runtime_dir: Path) -> Path | None:
     return dst
 
 
+def _named_by_a_process(paths: set[str]) -> set[str]:
+    """Those of `paths` that a running process's command line names as an argument."""
+    named: set[str] = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                argv = set(Path(entry.path, "cmdline").read_bytes().decode(errors="replace").split("\0"))
+                named |= argv & paths
+    return named
+
+
+def sweep_scratch(scratch: Path, stale_after_s: float = STALE_WORK_S) -> list[Path]:
+    """Delete the restores' work folders left over in `scratch` (their process was killed mid-restore,
+    or exited while its page daemon still served, before the daemon's reaper deleted the folder): those
+    older than `stale_after_s` (a restore ends within its `op_timeout_s`) that no running process names
+    (a page daemon names its folder with `-W`). Returns the folders deleted."""
+    cutoff = time.time() - stale_after_s
+    old = set()
+    for entry in os.scandir(scratch):
+        with contextlib.suppress(OSError):
+            if entry.name.startswith(RESTORE_WORK) and entry.is_dir() and entry.stat().st_mtime < cutoff:
+                old.add(entry.path)
+    stale = sorted(old - _named_by_a_process(old)) if old else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return [Path(p) for p in stale]
+
+
 def prepare_runtime_files(runtime_dir: Path) -> ShellFiles:
     runtime_dir = Path(runtime_dir)
     runtime_dir.mkdir(parents=True, exist_ok=True)
@@ -70,4 +103,5 @@ def prepare_runtime_files(runtime_dir: Path) -> ShellFiles:
     logs = runtime_dir / "logs"
     for d in (scratch, logs):
         d.mkdir(exist_ok=True)
+    sweep_scratch(scratch)
     return ShellFiles(init=_init_binary(runtime_dir), kdat=_kdat(runtime_dir), scratch=scratch, logs=logs)

@@ -40,7 +40,7 @@ from agentenv.backend.nsexec import bump_last_pid, host_program, run_in_mounts, 
 from agentenv.backend.page_daemon import PageDaemon, wait_marked
 from agentenv.backend.procs import ns_pid, process_tree
 from agentenv.backend.runtime import CriuRuntime, drop_host_clock_image
-from agentenv.backend.shell_files import prepare_runtime_files
+from agentenv.backend.shell_files import RESTORE_WORK, prepare_runtime_files
 from agentenv.backend.store import ImageRecord, disk_bytes
 from agentenv.errors import CheckpointError, DiskCapExceeded, RestoreNotVerified, SandboxBusy
 from agentenv.faults import crash_point
@@ -321,7 +321,7 @@ class WarmRuntime(CriuRuntime):
         return rss, max(cpu, 0.0), pids, ooms
 
     def _restore_tree(self, pid: int, container: str, record: ImageRecord, fork: bool) -> None:
-        work = self.files.scratch / f"restore-{uuid.uuid4().hex[:12]}"
+        work = self.files.scratch / f"{RESTORE_WORK}{uuid.uuid4().hex[:12]}"
         work.mkdir(parents=True)
         daemon: PageDaemon | None = None
         try:
