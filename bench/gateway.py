@@ -16,7 +16,8 @@ uvicorn on a loopback port in this process, the clients the real `openai` SDK (a
    goes (/proc's user + system time): each program's per call (the SDK's own work), the gateway's event
    loop thread's per call (HTTP, JSON, chat template, capture), and each side's whole round.
 3. **The same with light programs** (informative, no target): part 2 with programs that call the API
-   through Python's ``urllib`` (as the shipped example agent does) instead of the SDK.
+   with the shipped example agent's client (a plain socket, `agentenv.tasks.programs.guess_agent.post`)
+   instead of the SDK.
 
 Targets: overhead p50 <= 5 ms; concurrent programs' tokens/s >= 0.9x the rollout batch's.
 
@@ -300,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
         "| CPU seconds of a round, every process (median): the rollout's / the programs' and the gateway's | "
         f"{statistics.median(conc['cpu_s']['engine']):.2f} / "
         f"{statistics.median(conc['cpu_s']['gateway']):.2f} |",
-        f"| (no target) the same with programs on Python's `urllib` (as the shipped example agent): ratio "
+        f"| (no target) the same with programs on the shipped example agent's client (a plain socket): ratio "
         f"(median, min-max); an agent program's CPU per call | {spread(light['ratios'], '.2f')}x; "
         f"{spread(light['cpu']['programs'], '.2f')} ms |",
         "",

@@ -2,7 +2,7 @@
 line ``go`` on stdin it plays its turns (one chat completion each, sent as soon as the last one answered)
 and prints one JSON line: the tokens generated, and the first send and the last answer on the
 ``time.monotonic`` clock (the same clock in every process of the host). CLIENT: ``openai`` (the SDK,
-async) or ``stdlib`` (``urllib``, as the shipped example agent `agentenv.tasks.programs.guess_agent`).
+async) or ``stdlib`` (the shipped example agent's client, `agentenv.tasks.programs.guess_agent.post`).
 
     python bench/gateway_program.py URL MODEL INDEX TURNS MAX_TOKENS CLIENT
 """
@@ -46,14 +46,14 @@ def play_openai(url: str, model: str, i: int, turns: int, max_tokens: int) -> No
 
 
 def play_stdlib(url: str, model: str, i: int, turns: int, max_tokens: int) -> None:
-    import urllib.request
+    from agentenv.tasks.programs.guess_agent import post
 
     def call(turn: int) -> int:
-        body = json.dumps({"model": model, "messages": messages(i, turn), "max_tokens": max_tokens}).encode()
-        request = urllib.request.Request(f"{url}/chat/completions", data=body, headers={
-            "Content-Type": "application/json", "Authorization": "Bearer bench"})  # fmt: skip
-        with urllib.request.urlopen(request, timeout=300) as reply:
-            return json.loads(reply.read())["usage"]["completion_tokens"]
+        body = {"model": model, "messages": messages(i, turn), "max_tokens": max_tokens}
+        status, data = post(f"{url}/chat/completions", body, "bench")
+        if status != 200:
+            sys.exit(f"the gateway answered {status}: {data[:500]!r}")
+        return json.loads(data)["usage"]["completion_tokens"]
 
     print(json.dumps({"ready": True}), flush=True)
     while sys.stdin.readline().strip() == "go":

@@ -5,9 +5,11 @@ Real sandboxes and the tiny policy."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -273,6 +275,68 @@ def test_the_example_program_reads_a_guess_from_its_text_or_its_tool_call():
     assert guess_of({"content": "", "tool_calls": [call]}) == ("3", call)
     bad = {**call, "function": {"name": "guess", "arguments": '{"number": "three"}'}}
     assert guess_of({"content": "7", "tool_calls": [bad]}) == ("x", bad)
+
+
+
+def test_the_example_programs_client_posts_json_and_reads_the_status_and_body():
+    """`guess_agent.post` (a plain socket, HTTP/1.0) against a loopback server: the request's path, key and
+    JSON arrive, a 200's body and a 401's status come back, and an answer that is not HTTP or a URL that is
+    not http:// ends the program with a message, not a traceback."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from agentenv.tasks.programs.guess_agent import post
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append((self.path, self.headers["Authorization"], json.loads(body)))
+            status = 200 if self.headers["Authorization"] == "Bearer good" else 401
+            answer = json.dumps({"ok": status == 200}).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/v1/chat/completions"
+        assert post(url, {"messages": ["é"]}, "good") == (200, b'{"ok": true}')
+        assert post(url, {}, "bad") == (401, b'{"ok": false}')
+        assert seen[0] == ("/v1/chat/completions", "Bearer good", {"messages": ["é"]})
+        with pytest.raises(SystemExit, match="must be an http:// URL"):
+            post("https://127.0.0.1/v1", {}, "good")
+    finally:
+        server.shutdown()
+        server.server_close()
+    with socket_server(b"SSH-2.0-not-http\r\n") as port, pytest.raises(SystemExit, match="not HTTP"):
+        post(f"http://127.0.0.1:{port}/v1", {}, "good")
+
+
+@contextlib.contextmanager
+def socket_server(answer: bytes):
+    """A loopback port whose one connection gets ``answer`` and is closed."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            connection.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        thread.join(timeout=10)
+        listener.close()
 
 
 @pytest.mark.docker

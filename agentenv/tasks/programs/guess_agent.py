@@ -1,23 +1,23 @@
-"""An agent loop that plays GuessNumber through an OpenAI-compatible chat API (python3's stdlib only:
-``http.client``, lighter to import than ``urllib.request``, which a short program pays at every start).
+"""An agent loop that plays GuessNumber through an OpenAI-compatible chat API, on python3's stdlib only.
 
 Run inside the sandbox by the ``agent_guess_number`` task: ``$OPENAI_BASE_URL``, ``$OPENAI_API_KEY`` and
-``$OPENAI_MODEL`` name the API, ``$AGENT_TASK`` holds the game's rules (``guess 0-5``). Each turn is one
-chat completion; its reply is a guess (the first run of digits, or the ``number`` of a ``guess`` tool
-call with ``--tools``), played with ``play.sh N``; the game's answer is the next message. It stops at
-``correct`` or after ``--turns`` guesses. Any API error ends it with exit status 1.
+``$OPENAI_MODEL`` name the API, ``$AGENT_TASK`` the game's rules (``guess 0-5``). Each turn is one chat
+completion; its reply is a guess (the first run of digits, or the ``number`` of a ``guess`` tool call with
+``--tools``), played with ``play.sh N``; the game's answer is the next message. It stops at ``correct`` or
+after ``--turns`` guesses; an API error ends it with exit status 1. It posts over a plain socket (`post`):
+``http.client`` and ``urllib`` import ``ssl`` and ``email`` at each start (docs/tasks.md says what it costs).
 """
 
 import argparse
-import http.client
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
-from urllib.parse import urlsplit
 
 NUMBER = re.compile(r"\d+")
+HTTP_URL = re.compile(r"http://([^/:]+)(?::(\d+))?(/.*)?")
 GUESS_TOOL = {
     "type": "function",
     "function": {
@@ -30,23 +30,35 @@ GUESS_TOOL = {
 }
 
 
+def post(url: str, body: dict, key: str) -> tuple[int, bytes]:
+    """(status, body) of one HTTP/1.0 POST of ``body`` as JSON to an ``http://`` ``url``."""
+    match = HTTP_URL.fullmatch(url)
+    if match is None:
+        sys.exit(f"OPENAI_BASE_URL must be an http:// URL, got {url!r}")
+    host, port, path = match.group(1), int(match.group(2) or 80), match.group(3) or "/"
+    data = json.dumps(body).encode()
+    head = (f"POST {path} HTTP/1.0\r\nHost: {host}:{port}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n")
+    with socket.create_connection((host, port), timeout=120) as connection:
+        connection.sendall(head.encode() + data)
+        reply = b"".join(iter(lambda: connection.recv(65536), b""))  # HTTP/1.0: the server closes
+    header, _, content = reply.partition(b"\r\n\r\n")
+    words = header.split(b" ", 2)
+    status = words[1] if header.startswith(b"HTTP/") and len(words) > 1 else b""
+    if not status.isdigit():
+        sys.exit(f"the API's answer is not HTTP: {reply[:200]!r}")
+    return int(status), content
+
+
 def chat(messages: list, tools: bool) -> dict:
     """One chat completion: the reply's message."""
     body = {"model": os.environ["OPENAI_MODEL"], "messages": messages}
     if tools:
         body["tools"] = [GUESS_TOOL]
-    url = urlsplit(os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions")
-    connection = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=120)
-    try:
-        connection.request("POST", url.path, body=json.dumps(body), headers={
-            "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json",
-        })
-        reply = connection.getresponse()
-        data = reply.read()
-    finally:
-        connection.close()
-    if reply.status != 200:
-        sys.exit(f"the API answered {reply.status}: {data[:500]!r}")
+    url = os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions"
+    status, data = post(url, body, os.environ["OPENAI_API_KEY"])
+    if status != 200:
+        sys.exit(f"the API answered {status}: {data[:500]!r}")
     return json.loads(data)["choices"][0]["message"]
 
 
