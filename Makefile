@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: bootstrap lock test test-fast train bench bench-cli bench-sandbox bench-server-load bench-restore-paths bench-move bench-state-move-cpu bench-model bench-kernels bench-train bench-learning bench-teacher bench-engines bench-microvm bench-tree bench-agent-learning image lint
+.PHONY: bootstrap lock test test-fast train bench bench-cli bench-sandbox bench-server-load bench-restore-paths bench-move bench-state-move-cpu bench-model bench-kernels bench-train bench-learning bench-teacher bench-engines bench-microvm bench-tree bench-agent-learning bench-agent-episode-cpu image lint
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -26,7 +26,7 @@ train: bootstrap
 image: bootstrap
 	$(VENV)/bin/agentenv images build
 
-bench: bench-cli bench-model bench-kernels bench-sandbox bench-server-load bench-restore-paths bench-microvm bench-move bench-state-move-cpu bench-train bench-learning bench-teacher bench-engines bench-tree bench-agent-learning
+bench: bench-cli bench-model bench-kernels bench-sandbox bench-server-load bench-restore-paths bench-microvm bench-move bench-state-move-cpu bench-train bench-learning bench-teacher bench-engines bench-tree bench-agent-learning bench-agent-episode-cpu
 
 bench-cli: bootstrap
 	$(PY) bench/cli_startup.py $(ARGS)
@@ -74,9 +74,13 @@ bench-engines: bootstrap
 bench-tree: bootstrap
 	$(PY) bench/tree.py $(ARGS)
 
-## The shipped agent program's time to make train's target, against make train's (2 seeds, ~40 min) -> docs/benchmarks.md
+## The shipped agent program's time to make train's target, against make train's (2 seeds, ~30 min; --seeds 3 ~40 min) -> docs/benchmarks.md
 bench-agent-learning: bootstrap
 	$(PY) bench/agent_learning.py $(ARGS)
+
+## Where an agent program's episode spends its sandbox's CPU (~1 min) -> docs/benchmarks.md
+bench-agent-episode-cpu: bootstrap
+	$(PY) bench/agent_episode_cpu.py $(ARGS)
 
 lint: bootstrap
 	$(VENV)/bin/ruff check .
