@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agentenv.backend.base import Checkpoint
+from agentenv.backend.procs import host_argvs
 from agentenv.backend.store import RESERVED_SUFFIX, WORK_SUFFIX, CheckpointStore, ImageRecord
 
 log = logging.getLogger(__name__)
@@ -29,16 +30,7 @@ Argv = list[bytes]
 
 def dump_running(match: Callable[[Argv], bool]) -> bool:
     """Does a process run on this host whose command line `match` recognises as a dump?"""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if match(argv):
-            return True
-    return False
+    return any(match(argv) for argv in host_argvs())
 
 
 def ctr_dump_of(container: str) -> Callable[[Argv], bool]:

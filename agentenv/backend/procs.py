@@ -9,10 +9,21 @@ log of that very start and the restore marker this is how a restore is known to 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from agentenv.backend.cgroups import cgroup_pids
+
+
+def host_argvs(proc: Path = Path("/proc")) -> Iterator[list[bytes]]:
+    """The command line (argv, as bytes) of every process on this host that is still there to read."""
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                yield (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:  # gone meanwhile
+                continue
 
 
 def pids_named(*names: str, proc: Path = Path("/proc")) -> list[int]:

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentenv.backend.procs import host_argvs
 from agentenv.errors import BackendUnavailable
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -68,17 +69,6 @@ def _kdat(runtime_dir: Path) -> Path | None:
     return dst
 
 
-def _named_by_a_process(paths: set[str]) -> set[str]:
-    """Those of `paths` that a running process's command line names as an argument."""
-    named: set[str] = set()
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                argv = set(Path(entry.path, "cmdline").read_bytes().decode(errors="replace").split("\0"))
-                named |= argv & paths
-    return named
-
-
 def sweep_scratch(scratch: Path, stale_after_s: float = STALE_WORK_S) -> list[Path]:
     """Delete the restores' work folders left over in `scratch` (their process was killed mid-restore,
     or exited while its page daemon still served, before the daemon's reaper deleted the folder): those
@@ -90,7 +80,10 @@ def sweep_scratch(scratch: Path, stale_after_s: float = STALE_WORK_S) -> list[Pa
         with contextlib.suppress(OSError):
             if entry.name.startswith(RESTORE_WORK) and entry.is_dir() and entry.stat().st_mtime < cutoff:
                 old.add(entry.path)
-    stale = sorted(old - _named_by_a_process(old)) if old else []
+    if old:  # a running page daemon names its folder with `-W`
+        wanted = {os.fsencode(path) for path in old}
+        old -= {os.fsdecode(arg) for argv in host_argvs() for arg in argv if arg in wanted}
+    stale = sorted(old)
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
     return [Path(p) for p in stale]

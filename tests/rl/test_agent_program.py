@@ -277,7 +277,6 @@ def test_the_example_program_reads_a_guess_from_its_text_or_its_tool_call():
     assert guess_of({"content": "7", "tool_calls": [bad]}) == ("x", bad)
 
 
-
 def test_the_example_programs_client_posts_json_and_reads_the_status_and_body():
     """`guess_agent.post` (a plain socket, HTTP/1.0) against a loopback server: the request's path, key and
     JSON arrive, a 200's body and a 401's status come back, and an answer that is not HTTP or a URL that is
