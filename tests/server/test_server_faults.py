@@ -165,10 +165,12 @@ def _listed() -> dict[str, str]:
     return out
 
 
-def _usable(sandbox_id: str, mark: str) -> None:
-    """connect (resumes a paused one) + a command that reads the sandbox's file, then a write."""
+def _usable(sandbox_id: str, mark: str | None) -> None:
+    """connect (resumes a paused one) + a command that reads the sandbox's file (``mark``; None: a write
+    the kill cut off, which may or may not have happened), then a write."""
     sbx = _sdk().connect(sandbox_id, timeout=600, request_timeout=CALL_TIMEOUT_S)
-    assert sbx.commands.run("cat mark.txt", request_timeout=CALL_TIMEOUT_S).stdout == mark
+    if mark is not None:
+        assert sbx.commands.run("cat mark.txt", request_timeout=CALL_TIMEOUT_S).stdout == mark
     sbx.files.write("after.txt", "ok", request_timeout=CALL_TIMEOUT_S)
     assert sbx.files.read("after.txt", request_timeout=CALL_TIMEOUT_S) == "ok"
 
@@ -191,7 +193,7 @@ class Load:
 
     stop: threading.Event = field(default_factory=threading.Event)
     outcomes: list[tuple[str, float, BaseException | None]] = field(default_factory=list)
-    made: dict[str, str] = field(default_factory=dict)  # id -> its mark
+    made: dict[str, str | None] = field(default_factory=dict)  # id -> its mark (None: write unanswered)
     threads: list[threading.Thread] = field(default_factory=list)
 
     def call(self, op: str, fn: Callable[[], object]) -> object:
@@ -228,8 +230,9 @@ def _cycle(load: Load) -> None:
     S = _sdk()
     sbx = load.call("create", lambda: S.create("base", timeout=600, request_timeout=CALL_TIMEOUT_S))
     mark = f"{sbx.sandbox_id}\n"
-    load.made[sbx.sandbox_id] = mark
+    load.made[sbx.sandbox_id] = None  # made; its mark is its own once the write was answered
     load.call("write", lambda: sbx.files.write("mark.txt", mark, request_timeout=CALL_TIMEOUT_S))
+    load.made[sbx.sandbox_id] = mark
     load.call("pause", lambda: sbx.pause(request_timeout=CALL_TIMEOUT_S))
     again = load.call("connect", lambda: S.connect(sbx.sandbox_id, timeout=600,
                                                    request_timeout=CALL_TIMEOUT_S))
