@@ -124,6 +124,19 @@ def seed_verdict(chain: list[tuple], tree: list[tuple]) -> dict:
     return out
 
 
+def branch_cost(history: list[dict]) -> str:
+    """A tree run's cost of a branch per child, the median over its iterations: the sandbox's fork (the
+    warm backend's fork of a running sandbox) and the copy of the policy state (its bytes)."""
+    forks = [r["sandbox_fork_latency_s"] for r in history if r.get("sandbox_forks")]
+    copies = [r for r in history if r.get("tree_state_copies")]
+    fork = f"{statistics.median(forks) * 1000:.0f} ms" if forks else "-"
+    if not copies:
+        return f"{fork} / -"
+    seconds = statistics.median(r["tree_state_copy_s"] for r in copies)
+    size = statistics.median(r["tree_state_copy_bytes"] for r in copies)
+    return f"{fork} / {seconds * 1000:.2f} ms ({size / 2**10:.0f} KiB)"
+
+
 def plot(runs: list[dict], task: str, path: Path) -> None:
     import matplotlib
 
@@ -200,10 +213,14 @@ def section(runs: list[dict], tasks: list[str], starts: dict[str, dict], args: a
         + f". Success is the mean of the last {WINDOW} iterations. Sandbox-seconds: the seconds the rollout "
         "pool's sandboxes ran (`sandbox_running_s`), summed over iterations. Targets, per seed: tree reaches "
         f"chain's final success with <= {TOKENS_TARGET}x its generated tokens and <= {SANDBOX_TARGET}x its "
-        "sandbox-seconds; at the tokens both runs generated, tree's success >= chain's.",
+        "sandbox-seconds; at the tokens both runs generated, tree's success >= chain's. A branch's cost per "
+        "child: the fork of the running sandbox on the warm backend's path (`sandbox_fork_latency_s`: a dump "
+        "of the running sandbox and a lazy restore per child) and the copy of the policy state "
+        "(`tree_state_copy_s`, with the bytes of the model cache it copies).",
         "",
         "| task | seed | chain final | tree final | tree tokens to chain's final | tree sandbox-s to chain's "
-        "final | at equal tokens: tree / chain | branch: fork per child p50 | verdict |",
+        "final | at equal tokens: tree / chain | branch, per child (p50): sandbox fork / policy state copy "
+        "| verdict |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for task in tasks:
@@ -214,8 +231,7 @@ def section(runs: list[dict], tasks: list[str], starts: dict[str, dict], args: a
                 lines.append(f"| {task} | {seed} | - | - | - | - | - | - | {'; '.join(broken)} |")
                 continue
             v = seed_verdict(curve(pair["chain"]["history"]), curve(pair["tree"]["history"]))
-            forks = [r["sandbox_fork_latency_s"] for r in pair["tree"]["history"] if r.get("sandbox_forks")]
-            fork = f"{statistics.median(forks) * 1000:.0f} ms" if forks else "-"
+            fork = branch_cost(pair["tree"]["history"])
             met = (v["tokens_ratio"] is not None and v["tokens_ratio"] <= TOKENS_TARGET
                    and v["sandbox_ratio"] <= SANDBOX_TARGET and v["equal_budget"][0] >= v["equal_budget"][1])
             reach = "not reached" if v["tokens_ratio"] is None else None

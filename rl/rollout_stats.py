@@ -32,6 +32,9 @@ class RolloutStats:
     forks: int = 0
     fork_s: float = 0.0  # each group's fork latency, summed over groups (they fork at once)
     fork_phase_s: float = 0.0  # wall time of the fork phases: with `forks`, the cost per forked member
+    state_copies: int = 0  # a tree's copies of a branching leaf's policy state, one per extra child
+    state_copy_s: float = 0.0  # ... their seconds, summed
+    state_copy_bytes: int = 0  # ... the bytes of the model cache they copied, summed
     sandboxes_created: int = 0  # by the resets: a new env's, and a new one after each played episode
     sandbox_running_s: float = 0.0  # sandbox-seconds of the pool's members running since the last run
     sandbox_paused_s: float = 0.0  # ... and paused

@@ -205,7 +205,13 @@ class TreeGrower:
             parent.branches = [*(parent.branches or []), (offset, 0)]
             self._reseed(envs[i], parent, (*prefix, 0))
             state, read = self._states[id(parent)] if self.carries else (None, 0)
-            copies = state.branch(self.width - 1) if state is not None else []
+            copies = []
+            if state is not None:
+                t = time.perf_counter()
+                copies = state.branch(self.width - 1)
+                stats.state_copy_s += time.perf_counter() - t
+                stats.state_copies += len(copies)
+                stats.state_copy_bytes += len(copies) * state.cache.nbytes()
             for c in range(1, self.width):
                 j = base + self._first[(*prefix, c)]
                 child = copy.deepcopy(parent)

@@ -13,12 +13,22 @@ import pytest
 
 sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
-from tree import TASKS, curve, logged_runs, main, seed_verdict, success_at  # noqa: E402
+from tree import TASKS, branch_cost, curve, logged_runs, main, seed_verdict, success_at  # noqa: E402
 
 
 def records(success: list[float], tokens: int, sandbox_s: float) -> list[dict]:
     return [{"success": s, "generated_tokens": tokens, "sandbox_running_s": sandbox_s, "elapsed_s": 60.0 * i}
             for i, s in enumerate(success)]  # fmt: skip
+
+
+def test_a_branchs_cost_per_child_is_the_median_fork_and_state_copy_of_the_iterations_that_branched():
+    history = [{"sandbox_forks": 0, "sandbox_fork_latency_s": 0.0, "tree_state_copies": 0},
+               {"sandbox_forks": 8, "sandbox_fork_latency_s": 0.2, "tree_state_copies": 8,
+                "tree_state_copy_s": 0.001, "tree_state_copy_bytes": 4096},
+               {"sandbox_forks": 8, "sandbox_fork_latency_s": 0.4, "tree_state_copies": 8,
+                "tree_state_copy_s": 0.003, "tree_state_copy_bytes": 4096}]
+    assert branch_cost(history) == "300 ms / 2.00 ms (4 KiB)"
+    assert branch_cost(history[:1]) == "- / -"  # no branch yet
 
 
 def test_the_curve_sums_the_costs_and_smooths_success_over_three_iterations():

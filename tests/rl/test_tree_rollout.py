@@ -98,6 +98,8 @@ def test_children_start_from_the_branch_and_never_see_their_siblings(policy, san
     finally:
         runner.close()
     assert stats.failed == 0 and stats.forks == 1 and stats.env_steps == 3  # the shared turn stepped once
+    # the child's copy of the policy state: timed, and the bytes of the parent's model cache
+    assert stats.state_copies == 1 and stats.state_copy_s > 0 and stats.state_copy_bytes > 0
     assert [e.tree for e in leaves] == [0, 0] and all(e.turns == 2 for e in leaves)
     (offset, first), (offset_b, second) = leaves[0].branches[0], leaves[1].branches[0]
     assert (first, second) == (0, 1) and offset == offset_b
@@ -238,6 +240,11 @@ def test_tree_grpo_trains_end_to_end_in_async_mode(local_ray, tmp_path):
     assert records[0]["trained_tokens"] > 0
     # the leaves' routes (the shared turns' in each leaf) replayed: the learner routed as the rollout did
     assert records[0]["routing_recorded_tokens"] > 0 and records[0]["routing_mismatch"] == 0.0
+    # at most 2 prompts x 2 trees x 1 extra child (a game won at turn 1 does not branch), each child with
+    # its sandbox's fork and its copy of the policy state
+    copies = records[0]["tree_state_copies"]
+    assert 0 < copies <= 4 and records[0]["sandbox_forks"] >= copies
+    assert records[0]["tree_state_copy_s"] > 0 and records[0]["tree_state_copy_bytes"] > 0
 
 
 def hand_leaves(rewards: list[float]) -> list[Episode]:
