@@ -72,7 +72,9 @@ def collect_garbage(dry_run: bool = False, stale_s: float = 600.0) -> GcReport:
         except SandboxBusy:
             report.skipped_busy.append(rec.id)
 
-    creating_ids = {r.id for r in live.values() if r.state == "creating"}
+    # a creation still under way; one closed above as stale had its creator die before its row knew the
+    # container, so that container and volume go now, in the same pass
+    creating_ids = {r.id for r in live.values() if r.state == "creating"} - set(report.closed)
     for container in owned["containers"]:
         if container in known_containers:
             continue
