@@ -191,7 +191,8 @@ def provenance(runs: list[dict]) -> str:
 
 
 def section(runs: list[dict], tasks: list[str], starts: dict[str, dict], args: argparse.Namespace) -> str:
-    command = f"python bench/tree.py --minutes {args.minutes:g} --seeds {args.seeds}" + "".join(
+    chosen = "" if tasks == list(TASKS) else " --tasks " + " ".join(tasks)
+    command = f"python bench/tree.py --minutes {args.minutes:g} --seeds {args.seeds}{chosen}" + "".join(
         f" {o}" for o in args.overrides)
     lines = [
         "## Chain GRPO vs tree GRPO (`bench/tree.py`)",

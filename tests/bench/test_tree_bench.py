@@ -112,6 +112,7 @@ def test_an_invocation_whose_runs_are_all_logged_runs_none_and_writes_the_sectio
           "--work", str(tmp_path / "work")])
     out = capsys.readouterr().out
     assert "2 runs taken from" in out and "0 to run" in out and "appended to" not in out
+    assert "Command: `python bench/tree.py --minutes 20 --seeds 1 --tasks FindValue`." in out
     when = "Measured 2026-12-06 06:00 UTC to 2026-12-07 01:00 UTC"
     assert f"{when}, on commit abc1234 (1 run), def5678 (1 run)" in out
     (row,) = [line for line in out.splitlines() if line.startswith("| FindValue | 0 |")]
