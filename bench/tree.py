@@ -232,7 +232,7 @@ def section(runs: list[dict], tasks: list[str], starts: dict[str, dict], args: a
                 lines.append(f"| {task} | {seed} | - | - | - | - | - | - | {'; '.join(broken)} |")
                 continue
             v = seed_verdict(curve(pair["chain"]["history"]), curve(pair["tree"]["history"]))
-            fork = branch_cost(pair["tree"]["history"])
+            branch = branch_cost(pair["tree"]["history"])
             met = (v["tokens_ratio"] is not None and v["tokens_ratio"] <= TOKENS_TARGET
                    and v["sandbox_ratio"] <= SANDBOX_TARGET and v["equal_budget"][0] >= v["equal_budget"][1])
             reach = "not reached" if v["tokens_ratio"] is None else None
@@ -245,7 +245,7 @@ def section(runs: list[dict], tasks: list[str], starts: dict[str, dict], args: a
             tree_at, chain_at = v["equal_budget"]
             lines.append(
                 f"| {task} | {seed} | {v['chain_final']:.2f} | {v['tree_final']:.2f} | {tokens} | {sandbox} "
-                f"| {tree_at:.2f} / {chain_at:.2f} ({v['budget']:.0f} tokens) | {fork} | {verdict} |"
+                f"| {tree_at:.2f} / {chain_at:.2f} ({v['budget']:.0f} tokens) | {branch} | {verdict} |"
             )
     lines += ["", *[f"![{task}](img/tree_{task.lower()}.png)" for task in tasks]]
     return "\n".join(lines)
