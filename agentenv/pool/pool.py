@@ -281,6 +281,7 @@ class SandboxPool:
         self.state = PoolState(home / "pools" / f"{name}.sqlite3")
         self._lock_dir = home / "locks"
         self.residency = Residency(self)  # which members run, wait or pause, under the one budget
+        self._spare_kinds: set[str] = set()  # templates of the spare shells this pool's forks made
 
     def _pause_member(self, sandbox: Sandbox) -> bool:
         """Pause a member this caller has claimed (`claim_for_pause`): a CRIU pause ends its session
@@ -530,6 +531,7 @@ class SandboxPool:
             size = max(footprint(source.stats()), source_member.rss_bytes if source_member else 0)
             self.ensure_budget(n * size, exclude={sid})
             forks = self._timed("fork", lambda: source.fork(n, labels=fork_labels))
+        self._spare_kinds.add(spares.template_key(source.image, source.user, source.config.to_dict()))
         for f in forks:  # a fork holds what its source held once its pages are in
             self.state.add(f.id, rss_bytes=size, template=source_member.template if source_member else None)
         return [PooledSandbox(self, f) for f in forks]
@@ -559,6 +561,7 @@ class SandboxPool:
         labels = {k: v for k, v in sandbox.labels.items() if k != KEEPER_LABEL}
         labels.update({**self.labels, LABEL_POOL: self.name})
         fork = self._timed("fork", lambda: sandbox.fork(1, labels=labels)[0])
+        self._spare_kinds.add(spares.template_key(sandbox.image, sandbox.user, sandbox.config.to_dict()))
         self.state.add(fork.id, rss_bytes=size)
         return PooledSandbox(self, fork)
 
@@ -679,12 +682,12 @@ class SandboxPool:
         )
 
     def close(self, templates: bool = True) -> None:
-        """Close every member (and the templates, with the spare shells made for their forks): containers,
-        volumes and images are removed."""
+        """Close every member (and the templates, with the spare shells made for their forks and for the
+        forks of members, e.g. a tree's branches): containers, volumes and images are removed."""
         for m in self.state.members():
             self.remove(m.sandbox_id)
         if templates:
-            rt, kinds = runtime(), set()
+            rt, kinds = runtime(), set(self._spare_kinds)
             for key, sid in self.state.templates().items():
                 rec = rt.registry.get_sandbox(sid)
                 if rec is not None:  # its members' forks made spare shells of this kind

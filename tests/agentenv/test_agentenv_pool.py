@@ -272,3 +272,34 @@ def test_a_closed_pool_leaves_no_spare_shells_behind(pool_factory):
     assert spare_rows() == []
     left = api().containers(all=True, filters={"label": f"org.k3rl.agentenv.home={runtime().home}"})
     assert not [c for c in left if c["Id"] == rec.container], "the member's container is still there"
+
+
+def test_a_closed_pool_removes_the_spare_shells_of_its_members_forks(pool_factory):
+    """Without warm starts a pool has no template, yet forking a running member (a tree's branch) makes
+    a spare shell in the background for the next fork of its kind. Closing the pool removes it: a tree
+    run once left one started container behind at its end."""
+    from agentenv import spares
+    from agentenv.backend.docker_client import api
+    from agentenv.runtime import runtime
+
+    pool = pool_factory("branch-spares", memory_budget="1g", idle_after_s=3600.0, warm_starts=False)
+    a = pool.create()
+    registry = runtime().registry
+    rec = registry.get_sandbox(a.id)
+    kind = spares.template_key(rec.image, rec.user, rec.config)
+
+    def spare_rows() -> list:
+        return [r for r in registry.list_sandboxes()
+                if r.state == spares.SPARE and r.labels.get(spares.TEMPLATE_LABEL) == kind]
+
+    pool.fork(a, 1)
+    deadline = time.monotonic() + 60
+    while not spare_rows():
+        assert time.monotonic() < deadline, "no spare shell was made after the fork: the test checks nothing"
+        time.sleep(0.2)
+    made = {r.container for r in spare_rows()}
+    pool.close()
+    assert spare_rows() == []
+    home = {"label": f"org.k3rl.agentenv.home={runtime().home}"}
+    left = {c["Id"] for c in api().containers(all=True, filters=home)}
+    assert not made & left, "the spare shell's container outlived the pool"
