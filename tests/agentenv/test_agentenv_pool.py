@@ -10,6 +10,7 @@ import textwrap
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import pytest
 from agentenv_testutil import ROOT, TOKEN_PROCESS
@@ -249,49 +250,46 @@ def test_the_bench_memory_sampler_counts_a_pools_forks_restored_into_spare_shell
     assert sum(p["rss"] for p in parts) >= 24 * 2**20, parts  # forks may share the source's pages (KSM)
 
 
+def spare_rows_of(member) -> Callable[[], list]:
+    """A reader of the registry's spare shells of ``member``'s kind (image, user and config)."""
+    from agentenv import spares
+    from agentenv.runtime import runtime
+
+    registry = runtime().registry
+    rec = registry.get_sandbox(member.id)
+    kind = spares.template_key(rec.image, rec.user, rec.config)
+    return lambda: [r for r in registry.list_sandboxes()
+                    if r.state == spares.SPARE and r.labels.get(spares.TEMPLATE_LABEL) == kind]
+
+
+def containers_of_this_home() -> set[str]:
+    from agentenv.backend.docker_client import api
+    from agentenv.runtime import runtime
+
+    return {c["Id"] for c in api().containers(
+        all=True, filters={"label": f"org.k3rl.agentenv.home={runtime().home}"})}
+
+
 def test_a_closed_pool_leaves_no_spare_shells_behind(pool_factory):
     """A warm start forks the pool's template, and the fork makes a spare shell in the background for the
     next one. Closing the pool right away (a run's end) waits for that shell and removes it with the
     template: no started container outlives the pool."""
-    from agentenv import spares
-    from agentenv.backend.docker_client import api
-    from agentenv.runtime import runtime
-
     pool = pool_factory("spares", memory_budget="1g", idle_after_s=3600.0)
     a = pool.create()
-    registry = runtime().registry
-    rec = registry.get_sandbox(a.id)
-    kind = spares.template_key(rec.image, rec.user, rec.config)
-
-    def spare_rows() -> list:
-        return [r for r in registry.list_sandboxes()
-                if r.state == spares.SPARE and r.labels.get(spares.TEMPLATE_LABEL) == kind]
-
+    spare_rows, container = spare_rows_of(a), a.sandbox.container_id
     pool.close()
     time.sleep(0.5)  # a shell still being made would have its row by now
     assert spare_rows() == []
-    left = api().containers(all=True, filters={"label": f"org.k3rl.agentenv.home={runtime().home}"})
-    assert not [c for c in left if c["Id"] == rec.container], "the member's container is still there"
+    assert container not in containers_of_this_home(), "the member's container is still there"
 
 
 def test_a_closed_pool_removes_the_spare_shells_of_its_members_forks(pool_factory):
     """Without warm starts a pool has no template, yet forking a running member (a tree's branch) makes
     a spare shell in the background for the next fork of its kind. Closing the pool removes it: a tree
     run once left one started container behind at its end."""
-    from agentenv import spares
-    from agentenv.backend.docker_client import api
-    from agentenv.runtime import runtime
-
     pool = pool_factory("branch-spares", memory_budget="1g", idle_after_s=3600.0, warm_starts=False)
     a = pool.create()
-    registry = runtime().registry
-    rec = registry.get_sandbox(a.id)
-    kind = spares.template_key(rec.image, rec.user, rec.config)
-
-    def spare_rows() -> list:
-        return [r for r in registry.list_sandboxes()
-                if r.state == spares.SPARE and r.labels.get(spares.TEMPLATE_LABEL) == kind]
-
+    spare_rows = spare_rows_of(a)
     pool.fork(a, 1)
     deadline = time.monotonic() + 60
     while not spare_rows():
@@ -300,6 +298,4 @@ def test_a_closed_pool_removes_the_spare_shells_of_its_members_forks(pool_factor
     made = {r.container for r in spare_rows()}
     pool.close()
     assert spare_rows() == []
-    home = {"label": f"org.k3rl.agentenv.home={runtime().home}"}
-    left = {c["Id"] for c in api().containers(all=True, filters=home)}
-    assert not made & left, "the spare shell's container outlived the pool"
+    assert not made & containers_of_this_home(), "the spare shell's container outlived the pool"
